@@ -1,0 +1,168 @@
+#include "model/cpu_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "model/cpu_ops.hpp"
+
+namespace metronome {
+
+cpu_kv_cache::cpu_kv_cache(const model_config& cfg, int32_t num_pages, int32_t page_size)
+  : layers_(cfg.num_layers),
+    num_pages_(num_pages),
+    page_size_(page_size),
+    slot_floats_(int64_t(cfg.num_kv_heads) * cfg.head_dim) {
+  if (num_pages <= 0 || page_size <= 0)
+    throw std::invalid_argument("cpu_kv_cache: num_pages and page_size must be positive");
+  data_.assign(size_t(layers_) * size_t(num_pages_) * 2 * size_t(page_size_)
+                 * size_t(slot_floats_),
+               0.0f);
+}
+
+cpu_engine::cpu_engine(std::shared_ptr<const model_folder> model, int32_t num_pages,
+                       int32_t page_size)
+  : model_(std::move(model)),
+    kv_(model_->config, num_pages, page_size),
+    inv_freq_(rope_inv_freq(model_->config)) {
+  // nop
+}
+
+void cpu_engine::forward(std::span<const forward_input> batch, std::span<float> logits) {
+  const auto& cfg = model_->config;
+  const auto& w = model_->weights;
+  const int64_t hidden = cfg.hidden_size, q_size = cfg.q_size(), kv_size = cfg.kv_size();
+  const int64_t inter = cfg.intermediate_size, vocab = cfg.vocab_size;
+  if (logits.size() < batch.size() * size_t(vocab))
+    throw std::invalid_argument("cpu_engine::forward: logits buffer too small");
+
+  // Flatten the batch: one row per token, with its position and sequence.
+  std::vector<int32_t> ids;
+  std::vector<int64_t> positions;
+  std::vector<int64_t> last_row;
+  for (const auto& in : batch) {
+    if (in.tokens.empty())
+      throw std::invalid_argument("cpu_engine::forward: empty input");
+    const int64_t end = int64_t(in.start_pos) + int64_t(in.tokens.size());
+    if (in.start_pos < 0 || int64_t(in.pages.size()) * kv_.page_size() < end)
+      throw std::invalid_argument("cpu_engine::forward: page table covers "
+                                  + std::to_string(in.pages.size() * size_t(kv_.page_size()))
+                                  + " positions, need " + std::to_string(end));
+    for (auto p : in.pages)
+      if (p < 0 || p >= kv_.num_pages())
+        throw std::invalid_argument("cpu_engine::forward: page id out of range");
+    for (size_t t = 0; t < in.tokens.size(); ++t) {
+      if (in.tokens[t] < 0 || in.tokens[t] >= cfg.vocab_size)
+        throw std::invalid_argument("cpu_engine::forward: token id "
+                                    + std::to_string(in.tokens[t]) + " outside the vocabulary");
+      ids.push_back(in.tokens[t]);
+      positions.push_back(in.start_pos + int64_t(t));
+    }
+    last_row.push_back(int64_t(ids.size()) - 1);
+  }
+  const int64_t rows = int64_t(ids.size());
+
+  std::vector<float> x(size_t(rows * hidden)), xn(x.size()), attn_out(size_t(rows * q_size));
+  std::vector<float> q(size_t(rows * q_size)), k(size_t(rows * kv_size)), v(k.size());
+  std::vector<float> gate(size_t(rows * inter)), up(gate.size()), proj(x.size());
+  ref::embed(*w.embed, ids, x.data());
+
+  for (int32_t l = 0; l < cfg.num_layers; ++l) {
+    const auto& lw = w.layers[size_t(l)];
+    // Attention block.
+    ref::rms_norm(x.data(), *lw.attn_norm, cfg.rms_norm_eps, rows, hidden, xn.data());
+    ref::linear(*lw.q, lw.q_bias, xn.data(), rows, q.data());
+    ref::linear(*lw.k, lw.k_bias, xn.data(), rows, k.data());
+    ref::linear(*lw.v, lw.v_bias, xn.data(), rows, v.data());
+    int64_t row = 0;
+    for (const auto& in : batch) {
+      for (size_t t = 0; t < in.tokens.size(); ++t, ++row) {
+        const int64_t pos = positions[size_t(row)];
+        ref::rope(q.data() + row * q_size, cfg.num_heads, cfg.head_dim, pos, inv_freq_.data());
+        ref::rope(k.data() + row * kv_size, cfg.num_kv_heads, cfg.head_dim, pos,
+                  inv_freq_.data());
+        const int32_t page = in.pages[size_t(pos / kv_.page_size())];
+        const int32_t slot = int32_t(pos % kv_.page_size());
+        std::copy_n(k.data() + row * kv_size, kv_size, kv_.slot(l, page, 0, slot));
+        std::copy_n(v.data() + row * kv_size, kv_size, kv_.slot(l, page, 1, slot));
+      }
+    }
+    attention(l, batch, q.data(), attn_out.data());
+    ref::linear(*lw.o, lw.o_bias, attn_out.data(), rows, proj.data());
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] += proj[i];
+    // MLP block.
+    ref::rms_norm(x.data(), *lw.mlp_norm, cfg.rms_norm_eps, rows, hidden, xn.data());
+    ref::linear(*lw.gate, nullptr, xn.data(), rows, gate.data());
+    ref::linear(*lw.up, nullptr, xn.data(), rows, up.data());
+    ref::silu_mul(gate.data(), up.data(), rows * inter, gate.data());
+    ref::linear(*lw.down, nullptr, gate.data(), rows, proj.data());
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] += proj[i];
+  }
+
+  // Final norm and LM head on the last token of each sequence only.
+  const int64_t n = int64_t(batch.size());
+  std::vector<float> last(size_t(n * hidden));
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(x.data() + last_row[size_t(i)] * hidden, hidden, last.data() + i * hidden);
+  ref::rms_norm(last.data(), *w.final_norm, cfg.rms_norm_eps, n, hidden, last.data());
+  ref::linear(*w.lm_head, nullptr, last.data(), n, logits.data());
+}
+
+void cpu_engine::attention(int32_t layer, std::span<const forward_input> batch, const float* q,
+                           float* out) {
+  const auto& cfg = model_->config;
+  const int32_t d = cfg.head_dim, heads = cfg.num_heads, group = cfg.gqa_group();
+  const int64_t q_size = cfg.q_size();
+  const float scale = 1.0f / std::sqrt(float(d));
+  const bool sliding = cfg.is_sliding(layer);
+  const int64_t window = cfg.sliding_window.value_or(0);
+
+  // Work items: (row, head) pairs, rows in batch order.
+  struct item {
+    const forward_input* in;
+    int64_t row;
+    int64_t pos;
+  };
+  std::vector<item> items;
+  int64_t row = 0;
+  for (const auto& in : batch)
+    for (size_t t = 0; t < in.tokens.size(); ++t, ++row)
+      items.push_back({&in, row, in.start_pos + int64_t(t)});
+  const int64_t total = int64_t(items.size()) * heads;
+  const int64_t max_len = [&] {
+    int64_t m = 0;
+    for (const auto& it : items)
+      m = std::max(m, it.pos + 1);
+    return m;
+  }();
+  const int32_t page_size = kv_.page_size();
+  const int64_t kv_stride_head = d;
+
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(max_len));
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t w = 0; w < total; ++w) {
+      const auto& it = items[size_t(w / heads)];
+      const int32_t h = int32_t(w % heads);
+      const int32_t g = h / group;
+      const int64_t first = sliding ? std::max<int64_t>(0, it.pos - window + 1) : 0;
+      auto pages = it.in->pages;
+      auto keys = [&](int64_t j) {
+        return kv_.slot(layer, pages[size_t(j / page_size)], 0, int32_t(j % page_size))
+               + g * kv_stride_head;
+      };
+      auto values = [&](int64_t j) {
+        return kv_.slot(layer, pages[size_t(j / page_size)], 1, int32_t(j % page_size))
+               + g * kv_stride_head;
+      };
+      ref::attend(q + it.row * q_size + int64_t(h) * d, d, first, it.pos, scale, keys, values,
+                  scores.data(), out + it.row * q_size + int64_t(h) * d);
+    }
+  }
+}
+
+} // namespace metronome

@@ -1,0 +1,47 @@
+#pragma once
+// Random-initialised model folders in exactly the Hugging Face layout, for
+// tests (tiny presets) and benchmarks (the real shapes of Llama 3).
+//
+// Design note. Every weight element is a pure function of (seed, tensor name,
+// element index) through a counter-based generator and exact float
+// arithmetic, so the same seed gives byte-identical files on any machine and
+// with any thread count. Scales keep activations in a realistic range at any
+// depth: projections into the residual stream are scaled by 1/sqrt(2 layers),
+// all others by 1/sqrt(fan_in); norm weights sit near 1.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model_config.hpp"
+
+namespace metronome {
+
+/// The names of the built-in presets.
+std::vector<std::string> model_presets();
+
+/// The config of a preset; nullopt for an unknown name.
+std::optional<model_config> preset_config(const std::string& name);
+
+/// Settings of one make-model run.
+struct make_model_options {
+  model_config config;
+  std::filesystem::path out_dir;
+  /// A folder whose tokenizer.json (and tokenizer_config.json,
+  /// special_tokens_map.json if present) are copied.
+  std::optional<std::filesystem::path> tokenizer_dir;
+  uint64_t seed = 0;
+  dtype weight_type = dtype::bf16;
+  /// Split model.safetensors into shards of at most this many bytes (with an
+  /// index), as save_pretrained does; 0 = never.
+  uint64_t max_shard_bytes = 5'000'000'000ull;
+};
+
+/// Writes config.json, generation_config.json, the weights and the tokenizer
+/// files into options.out_dir (created if needed). Throws model_error when the
+/// tokenizer's ids do not fit the vocabulary or a file cannot be written.
+void make_model(const make_model_options& options);
+
+} // namespace metronome

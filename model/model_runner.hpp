@@ -1,0 +1,77 @@
+#pragma once
+// The interface every device's engine offers to its executor actor, and the
+// per-sequence bookkeeping the runners share.
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/model_config.hpp"
+#include "model/step_plan.hpp"
+
+namespace metronome {
+
+struct model_folder;
+
+/// Raised for a plan that contradicts the runner's state (unknown sequence,
+/// more tokens than it has, a page table too short). A runner that throws it
+/// has changed nothing.
+class plan_error : public std::logic_error {
+public:
+  using std::logic_error::logic_error;
+};
+
+/// Executes step plans on one device. Called from one thread only, the
+/// executor's; implementations may use more threads inside.
+class model_runner {
+public:
+  virtual ~model_runner() = default;
+
+  /// Runs one step: releases, admits, computes every chunk, samples where a
+  /// chunk completes its sequence's known tokens.
+  virtual step_output execute(const step_plan& plan) = 0;
+
+  /// The model's configuration.
+  virtual const model_config& config() const = 0;
+
+  /// KV pages this runner's memory holds, and tokens per page.
+  virtual int32_t num_pages() const = 0;
+  virtual int32_t page_size() const = 0;
+
+  /// "cpu", "cuda:0", ...
+  virtual std::string device() const = 0;
+};
+
+/// A sequence as a runner tracks it.
+struct runner_sequence {
+  std::vector<int32_t> tokens; // prompt, then sampled tokens
+  int32_t prompt_len = 0;
+  int32_t num_computed = 0; // tokens whose KV is cached
+  std::vector<int32_t> pages;
+  std::unique_ptr<sequence_sampler> sampler;
+};
+
+/// The sequences of a runner, with the plan checks both runners need.
+class sequence_table {
+public:
+  /// Applies releases and admissions and validates the chunks against the
+  /// table; throws plan_error (before changing anything) when they disagree.
+  void apply(const step_plan& plan, int32_t page_size, int32_t num_pages);
+
+  runner_sequence& at(uint64_t id);
+
+  size_t size() const {
+    return seqs_.size();
+  }
+
+private:
+  std::unordered_map<uint64_t, runner_sequence> seqs_;
+};
+
+/// A runner for the CPU reference engine.
+std::unique_ptr<model_runner> make_cpu_runner(std::shared_ptr<const model_folder> model,
+                                              int32_t num_pages, int32_t page_size);
+
+} // namespace metronome

@@ -1,0 +1,83 @@
+#pragma once
+// Turning logits into the next token, with the semantics of the OpenAI API as
+// vLLM implements them.
+//
+// Design note. Order of operations on one sequence's logits: (1) repetition
+// penalty over prompt and output tokens, frequency and presence penalties
+// over output tokens only; (2) temperature 0 means greedy: the first index of
+// the maximum; otherwise divide by the temperature; (3) keep the top_k most
+// likely tokens, then the smallest set whose probability reaches top_p, then
+// drop tokens less likely than min_p times the most likely one; (4) draw by
+// inverse CDF over the kept tokens in descending order with one uniform number
+// per step from the sequence's seeded stream. Same seed, same logits: same
+// token, whatever else is in the batch.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace metronome {
+
+/// Per-request sampling settings (OpenAI / vLLM names and defaults).
+struct sampling_params {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  /// 0 or negative: all tokens.
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  /// Unset: a seed is drawn from the system's entropy when the request starts.
+  std::optional<uint64_t> seed;
+  /// Most tokens to generate.
+  int32_t max_tokens = 16;
+  /// Tokens that end generation (in addition to the model's EOS ids unless
+  /// ignore_eos); the stop token is not part of the text.
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+
+  /// Empty when valid, else "field: problem" for the first bad field.
+  std::string validate() const;
+};
+
+/// What a sequence's sampling remembers between steps.
+class sequence_sampler {
+public:
+  /// `prompt` feeds the repetition penalty; `seed` fixes the random stream.
+  sequence_sampler(const sampling_params& params, std::span<const int32_t> prompt, uint64_t seed);
+
+  /// Picks the next token from `logits` (modified in place) and records it.
+  /// Returns the token and its log-probability under the final distribution.
+  std::pair<int32_t, float> sample(std::span<float> logits);
+
+  /// Output tokens so far.
+  int32_t steps() const {
+    return steps_;
+  }
+
+  const sampling_params& params() const {
+    return params_;
+  }
+
+private:
+  void apply_penalties(std::span<float> logits) const;
+
+  sampling_params params_;
+  uint64_t seed_;
+  int32_t steps_ = 0;
+  std::unordered_map<int32_t, int32_t> output_counts_;
+  std::vector<int32_t> prompt_tokens_; // distinct, sorted
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+/// Index of the first maximum.
+int32_t argmax(std::span<const float> logits);
+
+/// A seed for a request that did not set one.
+uint64_t fresh_seed();
+
+} // namespace metronome

@@ -1,0 +1,68 @@
+#pragma once
+// The vocabulary between a scheduler and a model runner, as plain structs:
+// what one engine step must compute and what it produced. The actor layer
+// wraps these types as messages; nothing here knows about actors.
+//
+// Design note. A plan names sequences by id. A sequence is announced once
+// (new_sequence, with its prompt and sampling settings); afterwards a plan
+// only says how many of its tokens to compute this step and which KV pages
+// were added for them. The runner keeps each sequence's tokens, including the
+// ones it sampled, so a plan for step n + 1 can be made before step n's
+// tokens are known: a decode chunk of one token always means "the token
+// sampled last". A sequence leaves the runner when a plan lists it as
+// released.
+
+#include <cstdint>
+#include <vector>
+
+#include "model/sampling.hpp"
+
+namespace metronome {
+
+/// A sequence the runner has not seen before.
+struct new_sequence {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  sampling_params params;
+  /// The seed of its random stream (params.seed or one drawn at admission).
+  uint64_t seed = 0;
+};
+
+/// Work for one sequence in one step.
+struct scheduled_chunk {
+  uint64_t id = 0;
+  /// Tokens to compute: part or all of the rest of the prompt, or 1 to decode.
+  int32_t num_tokens = 0;
+  /// KV pages appended to the sequence's page table before this step.
+  std::vector<int32_t> new_pages;
+};
+
+/// One engine step.
+struct step_plan {
+  uint64_t step = 0;
+  std::vector<new_sequence> added;
+  std::vector<scheduled_chunk> chunks;
+  /// Sequences to forget (finished, cancelled or failed), before the step.
+  std::vector<uint64_t> released;
+};
+
+/// A token sampled for a sequence whose chunk reached the end of its tokens.
+struct sampled_token {
+  uint64_t id = 0;
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+/// What one step produced.
+struct step_output {
+  uint64_t step = 0;
+  std::vector<sampled_token> tokens;
+  /// Tokens computed this step (prompt tokens plus decodes).
+  int64_t num_tokens = 0;
+  /// Sequences in the step.
+  int32_t num_seqs = 0;
+  /// Wall time of the step on the device, seconds.
+  double seconds = 0;
+};
+
+} // namespace metronome

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds Metronome into build/ (or $METRONOME_BUILD_DIR), first installing the
+# Debian 12 packages it needs when they are missing. Extra arguments go to the
+# CMake configure step (e.g. -DMETRONOME_CUDA=OFF).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${METRONOME_BUILD_DIR:-$root/build}
+
+packages=(
+  cmake ninja-build g++ pkg-config git
+  libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
+  nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+if ((${#missing[@]})); then
+  echo "build.sh: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Node packages of the end-to-end tests (the official openai client, ws).
+if [ -f "$root/tests/e2e/package.json" ] && [ ! -d "$root/tests/e2e/node_modules" ]; then
+  (cd "$root/tests/e2e" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+cmake -S "$root" -B "$build" -G Ninja "$@"
+cmake --build "$build" -j"$(nproc)"

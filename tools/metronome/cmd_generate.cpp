@@ -1,0 +1,160 @@
+// metronome generate: one prompt through the engine, printed as it is made.
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_runner.hpp"
+#include "model/model_weights.hpp"
+#include "tools/metronome/command.hpp"
+
+namespace metronome::cli {
+
+namespace {
+
+struct generate_args {
+  std::string model;
+  std::string prompt_ids;
+  std::string device = "cpu";
+  int32_t max_tokens = 32;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  std::optional<uint64_t> seed;
+  bool ignore_eos = false;
+  bool json = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long value = 0;
+    try {
+      value = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used])))
+      ++used;
+    if (used != item.size() || item.empty())
+      throw command_error("--prompt-ids: '" + item + "' is not an integer");
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  if (ids.empty())
+    throw command_error("--prompt-ids: no ids given");
+  return ids;
+}
+
+void run(const generate_args& a) {
+  if (a.device != "cpu")
+    throw command_error("--device: '" + a.device + "' is not available in this build");
+  auto model = model_folder::open(a.model);
+  const auto& cfg = model->config;
+  auto prompt = parse_ids(a.prompt_ids);
+  for (auto id : prompt)
+    if (id < 0 || id >= cfg.vocab_size)
+      throw command_error("--prompt-ids: id " + std::to_string(id) + " outside the vocabulary (0.."
+                          + std::to_string(cfg.vocab_size - 1) + ")");
+  sampling_params params;
+  params.temperature = a.temperature;
+  params.top_p = a.top_p;
+  params.top_k = a.top_k;
+  params.min_p = a.min_p;
+  params.seed = a.seed;
+  params.max_tokens = a.max_tokens;
+  params.ignore_eos = a.ignore_eos;
+  if (auto problem = params.validate(); !problem.empty())
+    throw command_error(problem);
+
+  constexpr int32_t page_size = 16;
+  const int32_t total = int32_t(prompt.size()) + a.max_tokens;
+  const int32_t pages = (total + page_size - 1) / page_size;
+  auto runner = make_cpu_runner(model, pages, page_size);
+
+  step_plan plan;
+  plan.added.push_back({1, prompt, params, params.seed.value_or(fresh_seed())});
+  scheduled_chunk first{1, int32_t(prompt.size()), {}};
+  for (int32_t p = 0; p < pages; ++p)
+    first.new_pages.push_back(p);
+  plan.chunks.push_back(first);
+
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  double ttft = 0;
+  std::vector<int32_t> out;
+  std::string finish = "length";
+  for (uint64_t step = 0; int32_t(out.size()) < a.max_tokens; ++step) {
+    plan.step = step;
+    auto result = runner->execute(plan);
+    if (step == 0)
+      ttft = std::chrono::duration<double>(clock::now() - start).count();
+    const int32_t token = result.tokens.at(0).token;
+    bool stop = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token)
+                != params.stop_token_ids.end();
+    if (!a.ignore_eos)
+      stop = stop
+             || std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), token)
+                  != cfg.eos_token_ids.end();
+    if (stop) {
+      finish = "stop";
+      break;
+    }
+    out.push_back(token);
+    if (!a.json) {
+      std::printf("%s%d", out.size() == 1 ? "" : " ", token);
+      std::fflush(stdout);
+    }
+    plan = step_plan{};
+    plan.chunks.push_back({1, 1, {}});
+  }
+  const double total_s = std::chrono::duration<double>(clock::now() - start).count();
+  const double decode_s = total_s - ttft;
+  const double tps = out.size() > 1 && decode_s > 0 ? double(out.size() - 1) / decode_s : 0.0;
+  if (a.json) {
+    nlohmann::json j = {{"model", a.model},
+                        {"device", runner->device()},
+                        {"prompt_tokens", prompt.size()},
+                        {"ids", out},
+                        {"finish_reason", finish},
+                        {"ttft_ms", ttft * 1e3},
+                        {"total_ms", total_s * 1e3},
+                        {"tokens_per_s", tps}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr, "[%zu tokens, finish %s, TTFT %.1f ms, %.1f tokens/s]\n", out.size(),
+                 finish.c_str(), ttft * 1e3, tps);
+  }
+}
+
+void setup(CLI::App& app) {
+  auto a = std::make_shared<generate_args>();
+  auto* cmd = app.add_subcommand("generate", "Generate a continuation of one prompt");
+  cmd->add_option("--model", a->model, "Hugging Face model folder")->required();
+  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids")
+    ->required();
+  cmd->add_option("-n,--max-tokens", a->max_tokens, "Most tokens to generate")
+    ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--temperature", a->temperature, "0 = greedy (default 1)");
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass (default 1)");
+  cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = all)");
+  cmd->add_option("--min-p", a->min_p, "Drop tokens below min-p times the best (default 0)");
+  cmd->add_option("--seed", a->seed, "Random seed (same seed, same output)");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the model's EOS tokens");
+  cmd->add_option("--device", a->device, "cpu (default) or cuda:N");
+  cmd->add_flag("--json", a->json, "Print ids, TTFT and tokens/s as JSON");
+  cmd->callback([a] { run(*a); });
+}
+
+const int registered = register_command(20, &setup);
+
+} // namespace
+
+} // namespace metronome::cli

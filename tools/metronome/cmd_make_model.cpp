@@ -1,0 +1,85 @@
+// metronome make-model: write a random-initialised Hugging Face model folder.
+
+#include <cstdio>
+#include <memory>
+
+#include "model/make_model.hpp"
+#include "model/model_error.hpp"
+#include "tools/metronome/command.hpp"
+
+namespace metronome::cli {
+
+namespace {
+
+struct make_model_args {
+  std::string preset;
+  std::string config_file;
+  std::string out;
+  std::string tokenizer;
+  uint64_t seed = 0;
+  std::string dtype_name = "bf16";
+  uint64_t max_shard_mb = 5000;
+};
+
+void run(const make_model_args& a) {
+  make_model_options o;
+  if (!a.config_file.empty()) {
+    o.config = model_config::load(a.config_file);
+  } else {
+    auto cfg = preset_config(a.preset);
+    if (!cfg) {
+      std::string names;
+      for (const auto& n : model_presets())
+        names += (names.empty() ? "" : ", ") + n;
+      throw command_error("unknown preset '" + a.preset + "' (presets: " + names + ")");
+    }
+    o.config = *cfg;
+  }
+  o.out_dir = a.out;
+  if (!a.tokenizer.empty())
+    o.tokenizer_dir = a.tokenizer;
+  o.seed = a.seed;
+  if (a.dtype_name == "bf16")
+    o.weight_type = dtype::bf16;
+  else if (a.dtype_name == "f16")
+    o.weight_type = dtype::f16;
+  else if (a.dtype_name == "f32")
+    o.weight_type = dtype::f32;
+  else
+    throw command_error("--dtype: expected bf16, f16 or f32, got '" + a.dtype_name + "'");
+  o.max_shard_bytes = a.max_shard_mb * 1000000ull;
+  make_model(o);
+  std::printf("wrote %s (%s, seed %llu)\n", a.out.c_str(),
+              a.config_file.empty() ? a.preset.c_str() : a.config_file.c_str(),
+              static_cast<unsigned long long>(a.seed));
+}
+
+void setup(CLI::App& app) {
+  auto args = std::make_shared<make_model_args>();
+  auto* cmd = app.add_subcommand("make-model", "Write a random-initialised model folder "
+                                               "(Hugging Face layout) for tests and benchmarks");
+  auto* preset = cmd->add_option("--preset", args->preset,
+                                 "tiny-llama3, tiny-qwen2, tiny-mistral, llama3-1b, llama3-8b");
+  cmd->add_option("--config", args->config_file, "A config.json to use instead of a preset")
+    ->excludes(preset)
+    ->check(CLI::ExistingFile);
+  cmd->add_option("--out", args->out, "Output folder")->required();
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "Folder whose tokenizer files are copied into the model")
+    ->check(CLI::ExistingDirectory);
+  cmd->add_option("--seed", args->seed, "Random seed (same seed, same bytes)");
+  cmd->add_option("--dtype", args->dtype_name, "Weight type: bf16 (default), f16, f32");
+  cmd->add_option("--max-shard-mb", args->max_shard_mb,
+                  "Split weights into shards of at most this many MB (0: one file)");
+  cmd->callback([args, cmd, preset] {
+    if (args->preset.empty() && args->config_file.empty())
+      throw command_error("make-model: give --preset NAME or --config FILE");
+    run(*args);
+  });
+}
+
+const int registered = register_command(40, &setup);
+
+} // namespace
+
+} // namespace metronome::cli

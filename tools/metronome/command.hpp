@@ -1,0 +1,33 @@
+#pragma once
+// Registry of the subcommands of the `metronome` executable.
+
+#include <stdexcept>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace metronome::cli {
+
+/// Adds one subcommand (with its options and callback) to the application.
+using setup_fn = void (*)(CLI::App& app);
+
+/// Registers a subcommand; called from a static initialiser in cmd_*.cpp.
+/// `order` sorts the help listing.
+int register_command(int order, setup_fn setup);
+
+/// A failure a subcommand reports to the user: main prints "error: <what>"
+/// and exits with `code`.
+class command_error : public std::runtime_error {
+public:
+  explicit command_error(const std::string& what, int code = 1)
+    : std::runtime_error(what), code_(code) {}
+
+  int code() const noexcept {
+    return code_;
+  }
+
+private:
+  int code_;
+};
+
+} // namespace metronome::cli

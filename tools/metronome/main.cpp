@@ -1,0 +1,58 @@
+// metronome: serve, generate, tokenize, make-model, replay, ...
+// Each subcommand lives in its own cmd_*.cpp and registers itself.
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "model/model_error.hpp"
+#include "tools/metronome/command.hpp"
+
+namespace metronome::cli {
+
+namespace {
+
+std::vector<std::pair<int, setup_fn>>& registry() {
+  static std::vector<std::pair<int, setup_fn>> commands;
+  return commands;
+}
+
+} // namespace
+
+int register_command(int order, setup_fn setup) {
+  registry().emplace_back(order, setup);
+  return 0;
+}
+
+} // namespace metronome::cli
+
+int main(int argc, char** argv) {
+  using namespace metronome;
+  CLI::App app{"Metronome: LLM serving with predictable latency", "metronome"};
+  app.set_version_flag("--version", std::string(METRONOME_VERSION));
+  app.require_subcommand(1);
+  auto& commands = cli::registry();
+  std::sort(commands.begin(), commands.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [_, setup] : commands)
+    setup(app);
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const cli::command_error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.code();
+  } catch (const model_error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,1 +1,104 @@
+// The `metronome` command line, run as a user would: make a model, generate
+// from it, and get one clear message and a non-zero exit for each mistake.
+
+#include <fstream>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/model/test_support.hpp"
+
+namespace metronome {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::run_command;
+using test::shell_quote;
+
+std::string bin() {
+  return shell_quote(test::env("BIN"));
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(cli, make_model_then_generate_reproduces_the_reference_greedy_ids) {
+  auto dir = test::scratch_dir("cli-gen") / "tiny-qwen2";
+  auto r = run_command(bin() + " make-model --preset tiny-qwen2 --seed 7 --out " + shell_quote(dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto golden = json::parse(std::ifstream(test::env("SOURCE_DIR") + "/tools/golden/tiny-qwen2.json"));
+  const auto& run = golden["runs"][1];
+  std::string ids;
+  for (auto id : run["prompt"])
+    ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  r = run_command(bin() + " generate --model " + shell_quote(dir.string()) + " --prompt-ids " + ids
+                  + " -n 17 --temperature 0 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto out = json::parse(r.output);
+  EXPECT_EQ(out["ids"], run["greedy_ids"]);
+  EXPECT_EQ(out["finish_reason"], "length");
+  EXPECT_EQ(out["prompt_tokens"], run["prompt"].size());
+  EXPECT_GT(out["ttft_ms"].get<double>(), 0.0);
+}
+
+TEST(cli, seeded_sampling_repeats_and_unseeded_varies) {
+  auto dir = test::tiny_model("tiny-llama3");
+  auto gen = [&](const std::string& extra) {
+    auto r = run_command(bin() + " generate --model " + shell_quote(dir.string())
+                         + " --prompt-ids 128000,5,6 -n 24 --ignore-eos --json " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return json::parse(r.output)["ids"];
+  };
+  EXPECT_EQ(gen("--seed 11"), gen("--seed 11"));
+  EXPECT_NE(gen("--seed 11"), gen("--seed 12"));
+  EXPECT_NE(gen(""), gen(""));
+}
+
+TEST(cli, make_model_is_byte_identical_for_a_seed) {
+  auto a = test::scratch_dir("cli-det-a"), b = test::scratch_dir("cli-det-b");
+  for (const auto& d : {a, b})
+    ASSERT_EQ(run_command(bin() + " make-model --preset tiny-mistral --seed 3 --out " + shell_quote(d.string())).exit_code, 0);
+  auto sum = [](const fs::path& p) {
+    return run_command("sha256sum " + shell_quote((p / "model.safetensors").string())).output.substr(0, 64);
+  };
+  EXPECT_EQ(sum(a), sum(b));
+  ASSERT_EQ(run_command(bin() + " make-model --preset tiny-mistral --seed 4 --out " + shell_quote(b.string())).exit_code, 0);
+  EXPECT_NE(sum(a), sum(b));
+}
+
+TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
+  auto model = test::tiny_model("tiny-llama3");
+  struct mistake {
+    std::string args;
+    std::string message;
+  };
+  auto broken = test::scratch_dir("cli-broken");
+  fs::copy_file(model / "config.json", broken / "config.json");
+  {
+    std::ifstream in(model / "model.safetensors", std::ios::binary);
+    std::string head(fs::file_size(model / "model.safetensors") / 2, '\0');
+    in.read(head.data(), long(head.size()));
+    std::ofstream(broken / "model.safetensors", std::ios::binary) << head;
+  }
+  std::vector<mistake> cases = {
+    {"generate --model /nonexistent --prompt-ids 1", "/nonexistent: not a directory"},
+    {"generate --model " + shell_quote(broken.string()) + " --prompt-ids 1",
+     "model.safetensors: model.embed_tokens.weight: truncated file"},
+    {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1,x", "--prompt-ids: 'x' is not an integer"},
+    {"generate --model " + shell_quote(model.string()) + " --prompt-ids 999999999", "outside the vocabulary"},
+    {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --temperature 5", "temperature: must lie in [0, 2]"},
+    {"make-model --preset nope --out /tmp/x", "unknown preset 'nope' (presets: tiny-llama3"},
+    {"make-model --out /tmp/x", "give --preset NAME or --config FILE"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_command(bin() + " " + c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_TRUE(contains(r.output, c.message)) << c.args << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, "terminate called")) << c.args;
+  }
+}
+
+} // namespace
+} // namespace metronome

@@ -1,1 +1,167 @@
+// Sampling semantics (OpenAI / vLLM): greedy, seeds, temperature, top-k,
+// top-p, min-p and the three penalties, checked on distributions whose
+// answers are known.
+
+#include <cmath>
+#include <map>
+
 #include <gtest/gtest.h>
+
+#include "model/sampling.hpp"
+
+namespace metronome {
+namespace {
+
+/// Logits whose softmax is exactly `probs`.
+std::vector<float> logits_for(const std::vector<double>& probs) {
+  std::vector<float> out;
+  for (double p : probs)
+    out.push_back(float(std::log(p)));
+  return out;
+}
+
+/// Counts of tokens over `n` draws with fresh samplers of consecutive seeds.
+std::map<int32_t, int> draw(const sampling_params& p, const std::vector<float>& logits, int n) {
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < n; ++i) {
+    sequence_sampler s(p, {}, uint64_t(i) * 7919 + 1);
+    auto l = logits;
+    ++counts[s.sample(l).first];
+  }
+  return counts;
+}
+
+TEST(sampling, temperature_zero_is_argmax_with_the_first_index_on_ties) {
+  sampling_params p;
+  p.temperature = 0;
+  sequence_sampler s(p, {}, 1);
+  std::vector<float> l = {0.1f, 2.0f, -1.0f, 2.0f};
+  auto [token, logprob] = s.sample(l);
+  EXPECT_EQ(token, 1);
+  EXPECT_NEAR(logprob, std::log(std::exp(2.0) / (std::exp(0.1) + 2 * std::exp(2.0) + std::exp(-1.0))), 1e-5);
+}
+
+TEST(sampling, the_same_seed_gives_the_same_tokens_and_seeds_differ) {
+  sampling_params p;
+  std::vector<float> l(1000, 0.0f);
+  auto run = [&](uint64_t seed) {
+    sequence_sampler s(p, {}, seed);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 50; ++i) {
+      auto copy = l;
+      out.push_back(s.sample(copy).first);
+    }
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+TEST(sampling, temperature_one_follows_the_softmax) {
+  std::vector<double> probs = {0.5, 0.25, 0.125, 0.0625, 0.0625};
+  sampling_params p;
+  const int n = 20000;
+  auto counts = draw(p, logits_for(probs), n);
+  for (size_t i = 0; i < probs.size(); ++i) {
+    double expected = probs[i] * n, sd = std::sqrt(n * probs[i] * (1 - probs[i]));
+    EXPECT_NEAR(counts[int32_t(i)], expected, 5 * sd) << "token " << i;
+  }
+}
+
+TEST(sampling, low_temperature_sharpens_and_high_temperature_flattens) {
+  std::vector<double> probs = {0.6, 0.3, 0.1};
+  sampling_params cold, hot;
+  cold.temperature = 0.25f;
+  hot.temperature = 2.0f;
+  auto c = draw(cold, logits_for(probs), 4000);
+  auto h = draw(hot, logits_for(probs), 4000);
+  EXPECT_GT(c[0], 3600);       // 0.6^4 / (0.6^4 + 0.3^4 + 0.1^4) = 0.94
+  EXPECT_GT(h[2], 4000 * 0.13); // sqrt-flattened: 0.1^.5 / sum = 0.18
+}
+
+TEST(sampling, top_k_keeps_only_the_k_most_likely) {
+  sampling_params p;
+  p.top_k = 2;
+  auto counts = draw(p, logits_for({0.1, 0.4, 0.2, 0.3}), 3000);
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_TRUE(counts.contains(1) && counts.contains(3));
+  EXPECT_NEAR(counts[1] / 3000.0, 4.0 / 7.0, 0.05);
+}
+
+TEST(sampling, top_p_keeps_the_smallest_set_reaching_the_mass) {
+  sampling_params p;
+  p.top_p = 0.7f;
+  auto counts = draw(p, logits_for({0.15, 0.5, 0.3, 0.05}), 3000);
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_TRUE(counts.contains(1) && counts.contains(2));
+  p.top_p = 0.85f;
+  EXPECT_EQ(draw(p, logits_for({0.15, 0.5, 0.3, 0.05}), 3000).size(), 3u);
+}
+
+TEST(sampling, min_p_drops_tokens_below_a_share_of_the_best) {
+  sampling_params p;
+  p.min_p = 0.5f;
+  auto counts = draw(p, logits_for({0.4, 0.3, 0.19, 0.11}), 3000);
+  EXPECT_EQ(counts.size(), 2u); // 0.19 < 0.5 * 0.4
+  EXPECT_TRUE(counts.contains(0) && counts.contains(1));
+}
+
+TEST(sampling, frequency_and_presence_penalties_act_on_output_tokens) {
+  sampling_params p;
+  p.temperature = 0;
+  p.frequency_penalty = 0.6f;
+  sequence_sampler s(p, {}, 1);
+  std::vector<float> base = {1.0f, 0.5f, 0.0f};
+  std::vector<int32_t> got;
+  for (int i = 0; i < 3; ++i) {
+    auto l = base;
+    got.push_back(s.sample(l).first);
+  }
+  // Token 0 drops by 0.6 per use: 1.0 > 0.5, then 0.4 < 0.5, then 0.4 vs -0.1.
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 0}));
+
+  sampling_params q;
+  q.temperature = 0;
+  q.presence_penalty = 0.3f;
+  sequence_sampler t(q, {}, 1);
+  std::vector<int32_t> got2;
+  for (int i = 0; i < 3; ++i) {
+    auto l = base;
+    got2.push_back(t.sample(l).first);
+  }
+  // Presence subtracts 0.3 once: 0.7 > 0.5 stays ahead.
+  EXPECT_EQ(got2, (std::vector<int32_t>{0, 0, 0}));
+}
+
+TEST(sampling, repetition_penalty_covers_the_prompt) {
+  sampling_params p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  std::vector<int32_t> prompt = {0};
+  sequence_sampler s(p, prompt, 1);
+  std::vector<float> l = {1.0f, 0.6f, -0.5f};
+  EXPECT_EQ(s.sample(l).first, 1); // 1.0 / 2 = 0.5 < 0.6
+  EXPECT_FLOAT_EQ(l[0], 0.5f);
+}
+
+TEST(sampling, validation_names_the_parameter) {
+  sampling_params p;
+  EXPECT_EQ(p.validate(), "");
+  p.temperature = -1;
+  EXPECT_TRUE(p.validate().starts_with("temperature"));
+  p = {};
+  p.top_p = 0;
+  EXPECT_TRUE(p.validate().starts_with("top_p"));
+  p = {};
+  p.presence_penalty = 3;
+  EXPECT_TRUE(p.validate().starts_with("presence_penalty"));
+  p = {};
+  p.max_tokens = 0;
+  EXPECT_TRUE(p.validate().starts_with("max_tokens"));
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_TRUE(p.validate().starts_with("min_p"));
+}
+
+} // namespace
+} // namespace metronome

@@ -17,6 +17,8 @@ void sequence_table::apply(const step_plan& plan, int32_t page_size, int32_t num
       throw plan_error("sequence " + std::to_string(n.id) + " added twice");
     if (n.prompt.empty())
       throw plan_error("sequence " + std::to_string(n.id) + " has an empty prompt");
+    if (n.num_output < 0 || size_t(n.num_output) >= n.prompt.size())
+      throw plan_error("sequence " + std::to_string(n.id) + ": num_output out of range");
   }
   std::unordered_set<uint64_t> scheduled;
   for (const auto& c : plan.chunks) {
@@ -50,7 +52,10 @@ void sequence_table::apply(const step_plan& plan, int32_t page_size, int32_t num
     runner_sequence s;
     s.tokens = n.prompt;
     s.prompt_len = int32_t(n.prompt.size());
-    s.sampler = std::make_unique<sequence_sampler>(n.params, n.prompt, n.seed);
+    const auto prompt = std::span<const int32_t>(n.prompt);
+    const auto split = prompt.size() - size_t(n.num_output);
+    s.sampler = std::make_unique<sequence_sampler>(n.params, prompt.first(split), n.seed,
+                                                   prompt.subspan(split));
     seqs_.emplace(n.id, std::move(s));
   }
   for (const auto& c : plan.chunks) {

@@ -45,8 +45,11 @@ uint64_t fresh_seed() {
 }
 
 sequence_sampler::sequence_sampler(const sampling_params& params,
-                                   std::span<const int32_t> prompt, uint64_t seed)
-  : params_(params), seed_(seed) {
+                                   std::span<const int32_t> prompt, uint64_t seed,
+                                   std::span<const int32_t> prior_output)
+  : params_(params), seed_(seed), steps_(int32_t(prior_output.size())) {
+  for (auto id : prior_output)
+    ++output_counts_[id];
   if (params_.repetition_penalty != 1.0f) {
     prompt_tokens_.assign(prompt.begin(), prompt.end());
     std::sort(prompt_tokens_.begin(), prompt_tokens_.end());

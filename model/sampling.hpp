@@ -48,7 +48,10 @@ struct sampling_params {
 class sequence_sampler {
 public:
   /// `prompt` feeds the repetition penalty; `seed` fixes the random stream.
-  sequence_sampler(const sampling_params& params, std::span<const int32_t> prompt, uint64_t seed);
+  /// `prior_output` are tokens already generated (a resumed sequence): they
+  /// count for the penalties and advance the stream.
+  sequence_sampler(const sampling_params& params, std::span<const int32_t> prompt, uint64_t seed,
+                   std::span<const int32_t> prior_output = {});
 
   /// Picks the next token from `logits` (modified in place) and records it.
   /// Returns the token and its log-probability under the final distribution.

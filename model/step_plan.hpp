@@ -26,6 +26,10 @@ struct new_sequence {
   sampling_params params;
   /// The seed of its random stream (params.seed or one drawn at admission).
   uint64_t seed = 0;
+  /// How many tokens at the end of `prompt` the model generated earlier (a
+  /// sequence re-admitted after preemption): they count for the penalties
+  /// and advance the random stream, so preemption never changes the output.
+  int32_t num_output = 0;
 };
 
 /// Work for one sequence in one step.

@@ -1,0 +1,108 @@
+#pragma once
+// The engine as one unit: spawns the frontend, scheduler, KV cache allocator,
+// executor supervisor (with its executor) for one model, and hands out the
+// handles a network edge or an embedding program needs.
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "caf/all.hpp"
+
+#include "actors/interfaces.hpp"
+#include "model/model_runner.hpp"
+
+namespace metronome {
+
+class tokenizer;
+class engine_metrics;
+
+/// How an engine is built; tools/metronome/cmd_serve.cpp fills it from the
+/// server configuration.
+struct engine_options {
+  std::filesystem::path model_dir;
+  /// "cpu" or "cuda:N".
+  std::string device = "cpu";
+  /// Name reported by /v1/models and checked against requests; defaults to
+  /// the model folder's name.
+  std::string served_model_name;
+  /// Force a chat template format (llama3, llama2, mistral, chatml).
+  std::optional<std::string> chat_template;
+  /// Longest sequence (prompt + output); 0 = the model's max_position_embeddings.
+  int32_t max_model_len = 0;
+  /// Cap on sequences in one step.
+  int32_t max_batch_size = 64;
+  /// Token budget of one step (prompt chunks + decodes).
+  int32_t max_num_batched_tokens = 2048;
+  /// Tokens per KV page.
+  int32_t page_size = 16;
+  /// KV capacity in tokens; 0 = as the device's memory plan allows (CPU: enough for
+  /// max_batch_size sequences of max_model_len, at most 1 GiB).
+  int64_t kv_cache_tokens = 0;
+  /// Requests waiting for admission above which new ones get queue_full.
+  int32_t max_queued_requests = 1024;
+  /// Scheduling policy: fcfs, ladb, srpt.
+  std::string policy = "fcfs";
+  /// Default and maximum time a request may take.
+  std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
+  /// Longest one engine step may take before the executor counts as hung.
+  std::chrono::milliseconds step_timeout{std::chrono::seconds(60)};
+  /// Executor restarts allowed within restart_window before giving up.
+  int32_t max_restarts = 3;
+  std::chrono::seconds restart_window{60};
+  /// GPU settings.
+  double gpu_memory_fraction = 0.9;
+  bool cuda_graphs = true;
+  /// Test hook: builds the runner instead of the device's own (called on the
+  /// executor's thread at every (re)start).
+  std::function<std::unique_ptr<model_runner>()> runner_factory;
+};
+
+/// Facts about a running engine, readable from any thread without blocking.
+struct engine_status {
+  /// The executor has loaded the model and is ready to run steps.
+  std::atomic<bool> ready{false};
+  /// The executor failed more often than max_restarts: requests fail fast.
+  std::atomic<bool> degraded{false};
+  /// Request actors alive (admitted or tokenizing).
+  std::atomic<int64_t> live_requests{0};
+  /// Requests waiting and running in the scheduler.
+  std::atomic<int32_t> waiting{0};
+  std::atomic<int32_t> running{0};
+  /// KV pages in use and in all.
+  std::atomic<int32_t> kv_used_pages{0};
+  std::atomic<int32_t> kv_total_pages{0};
+  // Immutable after spawn_engine returns:
+  std::string model_name;
+  int32_t max_model_len = 0;
+  std::string device;
+  std::string kv_cache_strategy;
+};
+
+/// Handles of a running engine.
+struct engine {
+  /// Send generate_request here; the sender is the request's sink.
+  caf::actor frontend;
+  caf::actor scheduler;
+  kv_cache_actor kv_cache;
+  caf::actor supervisor;
+  std::shared_ptr<engine_status> status;
+  std::shared_ptr<engine_metrics> metrics;
+  std::shared_ptr<const tokenizer> tokens;
+
+  /// Stops all actors of the engine (requests in flight get
+  /// generation_error unavailable). Call from any thread.
+  void shutdown() const;
+};
+
+/// Opens the model folder (config, weights mapping, tokenizer, chat
+/// template) on the calling thread, so configuration errors surface here as
+/// model_error, then spawns the actors. Loading weights onto the device
+/// happens on the executor's thread; status->ready tells when it is done.
+engine spawn_engine(caf::actor_system& sys, engine_options options);
+
+} // namespace metronome

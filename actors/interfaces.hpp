@@ -1,0 +1,34 @@
+#pragma once
+// Typed interfaces of Metronome's actors. The request actors, the frontend
+// and the scheduler speak several message kinds and monitor others, so they
+// are untyped `caf::actor`s; their messages are listed here as contracts.
+
+#include "actors/messages.hpp"
+
+namespace metronome {
+
+/// One per device, on its own thread: runs a plan, replies with its tokens.
+/// Plans queue in its mailbox, so the next one is ready when a step ends.
+using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>>;
+
+/// Owns the page bookkeeping of one executor's KV memory.
+using kv_cache_actor = caf::typed_actor<
+  /// Grows each sequence by the pages asked for, all or nothing per entry.
+  caf::replies_to<alloc_atom, std::vector<page_request>>::with<page_grant>,
+  /// Frees all pages of a sequence (exactly once per sequence that holds any).
+  caf::reacts_to<free_atom, uint64_t>,
+  /// Forgets every table (the executor restarted); the pool now has n pages.
+  caf::replies_to<reset_atom, int32_t>::with<int32_t>,
+  caf::replies_to<stats_atom>::with<kv_stats>>;
+
+// Untyped contracts:
+//
+// frontend:       generate_request (sender = the client's sink actor)
+//                 stats_atom -> scheduler_stats (forwarded)
+// request actor:  token_msg, generation_error (from the scheduler),
+//                 timeout_atom (its own timer), DOWN of its sink (cancel)
+// scheduler:      admit_msg (sender = request actor, monitored),
+//                 cancel_atom + seq_id, executor_up_msg, executor_down_msg,
+//                 policy_atom + name, stats_atom -> scheduler_stats
+
+} // namespace metronome

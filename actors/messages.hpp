@@ -1,0 +1,396 @@
+#pragma once
+// The message vocabulary of Metronome's actors: every type that travels
+// between actors, its `inspect`, the type ID block, the atoms and the error
+// enum. One struct per message kind.
+//
+// Who sends what (see docs/architecture.md for a traced request):
+//   client (net session, embedder) -> frontend:   generate_request
+//   frontend -> request actor (spawned per request, client is its sink)
+//   request actor -> scheduler:                    admit_msg, cancel_atom
+//   scheduler -> request actor:                    token_msg, generation_error
+//   request actor -> client sink:                  text_delta, generation_done,
+//                                                  generation_error
+//   scheduler -> kv cache actor:                   alloc_atom, free_atom, reset_atom
+//   scheduler -> executor:                         step_plan -> step_output
+//   executor supervisor -> scheduler:              executor_up_msg, executor_down_msg
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "model/sampling.hpp"
+#include "model/step_plan.hpp"
+
+// -- std::optional in messages (CAF 0.17 knows only caf::optional) --------------
+
+namespace caf {
+
+template <class Inspector, class T>
+typename std::enable_if<Inspector::reads_state, typename Inspector::result_type>::type
+inspect(Inspector& f, std::optional<T>& x) {
+  return x ? f(true, *x) : f(false);
+}
+
+template <class T>
+struct std_optional_inspect_helper {
+  bool& enabled;
+  T& storage;
+  template <class Inspector>
+  friend typename Inspector::result_type inspect(Inspector& f, std_optional_inspect_helper& x) {
+    return x.enabled ? f(x.storage) : f();
+  }
+};
+
+template <class Inspector, class T>
+typename std::enable_if<Inspector::writes_state, typename Inspector::result_type>::type
+inspect(Inspector& f, std::optional<T>& x) {
+  bool flag = false;
+  T tmp{};
+  std_optional_inspect_helper<T> helper{flag, tmp};
+  auto guard = detail::make_scope_guard([&] {
+    if (flag)
+      x = std::move(tmp);
+    else
+      x.reset();
+  });
+  return f(flag, helper);
+}
+
+} // namespace caf
+
+namespace metronome {
+
+// -- client-facing messages ---------------------------------------------------------
+
+/// One turn of a chat conversation.
+struct chat_turn {
+  std::string role;
+  std::string content;
+};
+
+/// A generation request, in native types (the network edge parsed it).
+/// Send it to the frontend actor; the sender becomes the request's sink and
+/// receives text_delta..., then generation_done or generation_error.
+struct generate_request {
+  /// Client-visible id ("chatcmpl-...", or the WebSocket client's id).
+  std::string request_id;
+  /// Chat request: `messages` are rendered with the model's chat template.
+  bool chat = false;
+  std::vector<chat_turn> messages;
+  bool add_generation_prompt = true;
+  /// Completion request: `prompt` text, or `prompt_ids` when non-empty.
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;
+  sampling_params params;
+  /// Stop strings: generation ends before the first occurrence, which is
+  /// not emitted; matched across token boundaries.
+  std::vector<std::string> stop;
+  bool skip_special_tokens = true;
+  /// Request class or route, a feature for latency-aware policies.
+  std::string request_class;
+  /// Give up (generation_error, timeout) after this long; 0 = server default.
+  std::chrono::milliseconds timeout{0};
+};
+
+/// New text of a request (never a partial UTF-8 character).
+struct text_delta {
+  std::string request_id;
+  std::string text;
+  /// The tokens this text came from.
+  std::vector<int32_t> token_ids;
+  /// Sequences in the engine step that produced the first token; set on the
+  /// first delta only (0 afterwards).
+  int32_t first_token_batch_size = 0;
+};
+
+/// The end of a request.
+struct generation_done {
+  std::string request_id;
+  /// "stop" (EOS, stop token or stop string), "length" (max_tokens or the
+  /// context), "cancelled" (client or caller cancelled).
+  std::string finish_reason;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  /// Arrival to first scheduled step.
+  double queue_s = 0;
+  /// Arrival to first token.
+  double ttft_s = 0;
+  /// Arrival to last token.
+  double e2e_s = 0;
+  int32_t first_token_batch_size = 0;
+};
+
+/// What went wrong, with an HTTP mapping for the network edge.
+enum class request_errc : uint8_t {
+  invalid_request = 1, // 400
+  context_length = 2,  // 400, param "messages"/"prompt"
+  queue_full = 3,      // 429
+  engine_failure = 4,  // 500
+  timeout = 5,         // 504
+  unavailable = 6,     // 503 (no model loaded, shutting down)
+};
+
+/// The HTTP status the network edge answers for a request_errc.
+int http_status(request_errc code);
+
+/// The OpenAI error "type" string for a request_errc.
+const char* error_type(request_errc code);
+
+std::string to_string(request_errc code);
+
+/// A request failed; nothing more follows for it.
+struct generation_error {
+  std::string request_id;
+  request_errc code = request_errc::engine_failure;
+  std::string message;
+  /// The request field at fault, if any (OpenAI's "param").
+  std::string param;
+};
+
+// -- engine-internal messages ---------------------------------------------------------
+
+/// Request actor -> scheduler: admit this tokenized request. The sender is
+/// the request actor; the scheduler monitors it (its DOWN cancels).
+struct admit_msg {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> prompt;
+  sampling_params params;
+  uint64_t seed = 0;
+  /// Arrival (engine clock, ns since the engine's start).
+  int64_t arrival_ns = 0;
+  /// Features for prediction: class/route, share of non-alphanumeric
+  /// characters in the prompt text.
+  std::string request_class;
+  float non_alnum_share = 0;
+};
+
+/// Scheduler -> request actor: tokens sampled for it (usually one).
+struct token_msg {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> tokens;
+  /// Sequences in the step that produced them.
+  int32_t batch_size = 0;
+  /// "" while running, else "stop" or "length": no more tokens follow.
+  std::string finish_reason;
+  /// When the request was first scheduled (engine clock, ns); on the first
+  /// token_msg only.
+  int64_t first_scheduled_ns = 0;
+};
+
+/// A page request of the scheduler: grow `seq_id` by `pages` pages.
+struct page_request {
+  uint64_t seq_id = 0;
+  int32_t pages = 0;
+};
+
+/// The kv cache actor's answer: the pages added per sequence, in request
+/// order (empty where it could not grant; then nothing was added).
+struct page_grant {
+  std::vector<std::vector<int32_t>> pages;
+  int32_t free_pages = 0;
+};
+
+/// Usage of the KV pages.
+struct kv_stats {
+  int32_t num_pages = 0;
+  int32_t used_pages = 0;
+  int32_t sequences = 0;
+  /// Frees of sequences that held no pages: must stay 0.
+  int64_t unmatched_frees = 0;
+};
+
+/// Executor supervisor -> scheduler: a (re)started executor is ready.
+struct executor_up_msg {
+  caf::actor executor;
+  int32_t num_pages = 0;
+  int32_t page_size = 0;
+  std::string device;
+  std::string memory_report;
+};
+
+/// Executor supervisor -> scheduler: the executor died; its KV is gone.
+struct executor_down_msg {
+  std::string reason;
+};
+
+/// Scheduler figures for tests, /metrics and replay reports.
+struct scheduler_stats {
+  int32_t waiting = 0;
+  int32_t running = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t finished = 0;
+  int64_t cancelled = 0;
+  int32_t live_requests = 0;
+  std::string policy;
+};
+
+} // namespace metronome
+
+// -- type IDs and atoms ----------------------------------------------------------------
+
+CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
+  CAF_ADD_TYPE_ID(metronome, (metronome::chat_turn))
+  CAF_ADD_TYPE_ID(metronome, (metronome::generate_request))
+  CAF_ADD_TYPE_ID(metronome, (metronome::text_delta))
+  CAF_ADD_TYPE_ID(metronome, (metronome::generation_done))
+  CAF_ADD_TYPE_ID(metronome, (metronome::generation_error))
+  CAF_ADD_TYPE_ID(metronome, (metronome::request_errc))
+  CAF_ADD_TYPE_ID(metronome, (metronome::admit_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::token_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::page_request))
+  CAF_ADD_TYPE_ID(metronome, (metronome::page_grant))
+  CAF_ADD_TYPE_ID(metronome, (metronome::kv_stats))
+  CAF_ADD_TYPE_ID(metronome, (metronome::executor_up_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::executor_down_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::scheduler_stats))
+  CAF_ADD_TYPE_ID(metronome, (metronome::sampling_params))
+  CAF_ADD_TYPE_ID(metronome, (metronome::new_sequence))
+  CAF_ADD_TYPE_ID(metronome, (metronome::scheduled_chunk))
+  CAF_ADD_TYPE_ID(metronome, (metronome::step_plan))
+  CAF_ADD_TYPE_ID(metronome, (metronome::sampled_token))
+  CAF_ADD_TYPE_ID(metronome, (metronome::step_output))
+  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::page_request>))
+  CAF_ADD_ATOM(metronome, metronome, cancel_atom, "cancel")
+  CAF_ADD_ATOM(metronome, metronome, alloc_atom, "alloc")
+  CAF_ADD_ATOM(metronome, metronome, free_atom, "free")
+  CAF_ADD_ATOM(metronome, metronome, reset_atom, "reset")
+  CAF_ADD_ATOM(metronome, metronome, stats_atom, "stats")
+  CAF_ADD_ATOM(metronome, metronome, tick_atom, "tick")
+  CAF_ADD_ATOM(metronome, metronome, timeout_atom, "timeout")
+  CAF_ADD_ATOM(metronome, metronome, policy_atom, "policy")
+  CAF_ADD_ATOM(metronome, metronome, ready_atom, "ready")
+  CAF_ADD_ATOM(metronome, metronome, crash_atom, "crash")
+CAF_END_TYPE_ID_BLOCK(metronome)
+
+CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")
+
+namespace metronome {
+
+// -- inspect ----------------------------------------------------------------------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_p, x.top_k, x.min_p,
+           x.frequency_penalty, x.presence_penalty, x.repetition_penalty, x.seed, x.max_tokens,
+           x.stop_token_ids, x.ignore_eos);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
+  return f(caf::meta::type_name("generate_request"), x.request_id, x.chat, x.messages,
+           x.add_generation_prompt, x.prompt, x.prompt_ids, x.params, x.stop,
+           x.skip_special_tokens, x.request_class, x.timeout);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, text_delta& x) {
+  return f(caf::meta::type_name("text_delta"), x.request_id, x.text, x.token_ids,
+           x.first_token_batch_size);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_done& x) {
+  return f(caf::meta::type_name("generation_done"), x.request_id, x.finish_reason,
+           x.prompt_tokens, x.completion_tokens, x.queue_s, x.ttft_s, x.e2e_s,
+           x.first_token_batch_size);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_errc& x) {
+  auto v = static_cast<uint8_t>(x);
+  auto guard = caf::detail::make_scope_guard([&] { x = static_cast<request_errc>(v); });
+  return f(v);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_error& x) {
+  return f(caf::meta::type_name("generation_error"), x.request_id, x.code, x.message, x.param);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, admit_msg& x) {
+  return f(caf::meta::type_name("admit_msg"), x.seq_id, x.prompt, x.params, x.seed,
+           x.arrival_ns, x.request_class, x.non_alnum_share);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
+  return f(caf::meta::type_name("token_msg"), x.seq_id, x.tokens, x.batch_size,
+           x.finish_reason, x.first_scheduled_ns);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, page_request& x) {
+  return f(caf::meta::type_name("page_request"), x.seq_id, x.pages);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, page_grant& x) {
+  return f(caf::meta::type_name("page_grant"), x.pages, x.free_pages);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_stats& x) {
+  return f(caf::meta::type_name("kv_stats"), x.num_pages, x.used_pages, x.sequences,
+           x.unmatched_frees);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, executor_up_msg& x) {
+  return f(caf::meta::type_name("executor_up_msg"), x.executor, x.num_pages, x.page_size,
+           x.device, x.memory_report);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, executor_down_msg& x) {
+  return f(caf::meta::type_name("executor_down_msg"), x.reason);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, scheduler_stats& x) {
+  return f(caf::meta::type_name("scheduler_stats"), x.waiting, x.running, x.steps,
+           x.preemptions, x.finished, x.cancelled, x.live_requests, x.policy);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, new_sequence& x) {
+  return f(caf::meta::type_name("new_sequence"), x.id, x.prompt, x.params, x.seed,
+           x.num_output);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, scheduled_chunk& x) {
+  return f(caf::meta::type_name("scheduled_chunk"), x.id, x.num_tokens, x.new_pages);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_plan& x) {
+  return f(caf::meta::type_name("step_plan"), x.step, x.added, x.chunks, x.released);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
+  return f(caf::meta::type_name("sampled_token"), x.id, x.token, x.logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_output& x) {
+  return f(caf::meta::type_name("step_output"), x.step, x.tokens, x.num_tokens, x.num_seqs,
+           x.seconds);
+}
+
+/// Registers the type IDs and the error renderer on a CAF config. Call once
+/// on every actor_system_config that runs Metronome's actors.
+void register_message_types(caf::actor_system_config& cfg);
+
+} // namespace metronome

@@ -99,6 +99,9 @@ struct engine {
   void shutdown() const;
 };
 
+/// The Prometheus text for GET /metrics. Any thread, never blocks.
+std::string render_metrics(const engine& e);
+
 /// Opens the model folder (config, weights mapping, tokenizer, chat
 /// template) on the calling thread, so configuration errors surface here as
 /// model_error, then spawns the actors. Loading weights onto the device

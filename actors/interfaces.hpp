@@ -9,7 +9,10 @@ namespace metronome {
 
 /// One per device, on its own thread: runs a plan, replies with its tokens.
 /// Plans queue in its mailbox, so the next one is ready when a step ends.
-using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>>;
+/// crash_atom makes it fail as if its runner had thrown: fault injection for
+/// tests and drills, and how the scheduler has a hung executor replaced.
+using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>,
+                                        caf::reacts_to<crash_atom, std::string>>;
 
 /// Owns the page bookkeeping of one executor's KV memory.
 using kv_cache_actor = caf::typed_actor<
@@ -18,7 +21,7 @@ using kv_cache_actor = caf::typed_actor<
   /// Frees all pages of a sequence (exactly once per sequence that holds any).
   caf::reacts_to<free_atom, uint64_t>,
   /// Forgets every table (the executor restarted); the pool now has n pages.
-  caf::replies_to<reset_atom, int32_t>::with<int32_t>,
+  caf::reacts_to<reset_atom, int32_t>,
   caf::replies_to<stats_atom>::with<kv_stats>>;
 
 // Untyped contracts:

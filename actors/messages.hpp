@@ -215,6 +215,8 @@ struct executor_up_msg {
 /// Executor supervisor -> scheduler: the executor died; its KV is gone.
 struct executor_down_msg {
   std::string reason;
+  /// No restart follows (too many failures): the engine is degraded.
+  bool permanent = false;
 };
 
 /// Scheduler figures for tests, /metrics and replay reports.
@@ -306,13 +308,6 @@ typename Inspector::result_type inspect(Inspector& f, generation_done& x) {
 }
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, request_errc& x) {
-  auto v = static_cast<uint8_t>(x);
-  auto guard = caf::detail::make_scope_guard([&] { x = static_cast<request_errc>(v); });
-  return f(v);
-}
-
-template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_error& x) {
   return f(caf::meta::type_name("generation_error"), x.request_id, x.code, x.message, x.param);
 }
@@ -353,7 +348,7 @@ typename Inspector::result_type inspect(Inspector& f, executor_up_msg& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, executor_down_msg& x) {
-  return f(caf::meta::type_name("executor_down_msg"), x.reason);
+  return f(caf::meta::type_name("executor_down_msg"), x.reason, x.permanent);
 }
 
 template <class Inspector>

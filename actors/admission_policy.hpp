@@ -1,0 +1,70 @@
+#pragma once
+// The choice of which waiting requests to admit next: the one decision the
+// scheduler leaves to a policy object, so policies can be compared on the
+// same traces (sim/) and swapped at run time by a supervisor. Plain C++, no
+// actors; time is passed in.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace metronome {
+
+/// Engine time: nanoseconds since the engine (or the replay) started.
+using sched_time = std::chrono::nanoseconds;
+
+struct sched_request;
+
+/// Orders admission. Called on the scheduler's thread only.
+class admission_policy {
+public:
+  virtual ~admission_policy() = default;
+
+  /// "fcfs", "ladb", "srpt".
+  virtual std::string_view name() const = 0;
+
+  /// A request was queued.
+  virtual void on_arrival(sched_request& r, sched_time now) = 0;
+
+  /// The waiting requests to try admitting this step, best first (at most
+  /// `free_slots` will be admitted). Requests left out are held back.
+  virtual std::vector<sched_request*> admission_order(std::span<sched_request* const> waiting,
+                                                      int32_t free_slots, sched_time now) = 0;
+
+  /// A request produced a token (for policies that track progress).
+  virtual void on_token(sched_request&, sched_time) {}
+
+  /// A request finished (any reason) after `steps` decode steps.
+  virtual void on_finish(const sched_request&, sched_time) {}
+
+  /// When the policy wants a scheduling pass although nothing else
+  /// happened (the end of a hold window); nullopt for never.
+  virtual std::optional<sched_time> next_deadline(sched_time) const {
+    return std::nullopt;
+  }
+};
+
+/// First come, first served: the baseline every serving engine ships.
+class fcfs_policy final : public admission_policy {
+public:
+  std::string_view name() const override {
+    return "fcfs";
+  }
+
+  void on_arrival(sched_request&, sched_time) override {
+    // nop
+  }
+
+  std::vector<sched_request*> admission_order(std::span<sched_request* const> waiting,
+                                              int32_t free_slots, sched_time now) override;
+};
+
+/// Builds a policy by name; nullptr for an unknown name. Latency-aware
+/// policies register here as they are added.
+std::unique_ptr<admission_policy> make_admission_policy(std::string_view name);
+
+} // namespace metronome

@@ -1,0 +1,177 @@
+#include "actors/engine.hpp"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/engine_metrics.hpp"
+#include "actors/executor.hpp"
+#include "actors/kv_cache_actor.hpp"
+#include "actors/request_actor.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "model/model_error.hpp"
+#include "model/model_weights.hpp"
+#include "model/tokenizer/chat_template.hpp"
+#include "model/tokenizer/tokenizer.hpp"
+#ifdef METRONOME_HAVE_GPU_RUNNER
+#include "gpu/cuda_runner.hpp"
+#endif
+
+namespace metronome {
+
+namespace {
+
+/// The frontend: turns each generate_request into a request actor whose
+/// sink is the sender.
+caf::behavior frontend(caf::event_based_actor* self, std::shared_ptr<const request_context> ctx) {
+  return {
+    [=](generate_request& req) {
+      auto sink = caf::actor_cast<caf::actor>(self->current_sender());
+      if (!sink)
+        return; // an anonymous request has nowhere to stream
+      if (ctx->status->degraded) {
+        self->send(sink, generation_error{req.request_id, request_errc::unavailable,
+                                          "the engine is unavailable: its executor keeps failing",
+                                          ""});
+        return;
+      }
+      spawn_request(self->system(), ctx, std::move(req), std::move(sink));
+    },
+  };
+}
+
+/// EOS ids of config.json and generation_config.json together.
+std::vector<int32_t> eos_ids(const model_folder& model, const tokenizer& tok) {
+  auto ids = model.config.eos_token_ids;
+  auto gen_path = model.dir / "generation_config.json";
+  if (std::ifstream in(gen_path); in) {
+    try {
+      auto doc = nlohmann::json::parse(in);
+      auto e = doc.value("eos_token_id", nlohmann::json());
+      if (e.is_number_integer())
+        ids.push_back(e.get<int32_t>());
+      else if (e.is_array())
+        for (const auto& x : e)
+          if (x.is_number_integer())
+            ids.push_back(x.get<int32_t>());
+    } catch (const nlohmann::json::exception& ex) {
+      throw model_error(gen_path.string(), "", std::string("malformed JSON: ") + ex.what());
+    }
+  }
+  if (ids.empty() && tok.eos_id())
+    ids.push_back(*tok.eos_id());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+runner_factory device_runner(const engine_options& o, std::shared_ptr<const model_folder> model,
+                             int32_t cpu_pages) {
+  if (o.runner_factory)
+    return o.runner_factory;
+  if (o.device == "cpu")
+    return [=] { return make_cpu_runner(model, cpu_pages, o.page_size); };
+  if (o.device.starts_with("cuda:")) {
+#ifdef METRONOME_HAVE_GPU_RUNNER
+    cuda_runner_options g;
+    g.device = std::stoi(o.device.substr(5));
+    g.gpu_memory_fraction = o.gpu_memory_fraction;
+    g.max_batch_size = o.max_batch_size;
+    g.max_num_batched_tokens = o.max_num_batched_tokens;
+    g.page_size = o.page_size;
+    g.kv_cache_tokens = o.kv_cache_tokens;
+    g.cuda_graphs = o.cuda_graphs;
+    return [=] { return make_cuda_runner(model, g); };
+#else
+    throw std::invalid_argument("device '" + o.device
+                                + "': this build of metronome has no CUDA support");
+#endif
+  }
+  throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
+}
+
+} // namespace
+
+engine spawn_engine(caf::actor_system& sys, engine_options o) {
+  auto model = model_folder::open(o.model_dir);
+  auto tok = tokenizer::load(o.model_dir);
+  auto chat = std::make_shared<const chat_template>(
+    chat_template::from_folder(o.model_dir, o.chat_template));
+  const auto& cfg = model->config;
+  if (tok->vocab_size() > cfg.vocab_size)
+    throw model_error((o.model_dir / "tokenizer.json").string(), "",
+                      "the tokenizer has " + std::to_string(tok->vocab_size())
+                        + " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
+  if (o.page_size <= 0 || o.max_batch_size <= 0 || o.max_num_batched_tokens <= 0)
+    throw std::invalid_argument("engine: page_size, max_batch_size and max_num_batched_tokens "
+                                "must be positive");
+
+  engine e;
+  e.status = std::make_shared<engine_status>();
+  e.metrics = std::make_shared<engine_metrics>();
+  e.tokens = tok;
+  auto& st = *e.status;
+  st.model_name = o.served_model_name.empty() ? o.model_dir.filename().string()
+                                              : o.served_model_name;
+  if (st.model_name.empty())
+    st.model_name = o.model_dir.parent_path().filename().string();
+  st.device = o.device;
+  st.max_model_len = o.max_model_len > 0 ? o.max_model_len : cfg.max_position_embeddings;
+
+  // CPU KV memory: what was asked for, else room for max_batch_size full
+  // sequences, capped at 1 GiB.
+  const int64_t bytes_per_token
+    = int64_t(cfg.num_layers) * 2 * cfg.num_kv_heads * cfg.head_dim * int64_t(sizeof(float));
+  int64_t kv_tokens = o.kv_cache_tokens;
+  if (kv_tokens <= 0)
+    kv_tokens = std::min<int64_t>(int64_t(o.max_batch_size) * st.max_model_len,
+                                  (int64_t(1) << 30) / bytes_per_token);
+  const int32_t cpu_pages = int32_t((kv_tokens + o.page_size - 1) / o.page_size);
+  if (o.device == "cpu" && int64_t(cpu_pages) * o.page_size < st.max_model_len) {
+    spdlog::warn("KV cache holds {} tokens: max_model_len lowered from {}",
+                 int64_t(cpu_pages) * o.page_size, st.max_model_len);
+    st.max_model_len = cpu_pages * o.page_size;
+  }
+  st.kv_cache_strategy = "paged;page_size=" + std::to_string(o.page_size)
+                         + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=bf16");
+
+  auto factory = device_runner(o, model, cpu_pages);
+  e.kv_cache = spawn_kv_cache(sys, 0, e.status);
+  scheduler_actor_config sc;
+  sc.limits.max_batch_size = o.max_batch_size;
+  sc.limits.max_num_batched_tokens = o.max_num_batched_tokens;
+  sc.limits.max_queued = o.max_queued_requests;
+  sc.limits.max_model_len = st.max_model_len;
+  sc.policy = o.policy;
+  sc.eos_ids = eos_ids(*model, *tok);
+  sc.step_timeout = o.step_timeout;
+  e.scheduler = spawn_scheduler(sys, sc, e.kv_cache, e.status, e.metrics);
+  e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory),
+                                           {o.max_restarts, o.restart_window}, e.status);
+  auto ctx = std::make_shared<request_context>();
+  ctx->scheduler = e.scheduler;
+  ctx->tokens = tok;
+  ctx->chat = chat;
+  ctx->status = e.status;
+  ctx->metrics = e.metrics;
+  ctx->max_model_len = st.max_model_len;
+  ctx->vocab_size = cfg.vocab_size;
+  ctx->default_timeout = o.request_timeout;
+  e.frontend = sys.spawn(frontend, std::shared_ptr<const request_context>(ctx));
+  return e;
+}
+
+void engine::shutdown() const {
+  for (const auto& a : {frontend, supervisor, scheduler})
+    if (a)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  if (kv_cache)
+    caf::anon_send_exit(kv_cache, caf::exit_reason::user_shutdown);
+}
+
+std::string render_metrics(const engine& e) {
+  return e.metrics->render(*e.status);
+}
+
+} // namespace metronome

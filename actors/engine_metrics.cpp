@@ -1,0 +1,137 @@
+#include "actors/engine_metrics.hpp"
+
+#include "actors/engine.hpp"
+
+namespace metronome {
+
+namespace {
+
+// Bucket bounds: vLLM's, extended downwards where Metronome aims lower.
+std::vector<double> ttft_buckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+          2.5,   5.0,   7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
+
+std::vector<double> itl_buckets() {
+  return {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+          0.2,   0.3,    0.4,   0.5,    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+}
+
+std::vector<double> request_buckets() {
+  return {0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.8,   1.0,   1.5,   2.0,   2.5,   5.0,  10.0,
+          15.0, 20.0,  30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+}
+
+std::vector<double> batch_buckets() {
+  return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512};
+}
+
+std::vector<double> ratio_buckets() {
+  return {0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
+}
+
+} // namespace
+
+engine_metrics::engine_metrics()
+  : ttft_(registry_.add_histogram("metronome:time_to_first_token_seconds",
+                                  "Time from arrival to the first output token, per request.",
+                                  ttft_buckets())),
+    itl_(registry_.add_histogram("metronome:inter_token_latency_seconds",
+                                 "Time between consecutive output tokens of a request.",
+                                 itl_buckets())),
+    e2e_(registry_.add_histogram("metronome:e2e_request_latency_seconds",
+                                 "Time from arrival to the last output token, per request.",
+                                 request_buckets())),
+    queue_(registry_.add_histogram("metronome:request_queue_time_seconds",
+                                   "Time from arrival to the first scheduled step, per request.",
+                                   request_buckets())),
+    batch_size_(registry_.add_histogram("metronome:batch_size",
+                                        "Sequences in each engine step.", batch_buckets())),
+    batch_efficiency_(registry_.add_histogram(
+      "metronome:batch_efficiency_ratio",
+      "Sequences in each engine step over the configured max_batch_size.", ratio_buckets())),
+    step_time_(registry_.add_histogram("metronome:step_duration_seconds",
+                                       "Wall time of each engine step on the device.",
+                                       itl_buckets())),
+    prompt_tokens_(registry_.add_counter("metronome:prompt_tokens_total",
+                                         "Prompt tokens of finished requests.")),
+    generation_tokens_(registry_.add_counter("metronome:generation_tokens_total",
+                                             "Output tokens of finished requests.")),
+    preemptions_(registry_.add_counter("metronome:num_preemptions_total",
+                                       "Requests preempted for lack of KV pages.")),
+    restarts_(registry_.add_counter("metronome:executor_restarts_total",
+                                    "Executor failures handled by its supervisor.")),
+    finished_(registry_.add_counter_family("metronome:request_success_total",
+                                           "Requests that ended, by finish reason.",
+                                           {"finished_reason"})),
+    errors_(registry_.add_counter_family("metronome:request_errors_total",
+                                         "Requests that failed, by error code.", {"code"})),
+    policy_switches_(registry_.add_counter_family("metronome:policy_switches_total",
+                                                  "Scheduling policy switches, by target policy "
+                                                  "and cause.",
+                                                  {"policy", "cause"})),
+    kv_usage_(registry_.add_gauge("metronome:kv_cache_usage_perc",
+                                  "Fraction of KV cache pages in use (0 to 1).")),
+    running_(registry_.add_gauge("metronome:num_requests_running",
+                                 "Requests with sequences in the engine.")),
+    waiting_(registry_.add_gauge("metronome:num_requests_waiting",
+                                 "Requests waiting for admission.")),
+    live_actors_(registry_.add_gauge("metronome:request_actors_alive",
+                                     "Request actors alive (one per request in the server).")),
+    ready_(registry_.add_gauge("metronome:engine_ready",
+                               "1 once the model is loaded and the executor runs.")) {
+  // nop
+}
+
+void engine_metrics::on_step(int32_t num_seqs, int32_t max_batch_size, int64_t, double seconds) {
+  batch_size_.observe(num_seqs);
+  if (max_batch_size > 0)
+    batch_efficiency_.observe(double(num_seqs) / max_batch_size);
+  step_time_.observe(seconds);
+}
+
+void engine_metrics::on_first_token(double queue_s, double ttft_s) {
+  queue_.observe(queue_s);
+  ttft_.observe(ttft_s);
+}
+
+void engine_metrics::on_token_gap(double seconds) {
+  itl_.observe(seconds);
+}
+
+void engine_metrics::on_finish(const std::string& reason, double e2e_s, int32_t prompt_tokens,
+                               int32_t completion_tokens) {
+  finished_.with({reason}).inc();
+  e2e_.observe(e2e_s);
+  prompt_tokens_.inc(prompt_tokens);
+  generation_tokens_.inc(completion_tokens);
+}
+
+void engine_metrics::on_error(const std::string& code) {
+  errors_.with({code}).inc();
+}
+
+void engine_metrics::on_preemptions(int64_t n) {
+  if (n > 0)
+    preemptions_.inc(double(n));
+}
+
+void engine_metrics::on_executor_restart() {
+  restarts_.inc();
+}
+
+void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {
+  policy_switches_.with({policy, why}).inc();
+}
+
+std::string engine_metrics::render(const engine_status& s) {
+  const int32_t total = s.kv_total_pages.load();
+  kv_usage_.set(total > 0 ? double(s.kv_used_pages.load()) / total : 0.0);
+  running_.set(s.running.load());
+  waiting_.set(s.waiting.load());
+  live_actors_.set(double(s.live_requests.load()));
+  ready_.set(s.ready.load() ? 1.0 : 0.0);
+  return registry_.render();
+}
+
+} // namespace metronome

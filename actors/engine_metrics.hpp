@@ -1,0 +1,72 @@
+#pragma once
+// The engine's Prometheus metrics, named in vLLM's convention with the
+// `metronome:` prefix. Per-request latencies are observed once per request
+// (or per token gap), never per batch. Thread-safe: actors on any thread
+// observe, the network edge renders.
+
+#include <memory>
+#include <string>
+
+#include "actors/prometheus.hpp"
+
+namespace metronome {
+
+struct engine_status;
+
+class engine_metrics {
+public:
+  engine_metrics();
+
+  /// One engine step ran: `num_seqs` sequences (of at most max_batch_size)
+  /// and `num_tokens` tokens in `seconds`.
+  void on_step(int32_t num_seqs, int32_t max_batch_size, int64_t num_tokens, double seconds);
+
+  /// A request's first token: queue time and time to first token.
+  void on_first_token(double queue_s, double ttft_s);
+
+  /// The time between two consecutive output tokens of one request.
+  void on_token_gap(double seconds);
+
+  /// A request ended normally (reason "stop", "length", "cancelled").
+  void on_finish(const std::string& reason, double e2e_s, int32_t prompt_tokens,
+                 int32_t completion_tokens);
+
+  /// A request failed with error code `code` (its to_string).
+  void on_error(const std::string& code);
+
+  void on_preemptions(int64_t n);
+  void on_executor_restart();
+  /// The scheduler changed policy (to `policy`, for `why`).
+  void on_policy_switch(const std::string& policy, const std::string& why);
+
+  /// The text for GET /metrics, with gauges refreshed from `status`.
+  std::string render(const engine_status& status);
+
+  prometheus::registry& registry() {
+    return registry_;
+  }
+
+private:
+  prometheus::registry registry_;
+  prometheus::histogram& ttft_;
+  prometheus::histogram& itl_;
+  prometheus::histogram& e2e_;
+  prometheus::histogram& queue_;
+  prometheus::histogram& batch_size_;
+  prometheus::histogram& batch_efficiency_;
+  prometheus::histogram& step_time_;
+  prometheus::counter& prompt_tokens_;
+  prometheus::counter& generation_tokens_;
+  prometheus::counter& preemptions_;
+  prometheus::counter& restarts_;
+  prometheus::family<prometheus::counter>& finished_;
+  prometheus::family<prometheus::counter>& errors_;
+  prometheus::family<prometheus::counter>& policy_switches_;
+  prometheus::gauge& kv_usage_;
+  prometheus::gauge& running_;
+  prometheus::gauge& waiting_;
+  prometheus::gauge& live_actors_;
+  prometheus::gauge& ready_;
+};
+
+} // namespace metronome

@@ -1,0 +1,137 @@
+#include "actors/executor.hpp"
+
+#include <deque>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/engine.hpp"
+
+namespace metronome {
+
+namespace {
+
+/// Turns an exception into an error that keeps its text.
+caf::error describe(std::exception_ptr& ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const std::exception& e) {
+    return caf::make_error(caf::sec::runtime_error, e.what());
+  } catch (...) {
+    return caf::make_error(caf::sec::runtime_error, "unknown exception");
+  }
+}
+
+class executor_impl : public executor_actor::base {
+public:
+  executor_impl(caf::actor_config& cfg, caf::actor supervisor, runner_factory factory)
+    : executor_actor::base(cfg), supervisor_(std::move(supervisor)), factory_(std::move(factory)) {
+    // nop
+  }
+
+  executor_actor::behavior_type make_behavior() override {
+    // First code on the executor's own thread.
+    set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& ep) { return describe(ep); });
+    try {
+      runner_ = factory_();
+    } catch (const std::exception& e) {
+      quit(caf::make_error(caf::sec::runtime_error, std::string("cannot start the model: ") + e.what()));
+      return {[](step_plan&) -> step_output { return {}; }, [](crash_atom, std::string&) {}};
+    }
+    executor_up_msg up;
+    up.executor = caf::actor_cast<caf::actor>(this);
+    up.num_pages = runner_->num_pages();
+    up.page_size = runner_->page_size();
+    up.device = runner_->device();
+    caf::anon_send(supervisor_, std::move(up)); // typed actors may not send() to untyped ones
+    return {
+      [this](step_plan& plan) -> step_output { return runner_->execute(plan); },
+      [this](crash_atom, std::string& why) {
+        quit(caf::make_error(caf::sec::runtime_error, std::move(why)));
+      },
+    };
+  }
+
+  void on_exit() override {
+    runner_.reset(); // device memory goes on the thread that made it
+  }
+
+private:
+  caf::actor supervisor_;
+  runner_factory factory_;
+  std::unique_ptr<model_runner> runner_;
+};
+
+struct supervisor_state {
+  caf::actor child;
+  std::deque<std::chrono::steady_clock::time_point> restarts;
+  bool degraded = false;
+  static inline const char* name = "executor-supervisor";
+};
+
+caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
+                                  caf::actor scheduler, runner_factory factory,
+                                  executor_supervision policy,
+                                  std::shared_ptr<engine_status> status) {
+  auto start_child = [=] {
+    self->state.child
+      = caf::actor_cast<caf::actor>(self->spawn<executor_impl, caf::linked + caf::detached>(
+        caf::actor_cast<caf::actor>(self), factory));
+  };
+  self->set_exit_handler([=](caf::exit_msg& msg) {
+    auto& st = self->state;
+    if (msg.source != st.child.address()) {
+      self->quit(msg.reason); // our owner is going away
+      return;
+    }
+    st.child = nullptr;
+    if (!msg.reason || msg.reason == caf::exit_reason::user_shutdown)
+      return;
+    const auto reason = self->system().render(msg.reason);
+    const auto now = std::chrono::steady_clock::now();
+    while (!st.restarts.empty() && now - st.restarts.front() > policy.restart_window)
+      st.restarts.pop_front();
+    if (int32_t(st.restarts.size()) < policy.max_restarts) {
+      spdlog::error("executor failed ({}); restarting ({} of {} allowed within {} s)", reason,
+                    st.restarts.size() + 1, policy.max_restarts, policy.restart_window.count());
+      self->send(scheduler, executor_down_msg{reason, false});
+      st.restarts.push_back(now);
+      start_child();
+    } else {
+      spdlog::critical("executor failed ({}) {} times within {} s: engine degraded", reason,
+                       st.restarts.size() + 1, policy.restart_window.count());
+      st.degraded = true;
+      if (status)
+        status->degraded = true;
+      self->send(scheduler, executor_down_msg{reason, true});
+    }
+  });
+  start_child();
+  return {
+    [=](executor_up_msg& up) {
+      if (status)
+        status->ready = true;
+      spdlog::info("executor ready on {}: {} KV pages of {} tokens", up.device, up.num_pages,
+                   up.page_size);
+      self->send(scheduler, std::move(up));
+    },
+    [=](crash_atom) {
+      // Fault injection for tests and drills: the executor dies as if its
+      // runner had thrown.
+      spdlog::warn("fault injection: crashing the executor");
+      if (self->state.child)
+        caf::anon_send(caf::actor_cast<executor_actor>(self->state.child), crash_atom::value,
+                       std::string("injected crash"));
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_executor_supervisor(caf::actor_system& sys, caf::actor scheduler,
+                                     runner_factory factory, executor_supervision policy,
+                                     std::shared_ptr<engine_status> status) {
+  return sys.spawn(executor_supervisor, std::move(scheduler), std::move(factory), policy,
+                   std::move(status));
+}
+
+} // namespace metronome

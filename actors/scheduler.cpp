@@ -1,0 +1,292 @@
+#include "actors/scheduler.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "actors/kv_page_pool.hpp"
+
+namespace metronome {
+
+scheduler::scheduler(scheduler_config config, std::unique_ptr<admission_policy> policy)
+  : config_(config), policy_(std::move(policy)) {
+  // nop
+}
+
+void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
+  int32_t used = 0;
+  for (const auto& [_, r] : requests_)
+    used += r.num_pages;
+  num_pages_ = num_pages;
+  page_size_ = page_size;
+  free_pages_ = num_pages - used;
+}
+
+int32_t scheduler::pages_for(int64_t tokens) const {
+  return int32_t((tokens + page_size_ - 1) / page_size_);
+}
+
+admit_result scheduler::add(sched_request r, sched_time now) {
+  if (requests_.contains(r.id))
+    return admit_result::duplicate;
+  if (r.prompt.empty())
+    return admit_result::empty_prompt;
+  if (int64_t(r.prompt.size()) >= config_.max_model_len)
+    return admit_result::too_long;
+  r.max_output = std::min<int32_t>(r.params.max_tokens,
+                                   config_.max_model_len - int32_t(r.prompt.size()));
+  if (num_pages_ > 0 && pages_for(int64_t(r.prompt.size()) + r.max_output) > num_pages_)
+    return admit_result::too_large_for_cache;
+  if (int32_t(waiting_.size()) >= config_.max_queued)
+    return admit_result::queue_full;
+  r.status = request_status::waiting;
+  r.arrival = std::min(r.arrival, now);
+  auto id = r.id;
+  auto& stored = requests_.emplace(id, std::move(r)).first->second;
+  waiting_.push_back(id);
+  policy_->on_arrival(stored, now);
+  return admit_result::ok;
+}
+
+const sched_request* scheduler::find(uint64_t id) const {
+  auto i = requests_.find(id);
+  return i == requests_.end() ? nullptr : &i->second;
+}
+
+void scheduler::finish(sched_request& r, std::string reason, sched_time now) {
+  if (r.status == request_status::waiting)
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r.id));
+  else if (r.status == request_status::running)
+    running_.erase(std::find(running_.begin(), running_.end(), r.id));
+  r.status = request_status::finished;
+  r.finish_reason = std::move(reason);
+  finishing_.push_back(r.id);
+  policy_->on_finish(r, now);
+}
+
+void scheduler::collect_finished(std::vector<uint64_t>& to_free, std::vector<uint64_t>* done) {
+  auto keep = finishing_.begin();
+  for (auto id : finishing_) {
+    auto& r = requests_.at(id);
+    if (r.inflight > 0) {
+      *keep++ = id;
+      continue;
+    }
+    if (r.num_pages > 0) {
+      to_free.push_back(id);
+      free_pages_ += r.num_pages;
+    }
+    if (r.in_runner)
+      release_next_.push_back(id);
+    if (done)
+      done->push_back(id);
+    requests_.erase(id);
+  }
+  finishing_.erase(keep, finishing_.end());
+}
+
+bool scheduler::abort(uint64_t id, std::string reason, sched_time now,
+                      std::vector<uint64_t>& to_free) {
+  auto i = requests_.find(id);
+  if (i == requests_.end() || i->second.status == request_status::finished)
+    return false;
+  finish(i->second, std::move(reason), now);
+  collect_finished(to_free, nullptr);
+  return true;
+}
+
+void scheduler::preempt(sched_request& r, step_draft& draft) {
+  running_.erase(std::find(running_.begin(), running_.end(), r.id));
+  waiting_.push_front(r.id); // it goes first once its outputs are in
+  r.status = request_status::waiting;
+  if (r.num_pages > 0) {
+    draft.to_free.push_back(r.id);
+    free_pages_ += r.num_pages;
+    r.num_pages = 0;
+  }
+  if (r.in_runner) {
+    release_next_.push_back(r.id);
+    r.in_runner = false;
+  }
+  r.num_computed = 0;
+  ++r.preemptions;
+  ++preemptions_;
+}
+
+std::vector<sched_request*> scheduler::waiting_list() {
+  std::vector<sched_request*> out;
+  out.reserve(waiting_.size());
+  for (auto id : waiting_)
+    out.push_back(&requests_.at(id));
+  return out;
+}
+
+std::optional<step_draft> scheduler::schedule(sched_time now) {
+  if (num_pages_ == 0 || int32_t(inflight_.size()) >= config_.pipeline_depth)
+    return std::nullopt;
+  step_draft d;
+  std::vector<uint64_t> in_plan;
+  int32_t budget = config_.max_num_batched_tokens;
+  bool preempted = false;
+
+  // Gives `r` n tokens of this step.
+  auto place = [&](sched_request& r, int32_t n, int32_t need) {
+    free_pages_ -= need;
+    r.num_pages += need;
+    d.plan.chunks.push_back({r.id, n, {}});
+    d.pages_needed.push_back(need);
+    r.num_computed += n;
+    const bool samples = r.num_computed == r.total_tokens();
+    if (samples)
+      ++r.pending; // this chunk ends with a sample
+    d.samples.push_back(samples ? 1 : 0);
+    ++r.inflight;
+    budget -= n;
+    in_plan.push_back(r.id);
+  };
+
+  // 1. Running requests, in admission order.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    auto& r = requests_.at(running_[i]);
+    const int32_t uncomputed = r.total_tokens() - r.num_computed;
+    const bool samples_max = int32_t(r.output.size()) + r.pending >= r.max_output;
+    if (uncomputed <= 0 || samples_max) {
+      ++i;
+      continue;
+    }
+    const int32_t n = std::min(uncomputed, budget);
+    const int32_t need = pages_for(int64_t(r.num_computed) + n) - r.num_pages;
+    // Make room by preempting the most recently admitted other request.
+    while (need > free_pages_ && running_.size() > i + 1) {
+      preempt(requests_.at(running_.back()), d);
+      preempted = true;
+    }
+    if (need > free_pages_) {
+      preempt(r, d); // alone and still too big: wait for pages
+      preempted = true;
+      continue;
+    }
+    place(r, n, need);
+    ++i;
+  }
+
+  // 2. Waiting requests, in the policy's order (none after a preemption).
+  if (!preempted && budget > 0 && int32_t(running_.size()) < config_.max_batch_size) {
+    int32_t free_slots = config_.max_batch_size - int32_t(running_.size());
+    auto order = policy_->admission_order(waiting_list(), free_slots, now);
+    for (auto* r : order) {
+      if (free_slots <= 0 || budget <= 0)
+        break;
+      if (r->inflight > 0 || r->status != request_status::waiting)
+        continue; // preempted with samples still in flight
+      const int32_t total = r->total_tokens();
+      const int32_t n = std::min(total, budget);
+      const int32_t need = pages_for(n);
+      if (need > free_pages_)
+        break; // no skipping ahead: that would starve long prompts
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r->id));
+      running_.push_back(r->id);
+      r->status = request_status::running;
+      if (!r->first_scheduled)
+        r->first_scheduled = now;
+      new_sequence seq{r->id, r->prompt, r->params, r->seed, int32_t(r->output.size())};
+      seq.prompt.insert(seq.prompt.end(), r->output.begin(), r->output.end());
+      d.plan.added.push_back(std::move(seq));
+      r->in_runner = true;
+      r->num_computed = 0;
+      place(*r, n, need);
+      --free_slots;
+    }
+  }
+
+  if (d.plan.chunks.empty())
+    return d.to_free.empty() ? std::nullopt : std::optional<step_draft>(std::move(d));
+  d.plan.released = std::move(release_next_);
+  release_next_.clear();
+  d.plan.step = next_step_++;
+  inflight_.push_back(std::move(in_plan));
+  ++steps_;
+  return d;
+}
+
+step_update scheduler::update_from_output(const step_output& out, sched_time now) {
+  step_update u;
+  if (inflight_.empty())
+    return u;
+  for (auto id : inflight_.front())
+    if (auto i = requests_.find(id); i != requests_.end())
+      --i->second.inflight;
+  inflight_.pop_front();
+  for (const auto& t : out.tokens) {
+    auto i = requests_.find(t.id);
+    if (i == requests_.end())
+      continue;
+    auto& r = i->second;
+    if (r.pending > 0)
+      --r.pending;
+    if (r.status == request_status::finished)
+      continue; // a sample made before the request ended
+    r.output.push_back(t.token);
+    policy_->on_token(r, now);
+    token_event ev{r.id, t.token, out.num_seqs, {}, {}};
+    if (r.output.size() == 1)
+      ev.first_scheduled = r.first_scheduled;
+    if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())
+      ev.finish_reason = "stop";
+    else if (int32_t(r.output.size()) >= r.max_output)
+      ev.finish_reason = "length";
+    if (!ev.finish_reason.empty())
+      finish(r, ev.finish_reason, now);
+    u.tokens.push_back(std::move(ev));
+  }
+  collect_finished(u.to_free, &u.finished);
+  return u;
+}
+
+std::vector<uint64_t> scheduler::fail_runner() {
+  std::vector<uint64_t> failed;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    auto& r = it->second;
+    if (r.status == request_status::finished) {
+      it = requests_.erase(it); // already reported
+      continue;
+    }
+    if (r.status == request_status::running) {
+      failed.push_back(r.id);
+      running_.erase(std::find(running_.begin(), running_.end(), r.id));
+      it = requests_.erase(it);
+      continue;
+    }
+    r.num_computed = 0; // waiting (possibly preempted): recompute later
+    r.pending = 0;
+    r.inflight = 0;
+    r.num_pages = 0;
+    r.in_runner = false;
+    ++it;
+  }
+  finishing_.clear();
+  inflight_.clear();
+  release_next_.clear();
+  num_pages_ = 0;
+  free_pages_ = 0;
+  return failed;
+}
+
+void scheduler::set_policy(std::unique_ptr<admission_policy> policy, sched_time now) {
+  policy_ = std::move(policy);
+  for (auto id : waiting_)
+    policy_->on_arrival(requests_.at(id), now);
+}
+
+void assign_pages(step_draft& draft, kv_page_pool& pool) {
+  for (auto id : draft.to_free)
+    pool.release(id);
+  for (size_t i = 0; i < draft.plan.chunks.size(); ++i) {
+    auto& c = draft.plan.chunks[i];
+    auto pages = pool.grow(c.id, draft.pages_needed[i]);
+    if (!pages)
+      throw std::logic_error("assign_pages: the scheduler counted pages the pool does not have");
+    c.new_pages = std::move(*pages);
+  }
+}
+
+} // namespace metronome

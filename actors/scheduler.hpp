@@ -1,0 +1,229 @@
+#pragma once
+// Iteration-level (continuous) batching with chunked prefill, as plain C++:
+// the scheduler actor turns messages into calls of this class, and sim/
+// replays traces through it unchanged.
+//
+// Design note. There is no prefill phase and no decode phase: every request
+// has tokens (prompt, output, and samples still in flight) and a count of
+// tokens whose KV is computed; a step gives each scheduled request some of
+// its uncomputed tokens under a token budget (max_num_batched_tokens) and a
+// cap on running requests (max_batch_size). Running requests go first, in
+// admission order, so decodes are never starved by prompts; a long prompt is
+// split into chunks that fit the remaining budget. Then the admission policy
+// orders the waiting requests. When a running request needs a KV page and
+// none is free, the most recently admitted running request is preempted: its
+// pages are freed and it waits to be recomputed from prompt plus output.
+// Plans are pipelined: up to pipeline_depth plans are in flight, and a request
+// whose sample is still in flight counts that sample as a token, so the next
+// plan can decode it before the previous step's output arrives. A finished
+// request's pages are freed once no plan in flight uses it.
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/admission_policy.hpp"
+#include "model/sampling.hpp"
+#include "model/step_plan.hpp"
+
+namespace metronome {
+
+/// Limits of the scheduler.
+struct scheduler_config {
+  int32_t max_batch_size = 64;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_queued = 1024;
+  int32_t max_model_len = 4096;
+  /// Plans in flight at once (2: the next plan is ready when a step ends).
+  int32_t pipeline_depth = 2;
+};
+
+enum class request_status : uint8_t { waiting, running, finished };
+
+/// A request as the scheduler tracks it.
+struct sched_request {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  sampling_params params;
+  uint64_t seed = 0;
+  /// Tokens that end the request: the model's EOS ids (unless ignore_eos)
+  /// and params.stop_token_ids.
+  std::vector<int32_t> stop_ids;
+  /// Most output tokens: max_tokens capped by the context.
+  int32_t max_output = 0;
+  sched_time arrival{0};
+  std::optional<sched_time> first_scheduled;
+  std::string request_class;
+  float non_alnum_share = 0;
+
+  // -- bookkeeping -----------------------------------------------------------
+  request_status status = request_status::waiting;
+  /// Tokens whose KV is computed or being computed by a plan in flight.
+  int32_t num_computed = 0;
+  /// Samples in flight (their tokens are not known yet).
+  int32_t pending = 0;
+  /// Plans in flight that include this request.
+  int32_t inflight = 0;
+  /// KV pages held.
+  int32_t num_pages = 0;
+  /// The runner holds its state (added, not yet released).
+  bool in_runner = false;
+  std::string finish_reason;
+  int32_t preemptions = 0;
+
+  // -- for latency-aware policies (set and read by policies only) -------------
+  double predicted_steps = 0;
+  int32_t max_decode_steps = 0;
+  int64_t cohort = -1;
+  bool reclassified = false;
+
+  /// Prompt, output and samples in flight.
+  int32_t total_tokens() const {
+    return int32_t(prompt.size() + output.size()) + pending;
+  }
+};
+
+/// Why a request could not be queued.
+enum class admit_result : uint8_t { ok, empty_prompt, too_long, too_large_for_cache, queue_full, duplicate };
+
+/// A token for a request, from one step's output.
+struct token_event {
+  uint64_t id = 0;
+  int32_t token = 0;
+  /// Sequences in the step.
+  int32_t batch_size = 0;
+  /// "" while running; "stop" or "length" on the last token.
+  std::string finish_reason;
+  /// Set on the request's first token.
+  std::optional<sched_time> first_scheduled;
+};
+
+/// A plan in the making: the runner plan without page ids, and the pages
+/// each chunk needs from the allocator (in chunk order).
+struct step_draft {
+  step_plan plan;
+  std::vector<int32_t> pages_needed;
+  /// Per chunk: whether it ends with a sample (the runner returns a token).
+  std::vector<uint8_t> samples;
+  /// Sequences whose pages the allocator must free before this plan's pages
+  /// are granted.
+  std::vector<uint64_t> to_free;
+};
+
+/// What update_from_output produced.
+struct step_update {
+  std::vector<token_event> tokens;
+  /// Sequences whose pages the allocator must free now.
+  std::vector<uint64_t> to_free;
+  /// Requests that left the scheduler this update (finished or aborted).
+  std::vector<uint64_t> finished;
+};
+
+/// The scheduler. Not thread-safe: one owner (the scheduler actor, or the
+/// replay loop) calls it.
+class scheduler {
+public:
+  scheduler(scheduler_config config, std::unique_ptr<admission_policy> policy);
+
+  /// The executor is (re)started with this much KV memory.
+  void set_capacity(int32_t num_pages, int32_t page_size);
+
+  /// Queues a request (id, prompt, params, seed, stop_ids, arrival and
+  /// features set by the caller).
+  admit_result add(sched_request request, sched_time now);
+
+  /// Ends a request early (client gone, stop string, timeout) with `reason`.
+  /// Returns false for an unknown or finished id. Its pages are freed, now
+  /// (appended to to_free) or when no plan in flight uses it any more.
+  bool abort(uint64_t id, std::string reason, sched_time now, std::vector<uint64_t>& to_free);
+
+  /// Makes the next plan, or nullopt when there is nothing to do or
+  /// pipeline_depth plans are in flight.
+  std::optional<step_draft> schedule(sched_time now);
+
+  /// Applies the output of the oldest plan in flight.
+  step_update update_from_output(const step_output& out, sched_time now);
+
+  /// The executor died: every request it held fails (returned), plans in
+  /// flight are forgotten; waiting requests stay. Call set_capacity when it
+  /// is back.
+  std::vector<uint64_t> fail_runner();
+
+  /// Swaps the admission policy; waiting requests are re-announced to it.
+  void set_policy(std::unique_ptr<admission_policy> policy, sched_time now);
+
+  const admission_policy& policy() const {
+    return *policy_;
+  }
+
+  const sched_request* find(uint64_t id) const;
+
+  // -- figures -----------------------------------------------------------------
+  int32_t num_waiting() const {
+    return int32_t(waiting_.size());
+  }
+  int32_t num_running() const {
+    return int32_t(running_.size());
+  }
+  int32_t free_pages() const {
+    return free_pages_;
+  }
+  int32_t num_pages() const {
+    return num_pages_;
+  }
+  int32_t page_size() const {
+    return page_size_;
+  }
+  int32_t plans_in_flight() const {
+    return int32_t(inflight_.size());
+  }
+  int64_t steps() const {
+    return steps_;
+  }
+  int64_t preemptions() const {
+    return preemptions_;
+  }
+  const scheduler_config& config() const {
+    return config_;
+  }
+
+private:
+  int32_t pages_for(int64_t tokens) const;
+  void preempt(sched_request& r, step_draft& draft);
+  void finish(sched_request& r, std::string reason, sched_time now);
+  void collect_finished(std::vector<uint64_t>& to_free, std::vector<uint64_t>* finished);
+  std::vector<sched_request*> waiting_list();
+
+  scheduler_config config_;
+  std::unique_ptr<admission_policy> policy_;
+  std::map<uint64_t, sched_request> requests_;
+  std::deque<uint64_t> waiting_; // arrival order
+  std::vector<uint64_t> running_; // admission order
+  /// Ids included in each plan in flight, oldest first.
+  std::deque<std::vector<uint64_t>> inflight_;
+  /// Sequences to release from the runner with the next plan.
+  std::vector<uint64_t> release_next_;
+  /// Finished requests still used by a plan in flight.
+  std::vector<uint64_t> finishing_;
+  int32_t num_pages_ = 0;
+  int32_t page_size_ = 16;
+  int32_t free_pages_ = 0;
+  uint64_t next_step_ = 0;
+  int64_t steps_ = 0;
+  int64_t preemptions_ = 0;
+};
+
+class kv_page_pool;
+
+/// Completes a draft synchronously against a local pool (replay, tests):
+/// frees draft.to_free, then grants each chunk its pages (into
+/// draft.plan.chunks[i].new_pages). The live server does the same through
+/// the kv cache actor.
+void assign_pages(step_draft& draft, kv_page_pool& pool);
+
+} // namespace metronome

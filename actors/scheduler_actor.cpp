@@ -1,0 +1,357 @@
+#include "actors/scheduler_actor.hpp"
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/engine.hpp"
+#include "actors/engine_metrics.hpp"
+
+namespace metronome {
+
+sched_time engine_now(caf::local_actor* self) {
+  return std::chrono::duration_cast<sched_time>(self->clock().now().time_since_epoch());
+}
+
+namespace {
+
+struct scheduler_actor_state {
+  std::unique_ptr<scheduler> core;
+  scheduler_actor_config config;
+  kv_cache_actor kv;
+  executor_actor executor;
+  std::shared_ptr<engine_status> status;
+  std::shared_ptr<engine_metrics> metrics;
+  /// Bumped whenever the executor changes: answers for an older one are stale.
+  uint64_t epoch = 0;
+  /// A draft waits for its pages: the next one is made after it is sent.
+  bool planning = false;
+  bool degraded = false;
+  uint64_t timer_epoch = 0;
+  std::unordered_map<uint64_t, caf::actor> requests;
+  std::unordered_map<caf::actor_addr, uint64_t> by_addr;
+  int64_t finished = 0;
+  int64_t cancelled = 0;
+  int64_t reported_preemptions = 0;
+  static inline const char* name = "scheduler";
+};
+
+using self_ptr = caf::stateful_actor<scheduler_actor_state>*;
+
+void publish(self_ptr self) {
+  auto& st = self->state;
+  if (st.status) {
+    st.status->waiting = st.core->num_waiting();
+    st.status->running = st.core->num_running();
+  }
+  if (st.metrics) {
+    st.metrics->on_preemptions(st.core->preemptions() - st.reported_preemptions);
+    st.reported_preemptions = st.core->preemptions();
+  }
+}
+
+void forget(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  if (auto i = st.requests.find(id); i != st.requests.end()) {
+    self->demonitor(i->second);
+    st.by_addr.erase(i->second.address());
+    st.requests.erase(i);
+  }
+}
+
+void free_pages(self_ptr self, const std::vector<uint64_t>& ids) {
+  for (auto id : ids)
+    self->send(self->state.kv, free_atom::value, id);
+}
+
+void fail_request(self_ptr self, uint64_t id, request_errc code, const std::string& message) {
+  auto& st = self->state;
+  if (auto i = st.requests.find(id); i != st.requests.end())
+    self->send(i->second, generation_error{{}, code, message, {}});
+  forget(self, id);
+}
+
+void pump(self_ptr self);
+
+void on_output(self_ptr self, const step_output& out) {
+  auto& st = self->state;
+  auto u = st.core->update_from_output(out, engine_now(self));
+  free_pages(self, u.to_free);
+  if (st.metrics)
+    st.metrics->on_step(out.num_seqs, st.config.limits.max_batch_size, out.num_tokens, out.seconds);
+  for (auto& ev : u.tokens) {
+    auto i = st.requests.find(ev.id);
+    if (i == st.requests.end())
+      continue;
+    token_msg m;
+    m.seq_id = ev.id;
+    m.tokens = {ev.token};
+    m.batch_size = ev.batch_size;
+    m.finish_reason = ev.finish_reason;
+    if (ev.first_scheduled)
+      m.first_scheduled_ns = ev.first_scheduled->count();
+    self->send(i->second, std::move(m));
+  }
+  for (auto id : u.finished) {
+    ++st.finished;
+    forget(self, id);
+  }
+  publish(self);
+  pump(self);
+}
+
+void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
+  auto& st = self->state;
+  ++st.epoch;
+  st.executor = nullptr;
+  st.planning = false;
+  for (auto id : st.core->fail_runner())
+    fail_request(self, id, request_errc::engine_failure,
+                 "the engine failed while running this request (" + reason + ")");
+  if (permanent) {
+    st.degraded = true;
+    std::vector<uint64_t> waiting;
+    for (const auto& [id, _] : st.requests)
+      waiting.push_back(id);
+    std::vector<uint64_t> unused;
+    for (auto id : waiting) {
+      st.core->abort(id, "failed", engine_now(self), unused);
+      fail_request(self, id, request_errc::unavailable,
+                   "the engine is unavailable: its executor keeps failing (" + reason + ")");
+    }
+  }
+  if (st.metrics)
+    st.metrics->on_executor_restart();
+  publish(self);
+}
+
+void send_plan(self_ptr self, step_plan plan) {
+  auto& st = self->state;
+  const auto epoch = st.epoch;
+  self->request(st.executor, st.config.step_timeout, std::move(plan))
+    .then([=](step_output& out) {
+            if (epoch == self->state.epoch)
+              on_output(self, out);
+          },
+          [=](caf::error& err) {
+            auto& s = self->state;
+            if (epoch != s.epoch)
+              return;
+            if (err == caf::sec::request_timeout && s.executor) {
+              // A hung step: have the supervisor restart the executor.
+              spdlog::error("engine step timed out after {} ms", s.config.step_timeout.count());
+              self->send(s.executor, crash_atom::value, std::string("engine step timed out"));
+            }
+            // Other errors: the executor died; its supervisor reports it.
+          });
+}
+
+void arm_deadline(self_ptr self, sched_time now) {
+  auto& st = self->state;
+  if (auto deadline = st.core->policy().next_deadline(now); deadline && *deadline > now)
+    self->delayed_send(self, *deadline - now, tick_atom::value, ++st.timer_epoch);
+}
+
+void pump(self_ptr self) {
+  auto& st = self->state;
+  while (!st.planning && st.executor) {
+    const auto now = engine_now(self);
+    auto draft = st.core->schedule(now);
+    publish(self);
+    if (!draft) {
+      arm_deadline(self, now);
+      return;
+    }
+    free_pages(self, draft->to_free);
+    if (draft->plan.chunks.empty())
+      continue; // only preemptions: schedule again
+    std::vector<page_request> asks;
+    for (size_t i = 0; i < draft->plan.chunks.size(); ++i)
+      asks.push_back({draft->plan.chunks[i].id, draft->pages_needed[i]});
+    st.planning = true;
+    const auto epoch = st.epoch;
+    self->request(st.kv, std::chrono::seconds(10), alloc_atom::value, std::move(asks))
+      .then(
+        [=, plan = std::move(draft->plan), needed = std::move(draft->pages_needed)](
+          page_grant& grant) mutable {
+          auto& s = self->state;
+          if (epoch != s.epoch)
+            return; // the executor changed: the draft is void
+          s.planning = false;
+          for (size_t i = 0; i < plan.chunks.size(); ++i) {
+            if (i >= grant.pages.size() || int32_t(grant.pages[i].size()) != needed[i]) {
+              // The scheduler's page count and the pool disagree: a bug. Start
+              // over with a fresh executor rather than corrupt any sequence.
+              spdlog::critical("kv cache granted fewer pages than counted for sequence {}",
+                               plan.chunks[i].id);
+              if (s.executor)
+                self->send(s.executor, crash_atom::value, std::string("kv page accounting mismatch"));
+              return;
+            }
+            plan.chunks[i].new_pages = std::move(grant.pages[i]);
+          }
+          send_plan(self, std::move(plan));
+          pump(self);
+        },
+        [=](caf::error& err) {
+          auto& s = self->state;
+          if (epoch != s.epoch)
+            return;
+          s.planning = false;
+          spdlog::critical("kv cache allocator failed: {}", self->system().render(err));
+          lose_executor(self, "kv cache allocator: " + self->system().render(err), false);
+        });
+    return; // the grant handler continues
+  }
+}
+
+/// Maps a refused admission to the error the client sees.
+generation_error refusal(admit_result r, const sched_request& req, int32_t max_model_len) {
+  switch (r) {
+    case admit_result::empty_prompt:
+      return {{}, request_errc::invalid_request, "the prompt is empty", "prompt"};
+    case admit_result::too_long:
+      return {{},
+              request_errc::context_length,
+              "This model's maximum context length is " + std::to_string(max_model_len)
+                + " tokens. However, your prompt has " + std::to_string(req.prompt.size())
+                + " tokens.",
+              "messages"};
+    case admit_result::too_large_for_cache:
+      return {{}, request_errc::context_length,
+              "the prompt and max_tokens need more KV cache than the server has", "max_tokens"};
+    case admit_result::queue_full:
+      return {{}, request_errc::queue_full, "the server's request queue is full; retry later", ""};
+    case admit_result::duplicate:
+      return {{}, request_errc::invalid_request, "duplicate request id", ""};
+    case admit_result::ok:
+      break;
+  }
+  return {{}, request_errc::engine_failure, "unexpected admission result", ""};
+}
+
+caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_cache_actor kv,
+                              std::shared_ptr<engine_status> status,
+                              std::shared_ptr<engine_metrics> metrics) {
+  auto& st = self->state;
+  auto policy = make_admission_policy(config.policy);
+  st.core = std::make_unique<scheduler>(config.limits, std::move(policy));
+  st.config = std::move(config);
+  st.kv = std::move(kv);
+  st.status = std::move(status);
+  st.metrics = std::move(metrics);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    auto i = s.by_addr.find(dm.source);
+    if (i == s.by_addr.end())
+      return;
+    const auto id = i->second;
+    std::vector<uint64_t> to_free;
+    if (s.core->abort(id, "cancelled", engine_now(self), to_free))
+      ++s.cancelled;
+    free_pages(self, to_free);
+    s.by_addr.erase(i);
+    s.requests.erase(id);
+    publish(self);
+    pump(self);
+  });
+  return {
+    [=](admit_msg& m) {
+      auto& s = self->state;
+      auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+      if (s.degraded) {
+        self->send(sender, generation_error{{}, request_errc::unavailable,
+                                            "the engine is unavailable: its executor keeps failing",
+                                            ""});
+        return;
+      }
+      sched_request r;
+      r.id = m.seq_id;
+      r.prompt = std::move(m.prompt);
+      r.params = m.params;
+      r.seed = m.seed;
+      if (!m.params.ignore_eos)
+        r.stop_ids = s.config.eos_ids;
+      r.stop_ids.insert(r.stop_ids.end(), m.params.stop_token_ids.begin(),
+                        m.params.stop_token_ids.end());
+      r.arrival = sched_time{m.arrival_ns};
+      r.request_class = m.request_class;
+      r.non_alnum_share = m.non_alnum_share;
+      const auto copy_for_error = r.prompt.size();
+      auto result = s.core->add(std::move(r), engine_now(self));
+      if (result != admit_result::ok) {
+        sched_request shape;
+        shape.prompt.resize(copy_for_error);
+        self->send(sender, refusal(result, shape, s.config.limits.max_model_len));
+        return;
+      }
+      self->monitor(sender);
+      s.requests.emplace(m.seq_id, sender);
+      s.by_addr.emplace(sender.address(), m.seq_id);
+      publish(self);
+      pump(self);
+    },
+    [=](cancel_atom, uint64_t id, std::string& reason) {
+      auto& s = self->state;
+      std::vector<uint64_t> to_free;
+      if (s.core->abort(id, reason, engine_now(self), to_free))
+        ++s.cancelled;
+      free_pages(self, to_free);
+      forget(self, id);
+      publish(self);
+      pump(self);
+    },
+    [=](executor_up_msg& up) {
+      auto& s = self->state;
+      ++s.epoch;
+      s.planning = false;
+      s.executor = caf::actor_cast<executor_actor>(up.executor);
+      self->send(s.kv, reset_atom::value, up.num_pages);
+      s.core->set_capacity(up.num_pages, up.page_size);
+      pump(self);
+    },
+    [=](executor_down_msg& down) { lose_executor(self, down.reason, down.permanent); },
+    [=](policy_atom, std::string& name) -> caf::result<bool> {
+      auto p = make_admission_policy(name);
+      if (!p)
+        return false;
+      auto& s = self->state;
+      spdlog::info("scheduler: policy {} -> {}", s.core->policy().name(), name);
+      s.core->set_policy(std::move(p), engine_now(self));
+      pump(self);
+      return true;
+    },
+    [=](tick_atom, uint64_t timer) {
+      if (timer == self->state.timer_epoch)
+        pump(self);
+    },
+    [=](stats_atom) {
+      auto& s = self->state;
+      scheduler_stats out;
+      out.waiting = s.core->num_waiting();
+      out.running = s.core->num_running();
+      out.steps = s.core->steps();
+      out.preemptions = s.core->preemptions();
+      out.finished = s.finished;
+      out.cancelled = s.cancelled;
+      out.live_requests = int32_t(s.requests.size());
+      out.policy = std::string(s.core->policy().name());
+      return out;
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
+                           kv_cache_actor kv, std::shared_ptr<engine_status> status,
+                           std::shared_ptr<engine_metrics> metrics) {
+  if (!make_admission_policy(config.policy))
+    throw std::invalid_argument("unknown scheduling policy '" + config.policy
+                                + "' (policies: fcfs)");
+  return sys.spawn(scheduler_actor, std::move(config), std::move(kv), std::move(status),
+                   std::move(metrics));
+}
+
+} // namespace metronome

@@ -1,0 +1,41 @@
+#pragma once
+// The scheduler actor: a thin shell around `scheduler` that turns messages
+// into calls. It monitors every admitted request actor (a DOWN cancels the
+// request and frees its pages), asks the KV cache actor for the pages of
+// each plan, keeps up to pipeline_depth plans queued at the executor, and
+// routes sampled tokens back to the request actors.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+#include "actors/scheduler.hpp"
+
+namespace metronome {
+
+struct engine_status;
+class engine_metrics;
+
+struct scheduler_actor_config {
+  scheduler_config limits;
+  /// Admission policy at start (fcfs, ladb, srpt).
+  std::string policy = "fcfs";
+  /// The model's end-of-sequence ids.
+  std::vector<int32_t> eos_ids;
+  /// Longest a step may take before the executor is restarted.
+  std::chrono::milliseconds step_timeout{std::chrono::seconds(60)};
+};
+
+/// Engine time of an actor: nanoseconds of its system's actor clock, which
+/// CAF's test coordinator advances by hand.
+sched_time engine_now(caf::local_actor* self);
+
+/// Spawns the scheduler actor. Throws std::invalid_argument for an unknown
+/// policy name.
+caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
+                           kv_cache_actor kv, std::shared_ptr<engine_status> status,
+                           std::shared_ptr<engine_metrics> metrics);
+
+} // namespace metronome

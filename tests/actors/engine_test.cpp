@@ -1,0 +1,332 @@
+// The engine's actors together on real threads with the CPU runner and a
+// tiny Llama-3 model: what a client sees (deltas, done, errors), and what
+// the engine does when a client leaves, a step fails or limits are hit.
+
+#include <gtest/gtest.h>
+
+#include "actors/engine.hpp"
+#include "actors/engine_metrics.hpp"
+#include "actors/request_actor.hpp"
+#include "model/tokenizer/chat_template.hpp"
+#include "model/model_weights.hpp"
+#include "model/tokenizer/tokenizer.hpp"
+#include "tests/model/test_support.hpp"
+
+namespace metronome {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct test_config : caf::actor_system_config {
+  test_config() {
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+std::filesystem::path chat_model() {
+  static const auto dir = [] {
+    make_model_options o;
+    o.config = *preset_config("tiny-llama3");
+    o.seed = 7;
+    o.tokenizer_dir = test::env("TESTDATA") + "/tokenizers/llama3";
+    o.out_dir = test::scratch_dir("engine-model-" + std::to_string(::getpid()));
+    make_model(o);
+    return o.out_dir;
+  }();
+  return dir;
+}
+
+/// What one request produced, as its sink saw it.
+struct outcome {
+  std::string text;
+  std::vector<int32_t> ids;
+  std::optional<generation_done> done;
+  std::optional<generation_error> error;
+  int deltas = 0;
+};
+
+class engine_test : public ::testing::Test {
+protected:
+  test_config cfg;
+  caf::actor_system sys{cfg};
+  engine_options opts;
+  std::optional<engine> eng;
+
+  void start() {
+    opts.model_dir = chat_model();
+    eng = spawn_engine(sys, opts);
+  }
+
+  ~engine_test() override {
+    if (eng)
+      eng->shutdown();
+  }
+
+  outcome run(generate_request req, std::chrono::seconds limit = 60s) {
+    caf::scoped_actor self{sys};
+    self->send(eng->frontend, std::move(req));
+    outcome out;
+    bool finished = false;
+    while (!finished) {
+      self->receive(
+        [&](text_delta& d) {
+          out.text += d.text;
+          out.ids.insert(out.ids.end(), d.token_ids.begin(), d.token_ids.end());
+          ++out.deltas;
+        },
+        [&](generation_done& d) {
+          out.done = d;
+          finished = true;
+        },
+        [&](generation_error& e) {
+          out.error = e;
+          finished = true;
+        },
+        caf::after(limit) >> [&] {
+          ADD_FAILURE() << "no answer within " << limit.count() << " s";
+          finished = true;
+        });
+    }
+    return out;
+  }
+
+  static generate_request completion(std::string prompt, int32_t max_tokens) {
+    generate_request r;
+    r.request_id = "cmpl-test";
+    r.prompt = std::move(prompt);
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    return r;
+  }
+
+  scheduler_stats stats() {
+    caf::scoped_actor self{sys};
+    scheduler_stats out;
+    self->request(eng->scheduler, 5s, stats_atom::value)
+      .receive([&](scheduler_stats& s) { out = s; },
+               [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return out;
+  }
+
+  /// Waits until the engine is idle: no requests, no pages in use.
+  bool settles() {
+    for (int i = 0; i < 200; ++i) {
+      if (eng->status->live_requests == 0 && eng->status->kv_used_pages == 0
+          && stats().live_requests == 0)
+        return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+};
+
+TEST_F(engine_test, a_completion_streams_the_greedy_tokens_as_text) {
+  start();
+  auto out = run(completion("The quick brown fox", 12));
+  ASSERT_FALSE(out.error) << out.error->message;
+  ASSERT_TRUE(out.done);
+  EXPECT_EQ(out.done->finish_reason, "length");
+  EXPECT_EQ(out.done->completion_tokens, 12);
+  EXPECT_EQ(out.ids.size(), 12u);
+  // The text is the tokenizer's decoding of the ids, whatever the chunking.
+  EXPECT_EQ(out.text, eng->tokens->decode(out.ids));
+  // And the ids are what the runner makes alone.
+  auto prompt = eng->tokens->encode("The quick brown fox", {true, false});
+  EXPECT_EQ(out.done->prompt_tokens, int32_t(prompt.size()));
+  auto runner = make_cpu_runner(model_folder::open(chat_model()), 8, 16);
+  step_plan plan;
+  sampling_params greedy;
+  greedy.temperature = 0;
+  plan.added.push_back({1, prompt, greedy, 0});
+  plan.chunks.push_back({1, int32_t(prompt.size()), {0, 1}});
+  std::vector<int32_t> alone;
+  for (int i = 0; i < 12; ++i) {
+    alone.push_back(runner->execute(plan).tokens.at(0).token);
+    plan = {};
+    plan.chunks.push_back({1, 1, {}});
+  }
+  EXPECT_EQ(out.ids, alone);
+  EXPECT_GT(out.done->ttft_s, 0.0);
+  EXPECT_GE(out.done->e2e_s, out.done->ttft_s);
+  EXPECT_GE(out.done->first_token_batch_size, 1);
+  EXPECT_TRUE(settles());
+}
+
+TEST_F(engine_test, a_stop_string_ends_generation_before_it_and_is_not_sent) {
+  start();
+  auto full = run(completion("Once upon a time", 24));
+  ASSERT_TRUE(full.done);
+  ASSERT_GE(full.text.size(), 6u);
+  // Stop at a piece of the text the model will produce, spanning tokens.
+  auto stop = full.text.substr(full.text.size() / 2, 3);
+  auto req = completion("Once upon a time", 24);
+  req.stop = {"\x01never", stop};
+  auto out = run(req);
+  ASSERT_TRUE(out.done) << (out.error ? out.error->message : "");
+  EXPECT_EQ(out.done->finish_reason, "stop");
+  EXPECT_EQ(out.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_TRUE(settles());
+}
+
+TEST_F(engine_test, chat_requests_use_the_template_and_stop_at_eos_unless_ignored) {
+  start();
+  generate_request r;
+  r.request_id = "chatcmpl-1";
+  r.chat = true;
+  r.messages = {{"system", "Be brief."}, {"user", "Hi <|eot_id|> there"}};
+  r.params.temperature = 0;
+  r.params.max_tokens = 8;
+  auto out = run(r);
+  ASSERT_TRUE(out.done) << (out.error ? out.error->message : "");
+  EXPECT_GT(out.done->prompt_tokens, 10);
+  // The user's "<|eot_id|>" stayed text: only the template's one per turn.
+  auto tmpl = chat_template::from_folder(chat_model());
+  auto ids = encode_chat(*eng->tokens, tmpl, r.messages, true);
+  EXPECT_EQ(int32_t(ids.size()), out.done->prompt_tokens);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), *eng->tokens->token_to_id("<|eot_id|>")), 2);
+}
+
+/// A sink that leaves after `n` deltas, as a client that hangs up.
+caf::behavior impatient_sink(caf::event_based_actor* self, caf::actor frontend,
+                             generate_request req, int n) {
+  self->send(frontend, std::move(req));
+  auto left = std::make_shared<int>(n);
+  return {
+    [=](text_delta&) {
+      if (--*left == 0)
+        self->quit();
+    },
+    [=](generation_done&) { self->quit(); },
+    [=](generation_error&) { self->quit(); },
+  };
+}
+
+TEST_F(engine_test, a_client_that_leaves_cancels_its_request_and_frees_its_pages) {
+  start();
+  for (int i = 0; i < 8; ++i)
+    sys.spawn(impatient_sink, eng->frontend, completion("Tell me a long story", 4000), 1 + i % 3);
+  for (int i = 0; i < 500 && stats().cancelled < 8; ++i)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(settles()) << "live " << eng->status->live_requests << " pages "
+                         << eng->status->kv_used_pages;
+  EXPECT_EQ(stats().cancelled, 8);
+  // Still serving.
+  EXPECT_TRUE(run(completion("Hello", 3)).done);
+}
+
+TEST_F(engine_test, an_executor_crash_fails_running_requests_and_the_engine_recovers) {
+  start();
+  caf::scoped_actor self{sys};
+  self->send(eng->frontend, completion("A long answer", 3000));
+  self->receive([&](text_delta&) {}, caf::after(30s) >> [] { FAIL() << "no first token"; });
+  caf::anon_send(eng->supervisor, crash_atom::value);
+  std::optional<generation_error> err;
+  for (bool done = false; !done;)
+    self->receive([&](text_delta&) {},
+                  [&](generation_error& e) {
+                    err = e;
+                    done = true;
+                  },
+                  [&](generation_done&) { done = true; },
+                  caf::after(30s) >> [&] { done = true; });
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->code, request_errc::engine_failure);
+  EXPECT_NE(err->message.find("injected crash"), std::string::npos) << err->message;
+  auto out = run(completion("After the crash", 4));
+  ASSERT_TRUE(out.done) << (out.error ? out.error->message : "");
+  EXPECT_TRUE(settles());
+  EXPECT_FALSE(eng->status->degraded);
+}
+
+TEST_F(engine_test, too_many_crashes_degrade_the_engine_to_fast_failure) {
+  opts.max_restarts = 1;
+  start();
+  for (int i = 0; i < 2; ++i) {
+    while (!eng->status->ready)
+      std::this_thread::sleep_for(5ms);
+    eng->status->ready = false; // set again by the restart
+    caf::anon_send(eng->supervisor, crash_atom::value);
+    for (int k = 0; k < 500 && !eng->status->ready && !eng->status->degraded; ++k)
+      std::this_thread::sleep_for(10ms);
+  }
+  auto out = run(completion("Anyone?", 4));
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->code, request_errc::unavailable);
+  EXPECT_TRUE(eng->status->degraded);
+}
+
+TEST_F(engine_test, invalid_requests_get_errors_naming_the_parameter) {
+  opts.max_model_len = 64;
+  start();
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i)
+    long_prompt += "word" + std::to_string(i) + " ";
+  auto r = completion(long_prompt, 4);
+  auto out = run(r);
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->code, request_errc::context_length);
+  EXPECT_EQ(out.error->param, "prompt");
+  EXPECT_NE(out.error->message.find("maximum context length is 64 tokens"), std::string::npos);
+  r = completion("short", 100);
+  out = run(r);
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->param, "max_tokens");
+  r = completion("short", 4);
+  r.params.top_p = 0;
+  out = run(r);
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->code, request_errc::invalid_request);
+  EXPECT_EQ(out.error->param, "top_p");
+  r = completion("", 4);
+  r.prompt_ids = {1, 999999};
+  out = run(r);
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->param, "prompt");
+  generate_request chat;
+  chat.chat = true;
+  chat.messages = {{"wizard", "hi"}};
+  out = run(chat);
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->code, request_errc::invalid_request);
+  EXPECT_TRUE(settles());
+}
+
+TEST_F(engine_test, a_request_that_outlives_its_timeout_fails_and_frees_its_pages) {
+  start();
+  auto r = completion("Slowly", 3000);
+  r.timeout = 300ms;
+  auto out = run(r);
+  ASSERT_TRUE(out.error);
+  EXPECT_EQ(out.error->code, request_errc::timeout);
+  EXPECT_TRUE(settles());
+}
+
+TEST_F(engine_test, a_full_queue_refuses_new_requests) {
+  opts.max_queued_requests = 1;
+  opts.max_batch_size = 1;
+  start();
+  caf::scoped_actor self{sys};
+  for (int i = 0; i < 6; ++i)
+    self->send(eng->frontend, completion("Queue " + std::to_string(i), 200));
+  int refused = 0, served = 0;
+  for (int got = 0; got < 6;)
+    self->receive([&](text_delta&) {},
+                  [&](generation_done&) {
+                    ++served;
+                    ++got;
+                  },
+                  [&](generation_error& e) {
+                    EXPECT_EQ(e.code, request_errc::queue_full);
+                    ++refused;
+                    ++got;
+                  },
+                  caf::after(60s) >> [&] { got = 6; });
+  EXPECT_GE(refused, 1);
+  EXPECT_GE(served, 2);
+  EXPECT_TRUE(settles());
+}
+
+} // namespace
+} // namespace metronome

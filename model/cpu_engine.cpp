@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/cpu_ops.hpp"
+#include "model/parallel.hpp"
 
 namespace metronome {
 
@@ -141,11 +142,9 @@ void cpu_engine::attention(int32_t layer, std::span<const forward_input> batch, 
   const int32_t page_size = kv_.page_size();
   const int64_t kv_stride_head = d;
 
-#pragma omp parallel
-  {
+  parallel_for(0, total, 4, [&](int64_t lo, int64_t hi) {
     std::vector<float> scores(static_cast<size_t>(max_len));
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t w = 0; w < total; ++w) {
+    for (int64_t w = lo; w < hi; ++w) {
       const auto& it = items[size_t(w / heads)];
       const int32_t h = int32_t(w % heads);
       const int32_t g = h / group;
@@ -162,7 +161,7 @@ void cpu_engine::attention(int32_t layer, std::span<const forward_input> batch, 
       ref::attend(q + it.row * q_size + int64_t(h) * d, d, first, it.pos, scale, keys, values,
                   scores.data(), out + it.row * q_size + int64_t(h) * d);
     }
-  }
+  });
 }
 
 } // namespace metronome

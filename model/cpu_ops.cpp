@@ -1,5 +1,7 @@
 #include "model/cpu_ops.hpp"
 
+#include "model/parallel.hpp"
+
 #include <cmath>
 #include <vector>
 
@@ -14,11 +16,9 @@ void linear(const tensor_view& w, const tensor_view* bias, const float* x, int64
     b.resize(size_t(R));
     to_f32(bias->type, bias->data, b.data(), size_t(R));
   }
-#pragma omp parallel
-  {
+  parallel_for(0, R, 16, [&](int64_t lo, int64_t hi) {
     std::vector<float> row(static_cast<size_t>(C));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = lo; r < hi; ++r) {
       to_f32(w.type, w.data + size_t(r) * row_bytes, row.data(), size_t(C));
       const float* wr = row.data();
       for (int64_t t = 0; t < rows; ++t) {
@@ -30,7 +30,7 @@ void linear(const tensor_view& w, const tensor_view* bias, const float* x, int64
         y[t * R + r] = bias ? acc + b[size_t(r)] : acc;
       }
     }
-  }
+  });
 }
 
 void rms_norm(const float* x, const float* weight, double eps, int64_t rows, int64_t n,
@@ -70,11 +70,12 @@ void rope(float* x, int32_t heads, int32_t head_dim, int64_t pos, const float* i
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  parallel_for(0, n, 65536, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
 }
 
 void embed(const tensor_view& table, std::span<const int32_t> ids, float* out) {

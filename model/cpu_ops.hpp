@@ -1,7 +1,7 @@
 #pragma once
 // Reference operators of a Llama-family decoder in fp32 arithmetic, written
 // for clarity over speed. The CPU engine is built from them, and the GPU
-// kernel tests compare against them. Parallel over output rows (OpenMP); each
+// kernel tests compare against them. Parallel over output rows; each
 // output element is computed by the same code whatever the batch, so results
 // never depend on which other rows share a call.
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model_error.hpp"
+#include "model/parallel.hpp"
 #include "model/random.hpp"
 #include "model/safetensors.hpp"
 
@@ -175,11 +176,9 @@ safetensors_writer::fill_fn make_fill(uint64_t stream, init_rule rule, dtype typ
   return [=](size_t first, std::span<std::byte> out) {
     const size_t esz = dtype_size(type);
     const int64_t n = int64_t(out.size() / esz);
-#pragma omp parallel
-    {
+    parallel_for(0, (n + 1023) / 1024, 64, [&](int64_t b0, int64_t b1) {
       float buf[1024];
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < (n + 1023) / 1024; ++b) {
+      for (int64_t b = b0; b < b1; ++b) {
         const int64_t lo = b * 1024, hi = std::min<int64_t>(n, lo + 1024);
         for (int64_t i = lo; i < hi; ++i) {
           const float u = random_unit(stream, uint64_t(first) + uint64_t(i)); // [0, 1)
@@ -187,7 +186,7 @@ safetensors_writer::fill_fn make_fill(uint64_t stream, init_rule rule, dtype typ
         }
         from_f32(type, buf, out.data() + size_t(lo) * esz, size_t(hi - lo));
       }
-    }
+    });
   };
 }
 

@@ -307,6 +307,8 @@ TEST_F(engine_test, a_full_queue_refuses_new_requests) {
   opts.max_queued_requests = 1;
   opts.max_batch_size = 1;
   start();
+  while (!eng->status->ready) // before it, every request waits in the queue
+    std::this_thread::sleep_for(5ms);
   caf::scoped_actor self{sys};
   for (int i = 0; i < 6; ++i)
     self->send(eng->frontend, completion("Queue " + std::to_string(i), 200));

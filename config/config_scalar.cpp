@@ -1,0 +1,157 @@
+#include "config/config_scalar.hpp"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+namespace metronome {
+
+namespace {
+
+struct byte_unit {
+  std::string_view suffix;
+  int64_t factor;
+};
+
+// Longest suffixes first so "MiB" is not read as "B".
+constexpr std::array<byte_unit, 7> byte_units = {{
+  {"KiB", int64_t{1} << 10},
+  {"MiB", int64_t{1} << 20},
+  {"GiB", int64_t{1} << 30},
+  {"KB", 1000},
+  {"MB", 1000 * 1000},
+  {"GB", 1000 * 1000 * 1000},
+  {"B", 1},
+}};
+
+} // namespace
+
+std::optional<int64_t> parse_integer(std::string_view text) {
+  if (!text.empty() && text.front() == '+')
+    text.remove_prefix(1);
+  if (text.empty())
+    return std::nullopt;
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    return std::nullopt;
+  return value;
+}
+
+std::optional<double> parse_real(std::string_view text) {
+  if (!text.empty() && text.front() == '+')
+    text.remove_prefix(1);
+  if (text.empty())
+    return std::nullopt;
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    return std::nullopt;
+  return value;
+}
+
+std::optional<bool> parse_boolean(std::string_view text) {
+  static constexpr std::array<std::string_view, 9> yes = {
+    "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
+  static constexpr std::array<std::string_view, 9> no = {
+    "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
+  if (std::find(yes.begin(), yes.end(), text) != yes.end())
+    return true;
+  if (std::find(no.begin(), no.end(), text) != no.end())
+    return false;
+  return std::nullopt;
+}
+
+std::optional<int64_t> parse_bytes(std::string_view text) {
+  int64_t factor = 1;
+  for (const auto& unit : byte_units) {
+    if (text.ends_with(unit.suffix)) {
+      text.remove_suffix(unit.suffix.size());
+      while (!text.empty() && text.back() == ' ')
+        text.remove_suffix(1);
+      factor = unit.factor;
+      break;
+    }
+  }
+  auto value = parse_integer(text);
+  if (!value || *value < 0 || *value > std::numeric_limits<int64_t>::max() / factor)
+    return std::nullopt;
+  return *value * factor;
+}
+
+std::string print_bytes(int64_t value) {
+  // Binary units only, and only when exact, so the text reads back unchanged.
+  for (auto [suffix, factor] : {std::pair{"GiB", int64_t{1} << 30},
+                                std::pair{"MiB", int64_t{1} << 20},
+                                std::pair{"KiB", int64_t{1} << 10}})
+    if (value != 0 && value % factor == 0)
+      return std::to_string(value / factor) + suffix;
+  return std::to_string(value);
+}
+
+std::string print_real(double value) {
+  std::array<char, 400> buf{};
+  auto magnitude = std::fabs(value);
+  auto format = (value == 0 || (magnitude >= 1e-4 && magnitude < 1e15))
+                  ? std::chars_format::fixed
+                  : std::chars_format::general;
+  auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), value, format);
+  return std::string(buf.data(), end);
+}
+
+bool valid_host(std::string_view host) {
+  std::string s(host);
+  unsigned char buf[16];
+  if (inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1)
+    return true;
+  if (host.empty() || host.size() > 253)
+    return false;
+  size_t start = 0;
+  while (start <= host.size()) {
+    auto dot = host.find('.', start);
+    auto label = host.substr(start, dot == std::string_view::npos ? std::string_view::npos
+                                                                   : dot - start);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-')
+      return false;
+    for (char c : label)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-')
+        return false;
+    if (dot == std::string_view::npos)
+      break;
+    start = dot + 1;
+  }
+  return true;
+}
+
+std::string yaml_quote(std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += "\\x";
+          out += hex[c >> 4];
+          out += hex[c & 0xf];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+} // namespace metronome

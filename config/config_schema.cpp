@@ -1,0 +1,432 @@
+// The key table of metronome.yaml. Each entry binds a dotted path to a field
+// of server_config through an accessor lambda, and carries its range, so
+// parsing, range checks, error wording and printing are written once per
+// kind of value rather than once per key.
+
+#include "config/config_schema.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include "config/config_scalar.hpp"
+
+namespace metronome {
+
+namespace {
+
+// -- error wording -----------------------------------------------------------------
+
+/// The offending text as messages show it: quoted, cut after 60 characters.
+std::string quoted(std::string_view text) {
+  constexpr size_t max_shown = 60;
+  if (text.size() > max_shown)
+    return yaml_quote(text.substr(0, max_shown)) + "...";
+  return yaml_quote(text);
+}
+
+// -- range descriptions ------------------------------------------------------------
+
+struct real_range {
+  double lo;
+  double hi;
+  bool lo_open = false;
+  bool hi_open = false;
+
+  bool contains(double x) const {
+    if (!std::isfinite(x))
+      return false;
+    return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+
+  std::string describe() const {
+    return std::string(lo_open ? "(" : "[") + print_real(lo) + ", " + print_real(hi)
+           + (hi_open ? ")" : "]");
+  }
+};
+
+bool is_power_of_two(int64_t x) {
+  return x > 0 && (x & (x - 1)) == 0;
+}
+
+
+
+// -- key builders ------------------------------------------------------------------
+
+template <class T>
+using field_t = std::remove_cvref_t<T>;
+
+std::string type_problem(const std::string& allowed, std::string_view text) {
+  return "expected " + allowed + ", got " + quoted(text);
+}
+
+std::string range_problem(const std::string& allowed, std::string_view text) {
+  return quoted(text) + " is out of range, expected " + allowed;
+}
+
+template <class Access>
+config_key integer_key(std::string path, Access access, int64_t lo, int64_t hi,
+                       std::string doc, std::string note = {}) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::integer;
+  k.allowed = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"
+              + (note.empty() ? "" : " (" + note + ")");
+  k.doc = std::move(doc);
+  k.set = [access, lo, hi, allowed = k.allowed](server_config& c,
+                                                std::string_view text) -> std::string {
+    auto v = parse_integer(text);
+    if (!v)
+      return type_problem(allowed, text);
+    if (*v < lo || *v > hi)
+      return range_problem(allowed, text);
+    auto& field = access(c);
+    field = static_cast<field_t<decltype(field)>>(*v);
+    return {};
+  };
+  k.get = [access](const server_config& c) { return std::to_string(access(c)); };
+  return k;
+}
+
+template <class Access>
+config_key power_of_two_key(std::string path, Access access, int64_t lo, int64_t hi,
+                            std::string doc) {
+  auto k = integer_key(std::move(path), access, lo, hi, std::move(doc), "a power of two");
+  auto base = k.set;
+  k.set = [base, lo, hi](server_config& c, std::string_view text) -> std::string {
+    if (auto v = parse_integer(text); v && *v >= lo && *v <= hi && !is_power_of_two(*v))
+      return quoted(text) + " is not a power of two";
+    return base(c, text);
+  };
+  return k;
+}
+
+template <class Access>
+config_key real_key(std::string path, Access access, real_range range, std::string doc) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::real;
+  k.allowed = "a number in " + range.describe();
+  k.doc = std::move(doc);
+  k.set = [access, range, allowed = k.allowed](server_config& c,
+                                               std::string_view text) -> std::string {
+    auto v = parse_real(text);
+    if (!v)
+      return type_problem(allowed, text);
+    if (!range.contains(*v))
+      return range_problem(allowed, text);
+    access(c) = *v;
+    return {};
+  };
+  k.get = [access](const server_config& c) { return print_real(access(c)); };
+  return k;
+}
+
+template <class Access>
+config_key bytes_key(std::string path, Access access, int64_t lo, int64_t hi, std::string doc) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::bytes;
+  k.allowed = "a byte count in [" + print_bytes(lo) + ", " + print_bytes(hi)
+              + "] (an integer, or with a unit: KiB, MiB, GiB, KB, MB, GB)";
+  k.doc = std::move(doc);
+  k.set = [access, lo, hi, allowed = k.allowed](server_config& c,
+                                                std::string_view text) -> std::string {
+    auto v = parse_bytes(text);
+    if (!v)
+      return type_problem(allowed, text);
+    if (*v < lo || *v > hi)
+      return range_problem(allowed, text);
+    access(c) = *v;
+    return {};
+  };
+  k.get = [access](const server_config& c) { return print_bytes(access(c)); };
+  return k;
+}
+
+template <class Access>
+config_key boolean_key(std::string path, Access access, std::string doc) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::boolean;
+  k.allowed = "true or false";
+  k.doc = std::move(doc);
+  k.set = [access, allowed = k.allowed](server_config& c,
+                                        std::string_view text) -> std::string {
+    auto v = parse_boolean(text);
+    if (!v)
+      return type_problem(allowed, text);
+    access(c) = *v;
+    return {};
+  };
+  k.get = [access](const server_config& c) -> std::string {
+    return access(c) ? "true" : "false";
+  };
+  return k;
+}
+
+/// A free-form string; `check` (optional) refuses bad syntax.
+template <class Access>
+config_key text_key(std::string path, Access access, std::string doc,
+                    std::string allowed = "a string", bool (*check)(std::string_view) = nullptr) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::text;
+  k.allowed = std::move(allowed);
+  k.doc = std::move(doc);
+  k.set = [access, check, allowed = k.allowed](server_config& c,
+                                               std::string_view text) -> std::string {
+    if (check && !check(text))
+      return type_problem(allowed, text);
+    access(c) = std::string(text);
+    return {};
+  };
+  k.get = [access](const server_config& c) { return yaml_quote(access(c)); };
+  return k;
+}
+
+/// One of the values in `all`, spelled as to_string() spells them.
+template <class Enum, size_t N, class Access>
+config_key choice_key(std::string path, Access access, std::array<Enum, N> all,
+                      std::string doc) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::choice;
+  k.allowed = "one of ";
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0)
+      k.allowed += ", ";
+    auto name = to_string(all[i]);
+    k.allowed += name.empty() ? std::string("\"\"") : std::string(name);
+  }
+  k.doc = std::move(doc);
+  k.set = [access, all, allowed = k.allowed](server_config& c,
+                                             std::string_view text) -> std::string {
+    for (auto x : all) {
+      if (to_string(x) == text) {
+        access(c) = x;
+        return {};
+      }
+    }
+    return type_problem(allowed, text);
+  };
+  k.get = [access](const server_config& c) -> std::string {
+    auto name = to_string(access(c));
+    return name.empty() ? yaml_quote(name) : std::string(name);
+  };
+  return k;
+}
+
+template <class Access>
+config_key device_key(std::string path, Access access, std::string doc) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::text;
+  k.allowed = "cpu or cuda:N (N a GPU ordinal in [0, 63])";
+  k.doc = std::move(doc);
+  k.set = [access, allowed = k.allowed](server_config& c,
+                                        std::string_view text) -> std::string {
+    auto v = device_spec::parse(text);
+    if (!v)
+      return type_problem(allowed, text);
+    access(c) = *v;
+    return {};
+  };
+  k.get = [access](const server_config& c) { return access(c).to_string(); };
+  return k;
+}
+
+// Binds a key to `cfg.<member path>`; works on const and mutable configs.
+#define METRONOME_FIELD(member) [](auto& cfg) -> auto& { return cfg.member; }
+
+constexpr int64_t kib = int64_t{1} << 10;
+constexpr int64_t gib = int64_t{1} << 30;
+constexpr int64_t max_ms = 3'600'000;   // one hour
+constexpr double max_s = 7.0 * 86400.0; // one week
+
+std::vector<config_key> make_keys() {
+  std::vector<config_key> keys;
+  auto add = [&](config_key k) { keys.push_back(std::move(k)); };
+
+  // server
+  add(text_key(
+    "server.host", METRONOME_FIELD(server.host),
+    "Address to listen on; 0.0.0.0 or :: listens on every interface.",
+    "an IPv4 or IPv6 address or a host name", [](std::string_view s) { return valid_host(s); }));
+  add(integer_key("server.port", METRONOME_FIELD(server.port), 0, 65535,
+                  "TCP port; 0 picks a free port (printed at start)."));
+  add(bytes_key("server.max_body_bytes", METRONOME_FIELD(server.max_body_bytes), kib, gib,
+                "Largest HTTP request body; larger ones get 413."));
+  add(integer_key("server.max_queued_requests", METRONOME_FIELD(server.max_queued_requests), 1,
+                  1'000'000, "Requests waiting for admission; more get 429."));
+  add(integer_key("server.retry_after_s", METRONOME_FIELD(server.retry_after_s), 1, 3600,
+                  "Retry-After header (seconds) sent with 429."));
+  add(real_key("server.request_timeout_s", METRONOME_FIELD(server.request_timeout_s),
+               {0, max_s, true, false},
+               "A request unfinished after this many seconds is cancelled with an error."));
+  add(bytes_key("server.max_ws_message_bytes", METRONOME_FIELD(server.max_ws_message_bytes),
+                kib, gib, "Largest WebSocket message; larger ones close the connection (1009)."));
+  add(integer_key("server.io_threads", METRONOME_FIELD(server.io_threads), 1, 256,
+                  "Threads running the network event loop."));
+  add(integer_key("server.max_concurrent_streams_per_connection",
+                  METRONOME_FIELD(server.max_concurrent_streams_per_connection), 1, 4096,
+                  "Requests in flight at once on one WebSocket connection."));
+
+  // model
+  add(text_key("model.path", METRONOME_FIELD(model.path),
+               "Hugging Face model folder; empty serves the model that ships with Metronome."));
+  add(device_key("model.device", METRONOME_FIELD(model.device),
+                 "Where the model runs: cpu or cuda:N."));
+  add(text_key("model.served_model_name", METRONOME_FIELD(model.served_model_name),
+               "Model name in the API (`model` field, /v1/models); empty = the folder name."));
+  add(choice_key("model.chat_template", METRONOME_FIELD(model.chat_template),
+                 std::array{chat_template_kind::from_tokenizer, chat_template_kind::llama3,
+                            chat_template_kind::llama2, chat_template_kind::mistral,
+                            chat_template_kind::chatml},
+                 "Chat prompt format; empty = the template in tokenizer_config.json."));
+  add(integer_key("model.max_model_len", METRONOME_FIELD(model.max_model_len), 0, 1 << 24,
+                  "Longest prompt + output in tokens; 0 = the model's context length."));
+
+  // engine
+  add(integer_key("engine.max_batch_size", METRONOME_FIELD(engine.max_batch_size), 1, 4096,
+                  "Cap on sequences running at once."));
+  add(integer_key("engine.max_num_batched_tokens",
+                  METRONOME_FIELD(engine.max_num_batched_tokens), 1, 1 << 20,
+                  "Token budget of one step (decode tokens + prefill chunks)."));
+  add(power_of_two_key("engine.page_size", METRONOME_FIELD(engine.page_size), 1, 1024,
+                       "Tokens per KV-cache page."));
+  add(integer_key("engine.kv_cache_tokens", METRONOME_FIELD(engine.kv_cache_tokens), 0,
+                  int64_t{1} << 32,
+                  "KV-cache capacity in tokens, rounded down to whole pages; 0 = size it from "
+                  "free memory."));
+  add(real_key("engine.gpu_memory_fraction", METRONOME_FIELD(engine.gpu_memory_fraction),
+               {0, 1, true, false}, "Share of GPU memory Metronome may use."));
+  add(boolean_key("engine.cuda_graphs", METRONOME_FIELD(engine.cuda_graphs),
+                  "Replay decode steps as CUDA graphs (ignored on cpu)."));
+  add(choice_key("engine.policy", METRONOME_FIELD(engine.policy),
+                 std::array{scheduling_policy::fcfs, scheduling_policy::ladb,
+                            scheduling_policy::srpt},
+                 "Scheduling policy at start; supervisors may switch it at run time."));
+  add(integer_key("engine.step_timeout_ms", METRONOME_FIELD(engine.step_timeout_ms), 1, max_ms,
+                  "A step running longer fails the executor, which is restarted."));
+  add(integer_key("engine.prefill_chunk_tokens", METRONOME_FIELD(engine.prefill_chunk_tokens),
+                  0, 1 << 20,
+                  "Largest prefill chunk of one sequence per step; 0 = the step's token budget."));
+
+  // batching
+  add(integer_key("batching.max_batch_size", METRONOME_FIELD(batching.max_batch_size), 1, 4096,
+                  "Largest cohort LADB admits together."));
+  add(integer_key("batching.min_batch_size", METRONOME_FIELD(batching.min_batch_size), 1, 4096,
+                  "A cohort is dispatched once it has this many requests."));
+  add(integer_key("batching.target_latency_ms", METRONOME_FIELD(batching.target_latency_ms), 1,
+                  max_ms, "Per-request latency LADB aims for."));
+  add(real_key("batching.variance_tolerance", METRONOME_FIELD(batching.variance_tolerance),
+               {0, 1}, "Predictions within this relative distance share a cohort."));
+  add(integer_key("batching.min_hold_ms", METRONOME_FIELD(batching.min_hold_ms), 0, 60'000,
+                  "Shortest hold window while a cohort fills."));
+  add(integer_key("batching.max_hold_ms", METRONOME_FIELD(batching.max_hold_ms), 0, 60'000,
+                  "Longest hold window while a cohort fills."));
+
+  // predictor
+  add(text_key("predictor.model_path", METRONOME_FIELD(predictor.model_path),
+               "Saved predictor state to start from; empty = the cold-start rule."));
+  add(integer_key("predictor.warmup_steps", METRONOME_FIELD(predictor.warmup_steps), 0,
+                  1'000'000, "Completed requests before the learned model replaces the rule."));
+  add(integer_key("predictor.update_interval_ms",
+                  METRONOME_FIELD(predictor.update_interval_ms), 1, max_ms,
+                  "How often the learned model is refitted."));
+  add(real_key("predictor.max_steps_factor", METRONOME_FIELD(predictor.max_steps_factor),
+               {1, 100}, "max_decode_steps = prediction x this; past it a request is re-classified."));
+  add(real_key("predictor.cold_start_slope", METRONOME_FIELD(predictor.cold_start_slope),
+               {0, 1000}, "Cold start: predicted steps = prompt_tokens x slope + intercept."));
+  add(real_key("predictor.cold_start_intercept",
+               METRONOME_FIELD(predictor.cold_start_intercept), {0, 1e6},
+               "Cold start intercept (steps)."));
+
+  // router
+  add(choice_key("router.queue_strategy", METRONOME_FIELD(router.queue_strategy),
+                 std::array{queue_strategy_kind::priority_by_remaining_steps,
+                            queue_strategy_kind::fcfs},
+                 "Order in which admitted requests are released."));
+  add(integer_key("router.timeout_ms", METRONOME_FIELD(router.timeout_ms), 1, max_ms,
+                  "A request waiting this long gets the fallback policy."));
+  add(choice_key("router.fallback_policy", METRONOME_FIELD(router.fallback_policy),
+                 std::array{fallback_policy_kind::immediate_dispatch, fallback_policy_kind::wait},
+                 "What happens to a request past router.timeout_ms."));
+  add(integer_key("router.srpt_promote_after_ms",
+                  METRONOME_FIELD(router.srpt_promote_after_ms), 0, max_ms,
+                  "srpt: a request waiting this long is moved to the front."));
+
+  // supervisor
+  add(boolean_key("supervisor.drift.enabled", METRONOME_FIELD(supervisor.drift.enabled),
+                  "Run the drift supervisor."));
+  add(real_key("supervisor.drift.window_s", METRONOME_FIELD(supervisor.drift.window_s),
+               {0, max_s, true, false}, "Rolling window of predicted vs actual steps."));
+  add(real_key("supervisor.drift.error_threshold",
+               METRONOME_FIELD(supervisor.drift.error_threshold), {0, 10, true, false},
+               "Mean relative error above which predictions count as drifting."));
+  add(real_key("supervisor.drift.sustain_s", METRONOME_FIELD(supervisor.drift.sustain_s),
+               {0, max_s}, "Drift lasting this long disables LADB."));
+  add(real_key("supervisor.drift.disable_s", METRONOME_FIELD(supervisor.drift.disable_s),
+               {0, max_s, true, false}, "How long LADB stays disabled (fcfs runs instead)."));
+  add(integer_key("supervisor.drift.min_samples", METRONOME_FIELD(supervisor.drift.min_samples),
+                  1, 1'000'000, "Completed requests in the window before drift is judged."));
+  add(integer_key("supervisor.executor.max_restarts",
+                  METRONOME_FIELD(supervisor.executor.max_restarts), 0, 1000,
+                  "Executor restarts allowed within the window; one more stops the server."));
+  add(real_key("supervisor.executor.restart_window_s",
+               METRONOME_FIELD(supervisor.executor.restart_window_s), {0, max_s, true, false},
+               "Window over which executor restarts are counted."));
+
+  // logging
+  add(choice_key("logging.level", METRONOME_FIELD(logging.level),
+                 std::array{log_level::trace, log_level::debug, log_level::info, log_level::warn,
+                            log_level::error},
+                 "Log verbosity."));
+  return keys;
+}
+
+#undef METRONOME_FIELD
+
+} // namespace
+
+// -- public functions --------------------------------------------------------------
+
+const std::vector<config_key>& config_keys() {
+  static const std::vector<config_key> keys = make_keys();
+  return keys;
+}
+
+const config_key* find_config_key(std::string_view path) {
+  for (const auto& k : config_keys())
+    if (k.path == path)
+      return &k;
+  return nullptr;
+}
+
+bool is_config_section(std::string_view path) {
+  if (path.empty())
+    return true;
+  for (const auto& k : config_keys())
+    if (k.path.size() > path.size() && k.path.starts_with(path) && k.path[path.size()] == '.')
+      return true;
+  return false;
+}
+
+std::vector<std::string> config_children(std::string_view section) {
+  std::vector<std::string> out;
+  auto prefix = section.empty() ? std::string() : std::string(section) + ".";
+  for (const auto& k : config_keys()) {
+    if (!k.path.starts_with(prefix))
+      continue;
+    auto rest = std::string_view(k.path).substr(prefix.size());
+    auto name = std::string(rest.substr(0, rest.find('.')));
+    if (std::find(out.begin(), out.end(), name) == out.end())
+      out.push_back(std::move(name));
+  }
+  return out;
+}
+
+} // namespace metronome

@@ -1,0 +1,142 @@
+#include "config/server_config.hpp"
+
+#include <charconv>
+
+#include "config/config_error.hpp"
+
+namespace metronome {
+
+// -- value types -----------------------------------------------------------------
+
+std::optional<device_spec> device_spec::parse(std::string_view text) {
+  if (text == "cpu")
+    return device_spec{};
+  constexpr std::string_view prefix = "cuda:";
+  if (!text.starts_with(prefix))
+    return std::nullopt;
+  auto digits = text.substr(prefix.size());
+  // Decimal digits only: no sign, no spaces, no leading zeros beyond "0".
+  if (digits.empty() || digits.size() > 2 || (digits.size() > 1 && digits[0] == '0'))
+    return std::nullopt;
+  for (char c : digits)
+    if (c < '0' || c > '9')
+      return std::nullopt;
+  int32_t index = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+  if (ec != std::errc{} || end != digits.data() + digits.size() || index > 63)
+    return std::nullopt;
+  return device_spec{device_kind::cuda, index};
+}
+
+std::string device_spec::to_string() const {
+  if (kind == device_kind::cpu)
+    return "cpu";
+  return "cuda:" + std::to_string(index);
+}
+
+std::string_view to_string(chat_template_kind x) {
+  switch (x) {
+    case chat_template_kind::from_tokenizer: return "";
+    case chat_template_kind::llama3: return "llama3";
+    case chat_template_kind::llama2: return "llama2";
+    case chat_template_kind::mistral: return "mistral";
+    case chat_template_kind::chatml: return "chatml";
+  }
+  return "?";
+}
+
+std::string_view to_string(scheduling_policy x) {
+  switch (x) {
+    case scheduling_policy::fcfs: return "fcfs";
+    case scheduling_policy::ladb: return "ladb";
+    case scheduling_policy::srpt: return "srpt";
+  }
+  return "?";
+}
+
+std::string_view to_string(queue_strategy_kind x) {
+  switch (x) {
+    case queue_strategy_kind::priority_by_remaining_steps: return "priority_by_remaining_steps";
+    case queue_strategy_kind::fcfs: return "fcfs";
+  }
+  return "?";
+}
+
+std::string_view to_string(fallback_policy_kind x) {
+  switch (x) {
+    case fallback_policy_kind::immediate_dispatch: return "immediate_dispatch";
+    case fallback_policy_kind::wait: return "wait";
+  }
+  return "?";
+}
+
+std::string_view to_string(log_level x) {
+  switch (x) {
+    case log_level::trace: return "trace";
+    case log_level::debug: return "debug";
+    case log_level::info: return "info";
+    case log_level::warn: return "warn";
+    case log_level::error: return "error";
+  }
+  return "?";
+}
+
+std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text) {
+  for (auto x : {scheduling_policy::fcfs, scheduling_policy::ladb, scheduling_policy::srpt})
+    if (to_string(x) == text)
+      return x;
+  return std::nullopt;
+}
+
+// -- cross-field validation ----------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void fail(const std::string& source, std::string key, std::string problem) {
+  throw config_error(source, std::move(key), std::move(problem));
+}
+
+std::string num(int64_t x) {
+  return std::to_string(x);
+}
+
+} // namespace
+
+void validate(const server_config& cfg, const std::string& source) {
+  const auto& e = cfg.engine;
+  // Every running sequence decodes one token per step, so a budget smaller
+  // than the batch cap could never run a full batch (vLLM checks the same).
+  if (e.max_num_batched_tokens < e.max_batch_size)
+    fail(source, "engine.max_num_batched_tokens",
+         "must be at least engine.max_batch_size (" + num(e.max_batch_size)
+           + ") so every running sequence can decode in one step, got "
+           + num(e.max_num_batched_tokens));
+  if (e.prefill_chunk_tokens > e.max_num_batched_tokens)
+    fail(source, "engine.prefill_chunk_tokens",
+         "must not exceed engine.max_num_batched_tokens (" + num(e.max_num_batched_tokens)
+           + "), got " + num(e.prefill_chunk_tokens));
+  if (e.kv_cache_tokens != 0 && e.kv_cache_tokens < e.page_size)
+    fail(source, "engine.kv_cache_tokens",
+         "must be 0 (auto) or at least one page (engine.page_size = " + num(e.page_size)
+           + "), got " + num(e.kv_cache_tokens));
+  if (e.kv_cache_tokens != 0 && cfg.model.max_model_len != 0
+      && e.kv_cache_tokens < cfg.model.max_model_len)
+    fail(source, "engine.kv_cache_tokens",
+         "cannot hold one sequence of model.max_model_len (" + num(cfg.model.max_model_len)
+           + ") tokens, got " + num(e.kv_cache_tokens));
+  const auto& b = cfg.batching;
+  if (b.min_batch_size > b.max_batch_size)
+    fail(source, "batching.min_batch_size",
+         "must not exceed batching.max_batch_size (" + num(b.max_batch_size) + "), got "
+           + num(b.min_batch_size));
+  if (b.max_batch_size > e.max_batch_size)
+    fail(source, "batching.max_batch_size",
+         "must not exceed engine.max_batch_size (" + num(e.max_batch_size)
+           + "), the cap on running sequences, got " + num(b.max_batch_size));
+  if (b.min_hold_ms > b.max_hold_ms)
+    fail(source, "batching.min_hold_ms",
+         "must not exceed batching.max_hold_ms (" + num(b.max_hold_ms) + "), got "
+           + num(b.min_hold_ms));
+}
+
+} // namespace metronome

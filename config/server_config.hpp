@@ -1,0 +1,246 @@
+#pragma once
+// The configuration of a whole Metronome server as plain C++ values: one
+// struct per section of metronome.yaml, each member initialised to its
+// default, so `server_config{}` is the configuration of `metronome serve`
+// with no file and no flags. config_loader.hpp reads YAML and command-line
+// overrides into it; config_schema.hpp lists every key with its range.
+//
+// The `batching`, `predictor` and `router` sections are those of the original
+// system's ladb_config.yaml; `supervisor` holds the drift and executor
+// supervisors' windows and thresholds.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace metronome {
+
+// -- value types -----------------------------------------------------------------
+
+/// Where the model runs.
+enum class device_kind : uint8_t { cpu, cuda };
+
+/// A device as written in the config: "cpu" or "cuda:N".
+struct device_spec {
+  device_kind kind = device_kind::cpu;
+  /// The CUDA ordinal; 0 for the CPU.
+  int32_t index = 0;
+
+  /// Parses "cpu" or "cuda:N" (N a decimal ordinal in [0, 63]); nullopt on
+  /// anything else.
+  static std::optional<device_spec> parse(std::string_view text);
+
+  /// "cpu" or "cuda:N".
+  std::string to_string() const;
+
+  bool operator==(const device_spec&) const = default;
+};
+
+/// How chat messages become a prompt.
+enum class chat_template_kind : uint8_t {
+  /// The Jinja template of the folder's tokenizer_config.json (written "").
+  from_tokenizer,
+  llama3,
+  llama2,
+  mistral,
+  chatml,
+};
+
+/// The scheduler's admission policy (issue 6 adds ladb and srpt).
+enum class scheduling_policy : uint8_t { fcfs, ladb, srpt };
+
+/// The order in which LADB's router releases admitted requests.
+enum class queue_strategy_kind : uint8_t { priority_by_remaining_steps, fcfs };
+
+/// What LADB does with a request that has waited `router.timeout_ms`.
+enum class fallback_policy_kind : uint8_t { immediate_dispatch, wait };
+
+/// Log verbosity, as spdlog names it.
+enum class log_level : uint8_t { trace, debug, info, warn, error };
+
+/// The YAML spelling of each value ("" for chat_template_kind::from_tokenizer).
+std::string_view to_string(chat_template_kind x);
+std::string_view to_string(scheduling_policy x);
+std::string_view to_string(queue_strategy_kind x);
+std::string_view to_string(fallback_policy_kind x);
+std::string_view to_string(log_level x);
+
+/// Parses a YAML spelling; nullopt when `text` is none of them.
+std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text);
+
+// -- sections --------------------------------------------------------------------
+
+/// `server`: the network front door and its limits.
+struct server_section {
+  std::string host = "127.0.0.1";
+  /// 0 binds any free port (the server prints the one it got).
+  int32_t port = 8080;
+  /// Larger request bodies get 413.
+  int64_t max_body_bytes = int64_t{1} << 20;
+  /// Requests waiting for admission beyond this get 429 with Retry-After.
+  int32_t max_queued_requests = 1024;
+  /// The Retry-After header of a 429, in seconds.
+  int32_t retry_after_s = 1;
+  /// A request still unfinished after this long is cancelled with an error.
+  double request_timeout_s = 600.0;
+  /// Larger WebSocket messages close the connection with 1009.
+  int64_t max_ws_message_bytes = int64_t{1} << 20;
+  /// Threads running the Asio io_context.
+  int32_t io_threads = 2;
+  /// Requests in flight at once on one WebSocket connection.
+  int32_t max_concurrent_streams_per_connection = 64;
+
+  bool operator==(const server_section&) const = default;
+};
+
+/// `model`: what is served and where.
+struct model_section {
+  /// A Hugging Face folder; empty serves the model that ships with Metronome.
+  std::string path;
+  device_spec device;
+  /// The `model` name clients send and /v1/models lists; empty = folder name.
+  std::string served_model_name;
+  chat_template_kind chat_template = chat_template_kind::from_tokenizer;
+  /// Longest prompt + output in tokens; 0 = the model's
+  /// max_position_embeddings.
+  int32_t max_model_len = 0;
+
+  bool operator==(const model_section&) const = default;
+};
+
+/// `engine`: continuous batching and the KV cache.
+struct engine_section {
+  /// Cap on running sequences (vLLM's max_num_seqs).
+  int32_t max_batch_size = 128;
+  /// Token budget of one step: decodes (one token each) plus prefill chunks.
+  int32_t max_num_batched_tokens = 2048;
+  /// Tokens per KV page; a power of two.
+  int32_t page_size = 16;
+  /// KV capacity in tokens; 0 sizes it from the device's memory.
+  int64_t kv_cache_tokens = 0;
+  /// Share of GPU memory Metronome may use (weights, activations, KV).
+  double gpu_memory_fraction = 0.9;
+  /// Capture decode steps as CUDA graphs (ignored on the CPU).
+  bool cuda_graphs = true;
+  scheduling_policy policy = scheduling_policy::fcfs;
+  /// A step running longer fails the executor (the supervisor restarts it).
+  int64_t step_timeout_ms = 30000;
+  /// Largest prefill chunk of one sequence in one step; 0 = the step's token
+  /// budget.
+  int32_t prefill_chunk_tokens = 0;
+
+  bool operator==(const engine_section&) const = default;
+};
+
+/// `batching` (ladb_config.yaml): cohort sizes and the hold window.
+struct batching_section {
+  /// Largest cohort LADB admits at once.
+  int32_t max_batch_size = 32;
+  /// A cohort is dispatched once it has this many requests.
+  int32_t min_batch_size = 4;
+  /// The latency LADB aims for per request.
+  int64_t target_latency_ms = 500;
+  /// Predictions within this relative distance form one cohort.
+  double variance_tolerance = 0.2;
+  /// The adaptive hold window's bounds.
+  int64_t min_hold_ms = 50;
+  int64_t max_hold_ms = 120;
+
+  bool operator==(const batching_section&) const = default;
+};
+
+/// `predictor` (ladb_config.yaml): the remaining-steps estimator.
+struct predictor_section {
+  /// Saved predictor state to start from; empty = the cold-start rule.
+  std::string model_path;
+  /// Completed requests seen before the learned model replaces the rule.
+  int32_t warmup_steps = 100;
+  /// How often the learned model is refitted.
+  int64_t update_interval_ms = 1000;
+  /// max_decode_steps = prediction x this; running past it re-classifies.
+  double max_steps_factor = 1.2;
+  /// Cold start: steps = prompt_tokens x slope + intercept.
+  double cold_start_slope = 0.8;
+  double cold_start_intercept = 5.0;
+
+  bool operator==(const predictor_section&) const = default;
+};
+
+/// `router` (ladb_config.yaml): queue order and timeouts.
+struct router_section {
+  queue_strategy_kind queue_strategy = queue_strategy_kind::priority_by_remaining_steps;
+  /// A request waiting this long gets the fallback policy.
+  int64_t timeout_ms = 250;
+  fallback_policy_kind fallback_policy = fallback_policy_kind::immediate_dispatch;
+  /// srpt: a request waiting this long is promoted to the front.
+  int64_t srpt_promote_after_ms = 150;
+
+  bool operator==(const router_section&) const = default;
+};
+
+/// `supervisor.drift`: when LADB is switched off because predictions drift.
+struct drift_supervisor_section {
+  bool enabled = true;
+  /// Rolling window over which the mean relative error is measured.
+  double window_s = 300.0;
+  /// Mean |predicted - actual| / actual above this counts as drift.
+  double error_threshold = 0.3;
+  /// Drift must last this long before LADB is disabled.
+  double sustain_s = 300.0;
+  /// How long the scheduler runs fcfs before LADB is re-enabled.
+  double disable_s = 300.0;
+  /// Completed requests in the window before drift is judged at all.
+  int32_t min_samples = 50;
+
+  bool operator==(const drift_supervisor_section&) const = default;
+};
+
+/// `supervisor.executor`: restarts of a failed executor.
+struct executor_supervisor_section {
+  /// More restarts than this within restart_window_s stop the server.
+  int32_t max_restarts = 5;
+  double restart_window_s = 60.0;
+
+  bool operator==(const executor_supervisor_section&) const = default;
+};
+
+/// `supervisor`.
+struct supervisor_section {
+  drift_supervisor_section drift;
+  executor_supervisor_section executor;
+
+  bool operator==(const supervisor_section&) const = default;
+};
+
+/// `logging`.
+struct logging_section {
+  log_level level = log_level::info;
+
+  bool operator==(const logging_section&) const = default;
+};
+
+// -- the whole configuration -----------------------------------------------------
+
+/// Everything one metronome.yaml configures. Built on the main thread before
+/// the actor system starts, then copied into actors by value.
+struct server_config {
+  server_section server;
+  model_section model;
+  engine_section engine;
+  batching_section batching;
+  predictor_section predictor;
+  router_section router;
+  supervisor_section supervisor;
+  logging_section logging;
+
+  bool operator==(const server_config&) const = default;
+};
+
+/// Checks the rules that tie several keys together (min <= max, budgets that
+/// must hold a whole batch, ...). Per-key types and ranges are checked when a
+/// value is set (config_loader.hpp). Throws config_error naming `source` and
+/// the first offending key.
+void validate(const server_config& cfg, const std::string& source);
+
+} // namespace metronome

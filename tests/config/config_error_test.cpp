@@ -1,0 +1,296 @@
+// Every class of configuration error names the source and the key path, and
+// says what is allowed.
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "config/config_loader.hpp"
+#include "config/config_schema.hpp"
+#include "tests/config/config_test_util.hpp"
+
+namespace metronome {
+namespace {
+
+using test::catch_config_error;
+using test::nested_yaml;
+
+config_error load_error(const std::string& yaml) {
+  return catch_config_error([&] { load_config_string(yaml, "metronome.yaml"); });
+}
+
+// -- the error type --------------------------------------------------------------------
+
+TEST(config_error_type, composes_what_from_its_parts) {
+  config_error e("metronome.yaml", "engine.page_size", "bad");
+  EXPECT_STREQ(e.what(), "metronome.yaml: engine.page_size: bad");
+  EXPECT_EQ(e.source(), "metronome.yaml");
+  EXPECT_EQ(e.key_path(), "engine.page_size");
+  EXPECT_EQ(e.problem(), "bad");
+  const std::runtime_error& base = e;
+  EXPECT_STREQ(base.what(), "metronome.yaml: engine.page_size: bad");
+  EXPECT_STREQ(config_error("f.yaml", "", "broken").what(), "f.yaml: broken");
+}
+
+// -- unknown keys ----------------------------------------------------------------------
+
+TEST(config_unknown_key, suggests_the_sibling_it_resembles) {
+  auto e = load_error("engine:\n  max_batch_sise: 32\n");
+  EXPECT_STREQ(e.what(),
+               "metronome.yaml: engine.max_batch_sise: unknown key (did you mean "
+               "max_batch_size?) (line 2)");
+  EXPECT_EQ(e.key_path(), "engine.max_batch_sise");
+}
+
+TEST(config_unknown_key, suggests_the_same_key_in_another_section) {
+  auto e = load_error("engine:\n  min_batch_size: 2\n");
+  EXPECT_EQ(e.key_path(), "engine.min_batch_size");
+  EXPECT_NE(e.problem().find("did you mean batching.min_batch_size?"), std::string::npos)
+    << e.what();
+}
+
+TEST(config_unknown_key, in_nested_sections_and_at_the_top) {
+  auto e = load_error("supervisor:\n  drift:\n    windows_s: 5\n");
+  EXPECT_EQ(e.key_path(), "supervisor.drift.windows_s");
+  EXPECT_NE(e.problem().find("did you mean window_s?"), std::string::npos) << e.what();
+
+  e = load_error("enigne:\n  max_batch_size: 4\n");
+  EXPECT_EQ(e.key_path(), "enigne");
+  EXPECT_NE(e.problem().find("did you mean engine?"), std::string::npos) << e.what();
+
+  e = load_error("telemetry:\n  on: true\n");
+  EXPECT_EQ(e.key_path(), "telemetry");
+  EXPECT_NE(e.problem().find("known sections: server, model, engine, batching, predictor, "
+                             "router, supervisor, logging"),
+            std::string::npos)
+    << e.what();
+
+  e = load_error("logging:\n  verbosity_level_of_everything: 3\n");
+  EXPECT_NE(e.problem().find("known keys here: level"), std::string::npos) << e.what();
+}
+
+TEST(config_unknown_key, duplicates_are_errors) {
+  auto e = load_error("server:\n  port: 1\n  port: 2\n");
+  EXPECT_EQ(e.key_path(), "server.port");
+  EXPECT_EQ(e.problem(), "duplicate key (line 3)");
+}
+
+// -- wrong types -----------------------------------------------------------------------
+
+TEST(config_wrong_type, scalars_of_each_kind) {
+  struct bad {
+    const char* path;
+    const char* value;
+    const char* problem;
+  };
+  for (const auto& b : std::initializer_list<bad>{
+         {"server.port", "http", R"(expected an integer in [0, 65535], got "http")"},
+         {"server.port", "80.5", R"(expected an integer in [0, 65535], got "80.5")"},
+         {"server.port", "0x50", R"(expected an integer in [0, 65535], got "0x50")"},
+         {"server.port", "true", R"(expected an integer in [0, 65535], got "true")"},
+         {"engine.gpu_memory_fraction", "most",
+          R"(expected a number in (0, 1], got "most")"},
+         {"engine.cuda_graphs", "1", R"(expected true or false, got "1")"},
+         {"engine.policy", "lifo", R"(expected one of fcfs, ladb, srpt, got "lifo")"},
+         {"model.chat_template", "vicuna",
+          R"(expected one of "", llama3, llama2, mistral, chatml, got "vicuna")"},
+         {"model.device", "gpu",
+          R"(expected cpu or cuda:N (N a GPU ordinal in [0, 63]), got "gpu")"},
+         {"server.host", "\"two words\"",
+          R"(expected an IPv4 or IPv6 address or a host name, got "two words")"},
+         {"server.max_body_bytes", "1TB",
+          R"(expected a byte count in [1KiB, 1GiB] (an integer, or with a unit: KiB, MiB, )"
+          R"(GiB, KB, MB, GB), got "1TB")"},
+       }) {
+    auto e = load_error(nested_yaml(b.path, b.value));
+    EXPECT_EQ(e.source(), "metronome.yaml");
+    EXPECT_EQ(e.key_path(), b.path);
+    EXPECT_EQ(e.problem(), std::string(b.problem) + " (line 2)") << e.what();
+  }
+}
+
+TEST(config_wrong_type, mappings_lists_and_missing_values) {
+  auto e = load_error("server:\n  port: [1, 2]\n");
+  EXPECT_EQ(e.key_path(), "server.port");
+  EXPECT_EQ(e.problem(), "expected an integer in [0, 65535], got a list (line 2)");
+
+  e = load_error("model:\n  path: {a: 1}\n");
+  EXPECT_EQ(e.key_path(), "model.path");
+  EXPECT_EQ(e.problem(), "expected a string, got a mapping (line 2)");
+
+  e = load_error("server:\n  port:\n");
+  EXPECT_EQ(e.key_path(), "server.port");
+  EXPECT_NE(e.problem().find("got no value"), std::string::npos) << e.what();
+
+  e = load_error("engine:\n  policy:\n");
+  EXPECT_EQ(e.problem(), "expected one of fcfs, ladb, srpt, got no value (line 2)");
+}
+
+TEST(config_wrong_type, sections_must_be_mappings) {
+  auto e = load_error("engine: 5\n");
+  EXPECT_EQ(e.key_path(), "engine");
+  EXPECT_NE(e.problem().find("expected a mapping of keys (max_batch_size, "), std::string::npos)
+    << e.what();
+  EXPECT_NE(e.problem().find("got a scalar"), std::string::npos) << e.what();
+
+  e = load_error("supervisor:\n  drift: [1]\n");
+  EXPECT_EQ(e.key_path(), "supervisor.drift");
+
+  e = load_error("- server\n- model\n");
+  EXPECT_EQ(e.key_path(), "");
+  EXPECT_STREQ(e.what(),
+               "metronome.yaml: expected a mapping of sections (server, model, engine, batching, "
+               "predictor, router, supervisor, logging) at the top level, got a list");
+}
+
+TEST(config_wrong_type, every_key_names_its_path) {
+  // A list is the wrong type for every key; the error must name the key.
+  for (const auto& key : config_keys()) {
+    auto e = load_error(nested_yaml(key.path, "[1, 2]"));
+    EXPECT_EQ(e.key_path(), key.path) << e.what();
+    EXPECT_NE(e.problem().find("expected " + key.allowed), std::string::npos) << e.what();
+  }
+}
+
+// -- out of range ----------------------------------------------------------------------
+
+TEST(config_range, integers_numbers_and_bytes) {
+  struct bad {
+    const char* path;
+    const char* value;
+    const char* problem;
+  };
+  for (const auto& b : std::initializer_list<bad>{
+         {"server.port", "70000", R"("70000" is out of range, expected an integer in [0, 65535])"},
+         {"engine.max_batch_size", "0",
+          R"("0" is out of range, expected an integer in [1, 4096])"},
+         {"engine.max_batch_size", "99999999999999999999999",
+          R"(expected an integer in [1, 4096], got "99999999999999999999999")"},
+         {"engine.gpu_memory_fraction", "0",
+          R"("0" is out of range, expected a number in (0, 1])"},
+         {"engine.gpu_memory_fraction", "1.01",
+          R"("1.01" is out of range, expected a number in (0, 1])"},
+         {"engine.gpu_memory_fraction", "nan",
+          R"("nan" is out of range, expected a number in (0, 1])"},
+         {"server.request_timeout_s", "inf",
+          R"("inf" is out of range, expected a number in (0, 604800])"},
+         {"batching.variance_tolerance", "-0.1",
+          R"("-0.1" is out of range, expected a number in [0, 1])"},
+         {"engine.page_size", "24", R"("24" is not a power of two)"},
+         {"engine.page_size", "2048",
+          R"("2048" is out of range, expected an integer in [1, 1024] (a power of two))"},
+         {"server.max_body_bytes", "100",
+          R"("100" is out of range, expected a byte count in [1KiB, 1GiB] (an integer, or )"
+          R"(with a unit: KiB, MiB, GiB, KB, MB, GB))"},
+         {"model.device", "cuda:64",
+          R"(expected cpu or cuda:N (N a GPU ordinal in [0, 63]), got "cuda:64")"},
+       }) {
+    auto e = load_error(nested_yaml(b.path, b.value));
+    EXPECT_EQ(e.key_path(), b.path);
+    EXPECT_EQ(e.problem(), std::string(b.problem) + " (line 2)") << e.what();
+  }
+}
+
+TEST(config_range, boundaries_are_inclusive_where_documented) {
+  EXPECT_NO_THROW(load_config_string(nested_yaml("engine.gpu_memory_fraction", "1"), "t"));
+  EXPECT_NO_THROW(load_config_string(nested_yaml("batching.variance_tolerance", "0"), "t"));
+  EXPECT_NO_THROW(load_config_string(nested_yaml("batching.variance_tolerance", "1"), "t"));
+  EXPECT_NO_THROW(load_config_string(nested_yaml("server.port", "65535"), "t"));
+  EXPECT_NO_THROW(load_config_string(nested_yaml("engine.page_size", "1"), "t"));
+  EXPECT_NO_THROW(load_config_string(nested_yaml("engine.page_size", "1024"), "t"));
+}
+
+TEST(config_range, every_numeric_key_names_its_path) {
+  for (const auto& key : config_keys()) {
+    if (key.kind != value_kind::integer && key.kind != value_kind::real
+        && key.kind != value_kind::bytes)
+      continue;
+    auto e = load_error(nested_yaml(key.path, "-1e300"));
+    EXPECT_EQ(e.key_path(), key.path) << e.what();
+    e = load_error(nested_yaml(key.path, key.kind == value_kind::real ? "1e300" : "99999999999999"));
+    EXPECT_EQ(e.key_path(), key.path) << e.what();
+    EXPECT_NE(e.problem().find(key.allowed), std::string::npos) << e.what();
+  }
+}
+
+// -- cross-field rules -------------------------------------------------------------------
+
+TEST(config_cross_field, each_rule_names_the_key_and_the_bound) {
+  struct bad {
+    const char* yaml;
+    const char* key;
+    const char* problem;
+  };
+  for (const auto& b : std::initializer_list<bad>{
+         {"batching:\n  min_batch_size: 40\n", "batching.min_batch_size",
+          "must not exceed batching.max_batch_size (32), got 40"},
+         {"batching:\n  max_batch_size: 200\n", "batching.max_batch_size",
+          "must not exceed engine.max_batch_size (128), the cap on running sequences, got 200"},
+         {"batching:\n  min_hold_ms: 200\n", "batching.min_hold_ms",
+          "must not exceed batching.max_hold_ms (120), got 200"},
+         {"engine:\n  max_batch_size: 512\n  max_num_batched_tokens: 256\nbatching:\n"
+          "  max_batch_size: 8\n",
+          "engine.max_num_batched_tokens",
+          "must be at least engine.max_batch_size (512) so every running sequence can decode in "
+          "one step, got 256"},
+         {"engine:\n  prefill_chunk_tokens: 4096\n", "engine.prefill_chunk_tokens",
+          "must not exceed engine.max_num_batched_tokens (2048), got 4096"},
+         {"engine:\n  kv_cache_tokens: 8\n", "engine.kv_cache_tokens",
+          "must be 0 (auto) or at least one page (engine.page_size = 16), got 8"},
+         {"engine:\n  kv_cache_tokens: 1024\nmodel:\n  max_model_len: 2048\n",
+          "engine.kv_cache_tokens",
+          "cannot hold one sequence of model.max_model_len (2048) tokens, got 1024"},
+       }) {
+    auto e = load_error(b.yaml);
+    EXPECT_EQ(e.source(), "metronome.yaml");
+    EXPECT_EQ(e.key_path(), b.key) << e.what();
+    EXPECT_EQ(e.problem(), b.problem) << e.what();
+  }
+}
+
+TEST(config_cross_field, holds_when_both_sides_move_together) {
+  auto cfg = load_config_string(
+    "batching:\n  min_batch_size: 40\n  max_batch_size: 64\n  min_hold_ms: 200\n"
+    "  max_hold_ms: 300\n",
+    "t.yaml");
+  EXPECT_EQ(cfg.batching.min_batch_size, 40);
+  EXPECT_EQ(cfg.batching.max_hold_ms, 300);
+}
+
+// -- files and syntax ------------------------------------------------------------------
+
+TEST(config_file, syntax_errors_give_the_line) {
+  auto e = load_error("server:\n  port: 8080\n  host: [unclosed\n");
+  EXPECT_EQ(e.key_path(), "");
+  EXPECT_EQ(e.problem().rfind("invalid YAML at line ", 0), 0u) << e.what();
+  EXPECT_EQ(std::string(e.what()).rfind("metronome.yaml: invalid YAML", 0), 0u) << e.what();
+}
+
+TEST(config_file, one_document_only) {
+  auto e = load_error("server:\n  port: 1\n---\nserver:\n  port: 2\n");
+  EXPECT_EQ(e.problem(), "expected one YAML document, found 2");
+}
+
+TEST(config_file, missing_file_is_named) {
+  auto e = catch_config_error([] { load_config_file("/nonexistent/metronome.yaml"); });
+  EXPECT_STREQ(e.what(), "/nonexistent/metronome.yaml: cannot open: No such file or directory");
+}
+
+TEST(config_file, errors_name_the_file_as_given) {
+  auto dir = std::filesystem::temp_directory_path() / "metronome_config_test";
+  std::filesystem::create_directories(dir);
+  auto path = dir / "bad.yaml";
+  {
+    std::ofstream out(path);
+    out << "# a comment\nengine:\n  page_size: 3\n";
+  }
+  auto e = catch_config_error([&] { load_config_file(path); });
+  EXPECT_EQ(e.source(), path.string());
+  EXPECT_EQ(e.key_path(), "engine.page_size");
+  EXPECT_EQ(e.problem(), "\"3\" is not a power of two (line 3)");
+  std::filesystem::remove_all(dir);
+}
+
+} // namespace
+} // namespace metronome

@@ -1,0 +1,153 @@
+// Command-line overrides: --set key=value and the shorthand flags win over
+// the file and pass the same checks.
+
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "config/config_loader.hpp"
+#include "config/config_schema.hpp"
+#include "tests/config/config_test_util.hpp"
+
+namespace metronome {
+namespace {
+
+using test::catch_config_error;
+
+/// A scratch YAML file, removed at the end of the test.
+class config_file_fixture : public ::testing::Test {
+protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path()
+           / ("metronome_override_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::filesystem::path write(const std::string& text) {
+    auto path = dir_ / "metronome.yaml";
+    std::ofstream out(path);
+    out << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(config_file_fixture, overrides_win_over_the_file) {
+  auto path = write("server:\n  port: 7000\n  host: 0.0.0.0\nengine:\n  max_batch_size: 64\n");
+  auto cfg = load_config(path, {{"engine.max_batch_size", "32", "--set"},
+                                {"server.port", "9000", "--port"}});
+  EXPECT_EQ(cfg.engine.max_batch_size, 32);
+  EXPECT_EQ(cfg.server.port, 9000);
+  EXPECT_EQ(cfg.server.host, "0.0.0.0"); // from the file, not overridden
+  EXPECT_EQ(cfg.engine.page_size, 16);    // default, in neither
+}
+
+TEST_F(config_file_fixture, later_overrides_win_over_earlier_ones) {
+  auto cfg = load_config(std::nullopt, {{"server.port", "1000", "--set"},
+                                        {"server.port", "2000", "--port"}});
+  EXPECT_EQ(cfg.server.port, 2000);
+}
+
+TEST_F(config_file_fixture, cross_field_rules_see_file_and_overrides_together) {
+  // The file alone is invalid (min > max); the override repairs it.
+  auto path = write("batching:\n  min_batch_size: 48\n");
+  auto cfg = load_config(path, {{"batching.max_batch_size", "64", "--set"}});
+  EXPECT_EQ(cfg.batching.min_batch_size, 48);
+
+  auto e = catch_config_error(
+    [&] { load_config(path, {{"batching.max_batch_size", "40", "--set"}}); });
+  EXPECT_EQ(e.source(), path.string() + " with command-line overrides");
+  EXPECT_EQ(e.key_path(), "batching.min_batch_size");
+  EXPECT_EQ(e.problem(), "must not exceed batching.max_batch_size (40), got 48");
+
+  e = catch_config_error([&] { load_config(path, {}); });
+  EXPECT_EQ(e.source(), path.string());
+
+  e = catch_config_error([] { load_config(std::nullopt, {{"batching.min_batch_size", "33"}}); });
+  EXPECT_STREQ(e.what(),
+               "command line: batching.min_batch_size: must not exceed batching.max_batch_size "
+               "(32), got 33");
+}
+
+TEST(config_override, errors_name_the_flag_and_the_key) {
+  server_config cfg;
+  auto e = catch_config_error([&] { apply_override(cfg, "engine.max_batch_size", "lots"); });
+  EXPECT_STREQ(e.what(),
+               "--set: engine.max_batch_size: expected an integer in [1, 4096], got \"lots\"");
+
+  e = catch_config_error([&] { apply_override(cfg, "server.port", "99999", "--port"); });
+  EXPECT_STREQ(e.what(),
+               "--port: server.port: \"99999\" is out of range, expected an integer in "
+               "[0, 65535]");
+
+  e = catch_config_error([&] { apply_override(cfg, "engine.max_batch_sise", "4"); });
+  EXPECT_STREQ(e.what(),
+               "--set: engine.max_batch_sise: unknown key (did you mean max_batch_size?)");
+
+  e = catch_config_error([&] { apply_override(cfg, "engin.max_batch_size", "4"); });
+  EXPECT_EQ(e.problem(), "unknown key (did you mean engine.max_batch_size?)");
+
+  e = catch_config_error([&] { apply_override(cfg, "supervisor.drift", "4"); });
+  EXPECT_EQ(e.key_path(), "supervisor.drift");
+  EXPECT_EQ(e.problem(),
+            "is a section; set one of its keys (enabled, window_s, error_threshold, sustain_s, "
+            "disable_s, min_samples)");
+
+  // A refused value leaves the field as it was.
+  EXPECT_EQ(cfg, server_config{});
+}
+
+TEST(config_override, set_syntax) {
+  server_config cfg;
+  apply_set(cfg, "engine.max_batch_size=32");
+  EXPECT_EQ(cfg.engine.max_batch_size, 32);
+  apply_set(cfg, "model.path=/models/a=b");
+  EXPECT_EQ(cfg.model.path, "/models/a=b");
+  apply_set(cfg, "model.served_model_name=");
+  EXPECT_EQ(cfg.model.served_model_name, "");
+  for (auto bad : {"engine.max_batch_size", "=32", ""}) {
+    auto e = catch_config_error([&] { apply_set(cfg, bad); });
+    EXPECT_EQ(e.problem().rfind("expected key.path=value", 0), 0u) << e.what();
+  }
+}
+
+TEST(config_override, values_are_taken_literally) {
+  // Override text is the value itself, never YAML: no comments, no nulls, no tags.
+  server_config cfg;
+  apply_override(cfg, "model.served_model_name", "llama #3");
+  EXPECT_EQ(cfg.model.served_model_name, "llama #3");
+  apply_override(cfg, "model.path", "~");
+  EXPECT_EQ(cfg.model.path, "~");
+  apply_override(cfg, "model.chat_template", "");
+  EXPECT_EQ(cfg.model.chat_template, chat_template_kind::from_tokenizer);
+  auto e = catch_config_error([&] { apply_override(cfg, "server.port", ""); });
+  EXPECT_EQ(e.problem(), "expected an integer in [0, 65535], got \"\"");
+}
+
+TEST(config_override, shorthand_flags_map_to_keys) {
+  EXPECT_EQ(flag_key_path("--port"), "server.port");
+  EXPECT_EQ(flag_key_path("port"), "server.port");
+  EXPECT_EQ(flag_key_path("--host"), "server.host");
+  EXPECT_EQ(flag_key_path("--model"), "model.path");
+  EXPECT_EQ(flag_key_path("--policy"), "engine.policy");
+  EXPECT_EQ(flag_key_path("--nope"), std::nullopt);
+  for (const auto& f : config_flags()) {
+    EXPECT_TRUE(f.flag.starts_with("--")) << f.flag;
+    EXPECT_NE(find_config_key(f.key_path), nullptr) << f.flag << " -> " << f.key_path;
+    EXPECT_FALSE(f.help.empty()) << f.flag;
+  }
+  server_config cfg;
+  apply_override(cfg, *flag_key_path("--port"), "9000", "--port");
+  EXPECT_EQ(cfg.server.port, 9000);
+}
+
+} // namespace
+} // namespace metronome

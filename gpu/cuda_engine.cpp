@@ -232,7 +232,7 @@ void cuda_engine::allocate_activations() {
   tuner_ = std::make_unique<gemm_tuner>(cublas_, stream_, cublas_ws_.get(), cublas_ws_.bytes());
 
   update_capacity_ = max_tokens_ + 4 * max_batch_ + 64;
-  item_capacity_ = max_tokens_ / prefill_tile + max_batch_ + 1;
+  item_capacity_ = max_tokens_ / prefill_min_tile + max_batch_ + 1;
   input_capacity_ =
     make_layout(max_tokens_, max_batch_, update_capacity_, 0, item_capacity_).bytes;
   inputs_ = device_buffer(input_capacity_);

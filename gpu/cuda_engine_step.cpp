@@ -441,17 +441,18 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
     result.graph = true;
   } else {
     items_.clear();
+    const int32_t tile = prefill_tile_rows();
     if (!all_single) {
       for (int32_t c = 0; c < n; ++c) {
         const int32_t len = int32_t(chunks[size_t(c)].tokens.size());
-        for (int32_t r = 0; r < len; r += prefill_tile)
+        for (int32_t r = 0; r < len; r += tile)
           items_.push_back({c, r});
       }
       // Longest first: the tile's last key position decides its work.
       std::stable_sort(items_.begin(), items_.end(), [&](const auto& a, const auto& b) {
         auto end = [&](const prefill_item& it) {
           const auto& ch = chunks[size_t(it.seq)];
-          return ch.start_pos + std::min<int32_t>(it.row + prefill_tile, int32_t(ch.tokens.size()));
+          return ch.start_pos + std::min<int32_t>(it.row + tile, int32_t(ch.tokens.size()));
         };
         return end(a) > end(b);
       });

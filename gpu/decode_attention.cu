@@ -1,28 +1,42 @@
 // Paged attention for decode: one query token per sequence over its cached
-// keys and values, split along the context when the batch is too small to
-// fill the GPU.
+// keys and values, on the tensor cores, split along the context when the
+// batch is too small to fill the GPU.
 //
 // Design note. A block serves one (sequence, kv head, context split) and all
-// the query heads that share that kv head (GQA), so each key and value is read
-// once per block. Inside the block each warp streams its own batches of keys
-// with no block-wide barrier: a key is spread over D/8 lanes (16 bytes each),
-// the keys of the next batch are loaded while this batch is scored, and page
-// ids are fetched two batches ahead, so a warp always has loads in flight.
-// Each group of lanes keeps an online softmax (log2 domain: q is scaled by
-// scale * log2 e) per head in registers, one rescale per batch; groups merge by
-// shuffles and warps through shared memory at the end. The number of splits
-// in use is derived on the device from each sequence's length (at least 128
-// keys each), so one captured graph serves any context; with one split the
-// block writes the output, otherwise the last split to finish (an atomic
-// ticket) merges the partials with all its threads, with no second launch.
+// the query heads that share the kv head (GQA, up to 8), so each key and value
+// is read from memory once. Its warps take steps of 16 keys in turn and run
+// them through m16n8k16 MMAs with the keys as the M dimension and the heads as
+// N (S^T = K Q^T, then O^T += V^T P^T), so the 8 columns of an MMA hold the
+// group's heads and no shared memory is needed: every lane loads its operands
+// straight from the cache with 16-byte loads. That works because a dot product
+// does not care in which order it visits the dimensions, nor a weighted sum
+// over keys in which order it visits the keys: lane (g, t) loads dims
+// [t D/4, (t+1) D/4) of keys s(g) and s(g + 8) as its A fragments of K (the
+// same dims of its head's q as B), and keys 4t .. 4t + 3, dims
+// [g D/8, (g+1) D/8) of V, which a byte permute turns into A fragments of V^T
+// whose k order matches the key order s of the P fragments; s(2i + e) = 4i + e,
+// s(8 + 2i + e) = 4i + 2 + e. P^T goes from the accumulator layout to the B
+// layout with movmatrix (a register transpose). Each lane then holds output
+// dims g D/8 .. (g+1) D/8 of heads 2t and 2t + 1: contiguous, so the output is
+// written with vector stores. The online softmax is in the log2 domain
+// (ex2.approx; the max reduction over keys is three shuffles per step), keys
+// for the next step are loaded while this one is computed, page ids one step
+// earlier still. Warps merge through shared memory; with one split the block
+// writes the output, otherwise the last split to finish (an atomic ticket)
+// merges the partials with all its threads, with no second launch. The number
+// of splits in use is derived on the device from each sequence's length (at
+// least 256 keys each), so one captured graph serves any context.
+//
+// Shapes outside this kernel (head_dim 256, more than 8 heads per kv head) and
+// the first generation on request go to decode_attention_v1.cu.
 
 #include <algorithm>
-#include <cfloat>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
+#include "gpu/kernels_v1.hpp"
 #include "gpu/launch.cuh"
 
 namespace metronome::gpu {
@@ -31,71 +45,83 @@ using namespace dev;
 
 namespace {
 
-constexpr int threads = 128;
-constexpr int warps = threads / 32;
+constexpr int warps = 4;
+constexpr int threads = warps * 32;
+constexpr int step_keys = 16;
 /// A split covers at least this many keys (shorter contexts use fewer splits).
-constexpr int32_t min_split_tokens = 128;
+constexpr int32_t min_split_tokens = 256;
 /// Most splits (partials buffer and merge are sized for it).
 constexpr int32_t max_splits = 64;
 constexpr float log2e = 1.4426950408889634f;
 
-template <int D, int GM>
-struct decode_config {
-  static constexpr int lanes_per_token = D / 8;          // lanes holding one key (8 dims each)
-  static constexpr int groups = 32 / lanes_per_token;    // keys a warp reads side by side
-  static constexpr int per_lane = GM <= 4 ? 4 : 2;       // keys per lane per batch
-  static constexpr int batch = groups * per_lane;        // keys per warp per batch
-};
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
-/// Online-softmax state of one lane for the GM heads it serves.
-template <int GM>
-struct softmax_state {
-  float m[GM], l[GM], acc[GM][8];
-};
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
 
-/// Merges state `o` (weights relative to its own max) into `s`.
-template <int GM>
-__device__ __forceinline__ void merge_into(softmax_state<GM>& s, const float (&om)[GM],
-                                           const float (&ol)[GM], const float (&oacc)[GM][8]) {
+/// Loads WORDS 32-bit words (4 to 64 bytes) through the non-coherent path
+/// (the cache is not written during this kernel); no L1 allocation.
+template <int WORDS>
+__device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p) {
+  if constexpr (WORDS >= 4) {
 #pragma unroll
-  for (int h = 0; h < GM; ++h) {
-    const float mm = fmaxf(s.m[h], om[h]);
-    if (mm == -INFINITY)
-      continue;
-    const float a = s.m[h] == -INFINITY ? 0.0f : exp2f(s.m[h] - mm);
-    const float b = om[h] == -INFINITY ? 0.0f : exp2f(om[h] - mm);
-    s.l[h] = s.l[h] * a + ol[h] * b;
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      s.acc[h][e] = s.acc[h][e] * a + oacc[h][e] * b;
-    s.m[h] = mm;
+    for (int i = 0; i < WORDS / 4; ++i)
+      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+          : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
+          : "l"(p + 8 * i));
+  } else if constexpr (WORDS == 2) {
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
   }
 }
 
-template <int D, int GM>
-__global__ void __launch_bounds__(threads)
-  decode_attention_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
-                          batch_view batch, int32_t splits, float* __restrict__ part_o,
-                          float* __restrict__ part_ml, int32_t* __restrict__ counters,
-                          bf16* __restrict__ out) {
-  using cfg = decode_config<D, GM>;
-  constexpr int lpt = cfg::lanes_per_token, groups = cfg::groups, U = cfg::per_lane;
-  constexpr int nb = cfg::batch;
+template <int WORDS>
+__device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
+#pragma unroll
+  for (int i = 0; i < WORDS; ++i)
+    w[i] = 0;
+}
 
-  __shared__ float sm_m[warps][GM], sm_l[warps][GM];
-  __shared__ float sm_acc[warps][GM][D];
-  __shared__ float mg_w[GM][max_splits];
-  __shared__ float mg_l[GM];
+template <int D>
+struct tc_cfg {
+  static constexpr int kw = D / 8;  // words of K per key a lane holds (D/4 dims)
+  static constexpr int vw = D / 16; // words of V per key a lane holds (D/8 dims)
+  static constexpr int ks = D / 16; // k steps of S^T = K Q^T, and m16 tiles of O^T
+};
+
+/// The K and V operands of one step of 16 keys for one lane.
+template <int D>
+struct step_regs {
+  uint32_t k[2][tc_cfg<D>::kw]; // keys s(g), s(g + 8)
+  uint32_t v[4][tc_cfg<D>::vw]; // keys 4t .. 4t + 3
+};
+
+template <int D>
+__global__ void __launch_bounds__(threads)
+  decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
+                             batch_view batch, int32_t splits, float* __restrict__ part_o,
+                             float* __restrict__ part_ml, int32_t* __restrict__ counters,
+                             bf16* __restrict__ out) {
+  using C = tc_cfg<D>;
+  __shared__ float sm_o[warps][8][D];
+  __shared__ float sm_m[warps][8], sm_l[warps][8];
+  __shared__ float mg_w[8][max_splits];
+  __shared__ float mg_l[8];
   __shared__ bool last;
 
-  const int split = blockIdx.x, b = blockIdx.z;
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int group = sh.num_heads / sh.kv_heads;
-  const int blocks_per_kv = (group + GM - 1) / GM;
-  const int kvh = blockIdx.y / blocks_per_kv;
-  const int h0 = kvh * group + (blockIdx.y % blocks_per_kv) * GM;
-  const int nh = min(GM, kvh * group + group - h0);
+  const int h0 = kvh * group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane / lpt, ds = lane % lpt;
+  const int g = lane >> 2, t = lane & 3;
 
   pdl_trigger();
   pdl_wait();
@@ -107,183 +133,196 @@ __global__ void __launch_bounds__(threads)
     max(1, min(splits, (len - lo + min_split_tokens - 1) / min_split_tokens));
   if (split >= active)
     return;
-  const int32_t chunk = (len - lo + active - 1) / active;
-  const int32_t start = lo + split * chunk;
-  const int32_t end = min(len, start + chunk);
+  // Steps of 16 keys from lo rounded down; this split's share of them.
+  const int32_t base0 = lo & ~(step_keys - 1);
+  const int32_t nsteps = (len - base0 + step_keys - 1) / step_keys;
+  const int32_t per_split = (nsteps + active - 1) / active;
+  const int32_t s_begin = split * per_split;
+  const int32_t s_end = min(nsteps, s_begin + per_split);
 
-  // This lane's slice of q for each head, scaled into the log2 domain.
-  const float qscale = sh.scale * log2e;
-  float qr[GM][8];
-#pragma unroll
-  for (int h = 0; h < GM; ++h) {
-    if (h < nh) {
-      unpack(load_global(q + (int64_t(qrow) * sh.num_heads + h0 + h) * D + ds * 8), qr[h]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        qr[h][e] *= qscale;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        qr[h][e] = 0.0f;
-    }
-  }
-  softmax_state<GM> st;
-#pragma unroll
-  for (int h = 0; h < GM; ++h) {
-    st.m[h] = -INFINITY;
-    st.l[h] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      st.acc[h][e] = 0.0f;
-  }
+  // q of head g (zero for lanes past the group): dims [t D/4, (t+1) D/4).
+  uint32_t qw[C::kw];
+  if (g < group)
+    load_words<C::kw>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D + t * (D / 4));
+  else
+    zero_words<C::kw>(qw);
 
-  // Each warp streams batches warp, warp + 4, ... of nb keys. Page ids run two
-  // batches ahead of the keys, keys one batch ahead of the math.
   const int32_t* pt = kv.page_table + int64_t(batch.seq_slot[b]) * kv.page_table_stride;
   const int32_t ps = kv.page_size;
-  const int32_t nbatches = (end - start + nb - 1) / nb;
-  auto key_of = [&](int32_t bi, int u) { return start + bi * nb + u * groups + g; };
-  auto load_pages = [&](int32_t bi, int32_t (&pg)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int32_t j = key_of(bi, u);
-      pg[u] = (bi < nbatches && j < end) ? pt[j / ps] : -1;
+  const int32_t ps_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
+  const int64_t head_stride = int64_t(ps) * D; // one (page, kv head) block
+  // Keys of this lane within a step: K rows s(g), s(g + 8); V rows 4t .. 4t + 3.
+  const int kr0 = 4 * (g >> 1) + (g & 1), kr1 = kr0 + 2;
+  // Element offset of key j's row in the pools, or -1 if j is outside [lo, len).
+  auto row_of = [&](int32_t j) -> int64_t {
+    if (j < lo || j >= len)
+      return -1;
+    int32_t page, in_page;
+    if (ps_shift >= 0) {
+      page = pt[j >> ps_shift];
+      in_page = j & (ps - 1);
+    } else {
+      page = pt[j / ps];
+      in_page = j % ps;
     }
+    return (int64_t(page) * kv.kv_heads + kvh) * head_stride + int64_t(in_page) * D;
   };
-  auto load_kv = [&](int32_t bi, const int32_t (&pg)[U], bf16x8 (&kr)[U], bf16x8 (&vr)[U]) {
+  struct step_rows {
+    int64_t k[2], v[4];
+  };
+  auto rows_of_step = [&](int32_t s, step_rows& r) {
+    const int32_t base = base0 + s * step_keys;
+    r.k[0] = row_of(base + kr0);
+    r.k[1] = row_of(base + kr1);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (pg[u] >= 0) {
-        const int32_t j = key_of(bi, u);
-        const int64_t off = ((int64_t(pg[u]) * kv.kv_heads + kvh) * ps + j % ps) * D + ds * 8;
-        kr[u] = load_global(kv.k + off);
-        vr[u] = load_global(kv.v + off);
-      } else {
-        kr[u] = vr[u] = bf16x8{{0, 0, 0, 0}};
-      }
+    for (int i = 0; i < 4; ++i)
+      r.v[i] = row_of(base + 4 * t + i);
+  };
+  auto load_step = [&](const step_rows& r, step_regs<D>& x) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (r.k[i] >= 0)
+        load_words<C::kw>(x.k[i], kv.k + r.k[i] + t * (D / 4));
+      else
+        zero_words<C::kw>(x.k[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (r.v[i] >= 0)
+        load_words<C::vw>(x.v[i], kv.v + r.v[i] + g * (D / 8));
+      else
+        zero_words<C::vw>(x.v[i]);
     }
   };
 
-  int32_t pg_next[U], pg_after[U];
-  bf16x8 kr[U], vr[U];
-  int32_t bi = warp;
+  const float qscale = sh.scale * log2e;
+  float o[C::ks][4];
+#pragma unroll
+  for (int i = 0; i < C::ks; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      o[i][c] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // heads 2t, 2t + 1
+
+  // Steps s_begin + warp, + warps, ...: keys one step ahead, rows two.
+  int32_t s = s_begin + warp;
+  step_regs<D> cur;
+  step_rows rows_next;
   {
-    int32_t pg_now[U];
-    load_pages(bi, pg_now);
-    load_pages(bi + warps, pg_next);
-    load_kv(bi, pg_now, kr, vr);
+    step_rows r0;
+    if (s < s_end)
+      rows_of_step(s, r0);
+    else
+      r0 = step_rows{{-1, -1}, {-1, -1, -1, -1}};
+    if (s + warps < s_end)
+      rows_of_step(s + warps, rows_next);
+    else
+      rows_next = step_rows{{-1, -1}, {-1, -1, -1, -1}};
+    load_step(r0, cur);
   }
-  for (; bi < nbatches; bi += warps) {
-    bf16x8 kn[U], vn[U];
-    load_pages(bi + 2 * warps, pg_after);
-    load_kv(bi + warps, pg_next, kn, vn);
+  for (; s < s_end; s += warps) {
+    step_regs<D> nxt;
+    load_step(rows_next, nxt);
+    if (s + 2 * warps < s_end)
+      rows_of_step(s + 2 * warps, rows_next);
+    else
+      rows_next = step_rows{{-1, -1}, {-1, -1, -1, -1}};
 
-    float sc[GM][U];
+    // S^T[16 keys][8 heads]: rows s(g), s(g + 8); columns 2t, 2t + 1.
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float kf[8];
-      unpack(kr[u], kf);
-      const bool valid = key_of(bi, u) < end;
-#pragma unroll
-      for (int h = 0; h < GM; ++h) {
-        float x = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          x = fmaf(qr[h][e], kf[e], x);
-#pragma unroll
-        for (int o = lpt / 2; o > 0; o >>= 1)
-          x += __shfl_xor_sync(0xffffffffu, x, o);
-        sc[h][u] = valid ? x : -INFINITY;
-      }
+    for (int kk = 0; kk < C::ks; ++kk) {
+      const uint32_t a[4] = {cur.k[0][2 * kk], cur.k[1][2 * kk], cur.k[0][2 * kk + 1],
+                             cur.k[1][2 * kk + 1]};
+      mma_bf16(c, a, qw[2 * kk], qw[2 * kk + 1]);
     }
-    float vf[U][8];
+    const int32_t base = base0 + s * step_keys;
+    const bool ok0 = base + kr0 >= lo && base + kr0 < len;
+    const bool ok1 = base + kr1 >= lo && base + kr1 < len;
+    float alpha[2];
+    uint32_t pk[2];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      unpack(vr[u], vf[u]);
-#pragma unroll
-    for (int h = 0; h < GM; ++h) {
-      float mx = sc[h][0];
-#pragma unroll
-      for (int u = 1; u < U; ++u)
-        mx = fmaxf(mx, sc[h][u]);
-      const float m_new = fmaxf(st.m[h], mx);
-      if (m_new == -INFINITY)
-        continue;
-      const float alpha = st.m[h] == -INFINITY ? 0.0f : exp2f(st.m[h] - m_new);
-      st.l[h] *= alpha;
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        st.acc[h][e] *= alpha;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float p = exp2f(sc[h][u] - m_new); // 0 for -inf
-        st.l[h] += p;
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          st.acc[h][e] = fmaf(p, vf[u][e], st.acc[h][e]);
-      }
-      st.m[h] = m_new;
+    for (int e = 0; e < 2; ++e) {
+      const float s0 = ok0 ? c[e] : -INFINITY, s1 = ok1 ? c[2 + e] : -INFINITY;
+      float mx = fmaxf(s0, s1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[e], mx * qscale);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[e] = fast_exp2(m[e] - m_use); // 0 while nothing was seen
+      m[e] = m_new;
+      c[e] = fast_exp2(fmaf(s0, qscale, -m_use));
+      c[2 + e] = fast_exp2(fmaf(s1, qscale, -m_use));
+      l[e] = l[e] * alpha[e] + c[e] + c[2 + e];
     }
+    // P^T as B fragments: (head g; keys 2t, 2t + 1) and (head g; keys 2t + 8, 2t + 9).
+    pk[0] = transpose8x8(pack_bf16x2(c[0], c[1]));
+    pk[1] = transpose8x8(pack_bf16x2(c[2], c[3]));
+    // O^T[dims][heads] = O^T * alpha + V^T P^T, one m16 tile of dims at a time.
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      kr[u] = kn[u];
-      vr[u] = vn[u];
-      pg_next[u] = pg_after[u];
+    for (int dt = 0; dt < C::ks; ++dt) {
+      o[dt][0] *= alpha[0];
+      o[dt][1] *= alpha[1];
+      o[dt][2] *= alpha[0];
+      o[dt][3] *= alpha[1];
+      const uint32_t a[4] = {__byte_perm(cur.v[0][dt], cur.v[1][dt], 0x5410),
+                             __byte_perm(cur.v[0][dt], cur.v[1][dt], 0x7632),
+                             __byte_perm(cur.v[2][dt], cur.v[3][dt], 0x5410),
+                             __byte_perm(cur.v[2][dt], cur.v[3][dt], 0x7632)};
+      mma_bf16(o[dt], a, pk[0], pk[1]);
     }
+    cur = nxt;
   }
 
-  // Merge the key groups of the warp (lanes with the same dims slice).
+  // Row sums over the keys of the warp (lanes with the same t).
 #pragma unroll
-  for (int off = lpt; off < 32; off <<= 1) {
-    float om[GM], ol[GM], oacc[GM][8];
-#pragma unroll
-    for (int h = 0; h < GM; ++h) {
-      om[h] = __shfl_xor_sync(0xffffffffu, st.m[h], off);
-      ol[h] = __shfl_xor_sync(0xffffffffu, st.l[h], off);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        oacc[h][e] = __shfl_xor_sync(0xffffffffu, st.acc[h][e], off);
-    }
-    merge_into<GM>(st, om, ol, oacc);
+  for (int e = 0; e < 2; ++e) {
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 4);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 8);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 16);
   }
-  if (lane < lpt) {
+  // o[dt][e] is dim g D/8 + 2 dt of head 2t + e; o[dt][2 + e] the next dim.
 #pragma unroll
-    for (int h = 0; h < GM; ++h) {
+  for (int e = 0; e < 2; ++e) {
+    float* dst = &sm_o[warp][2 * t + e][g * (D / 8)];
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        sm_acc[warp][h][ds * 8 + e] = st.acc[h][e];
-      if (lane == 0) {
-        sm_m[warp][h] = st.m[h];
-        sm_l[warp][h] = st.l[h];
-      }
+    for (int dt = 0; dt < C::ks; ++dt) {
+      dst[2 * dt] = o[dt][e];
+      dst[2 * dt + 1] = o[dt][2 + e];
+    }
+    if (g == 0) {
+      sm_m[warp][2 * t + e] = m[e];
+      sm_l[warp][2 * t + e] = l[e];
     }
   }
   __syncthreads();
 
   // Merge the warps; write the output (one split) or this split's partial.
+  const int nh = min(group, 8);
   for (int i = tid; i < nh * D; i += threads) {
     const int h = i / D, d = i % D;
     float mm = -INFINITY;
 #pragma unroll
     for (int w = 0; w < warps; ++w)
       mm = fmaxf(mm, sm_m[w][h]);
-    float o = 0.0f, l = 0.0f;
+    float acc = 0.0f, lsum = 0.0f;
     if (mm != -INFINITY)
 #pragma unroll
       for (int w = 0; w < warps; ++w) {
-        const float a = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
-        o += sm_acc[w][h][d] * a;
-        l += sm_l[w][h] * a;
+        const float a = fast_exp2(sm_m[w][h] - mm); // 0 for a warp that saw nothing
+        acc += sm_o[w][h][d] * a;
+        lsum += sm_l[w][h] * a;
       }
     if (active == 1) {
       out[(int64_t(qrow) * sh.num_heads + h0 + h) * D + d] =
-        __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
+        __float2bfloat16_rn(lsum > 0.0f ? acc / lsum : 0.0f);
     } else {
       const int64_t idx = (int64_t(b) * sh.num_heads + h0 + h) * splits + split;
-      part_o[idx * D + d] = o;
+      part_o[idx * D + d] = acc;
       if (d == 0) {
         part_ml[idx * 2] = mm;
-        part_ml[idx * 2 + 1] = l;
+        part_ml[idx * 2 + 1] = lsum;
       }
     }
   }
@@ -301,16 +340,15 @@ __global__ void __launch_bounds__(threads)
   if (!last)
     return;
   __threadfence();
-  // Per head: the weight of each split (warp h handles heads h, h + 4, ...).
   for (int h = warp; h < nh; h += warps) {
-    const int64_t base = (int64_t(b) * sh.num_heads + h0 + h) * splits;
+    const int64_t hb = (int64_t(b) * sh.num_heads + h0 + h) * splits;
     float ms[2], ls[2];
     float mm = -INFINITY;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int s2 = lane + 32 * k;
-      ms[k] = s2 < active ? __ldcg(part_ml + (base + s2) * 2) : -INFINITY;
-      ls[k] = s2 < active ? __ldcg(part_ml + (base + s2) * 2 + 1) : 0.0f;
+      ms[k] = s2 < active ? __ldcg(part_ml + (hb + s2) * 2) : -INFINITY;
+      ls[k] = s2 < active ? __ldcg(part_ml + (hb + s2) * 2 + 1) : 0.0f;
       if (ls[k] > 0.0f)
         mm = fmaxf(mm, ms[k]);
     }
@@ -319,9 +357,8 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int s2 = lane + 32 * k;
-      const float w = (ls[k] > 0.0f && mm != -INFINITY) ? exp2f(ms[k] - mm) : 0.0f;
-      if (s2 < max_splits)
-        mg_w[h][s2] = w;
+      const float w = (ls[k] > 0.0f && mm != -INFINITY) ? fast_exp2(ms[k] - mm) : 0.0f;
+      mg_w[h][s2] = w;
       lsum += ls[k] * w;
     }
     lsum = warp_sum(lsum);
@@ -331,90 +368,85 @@ __global__ void __launch_bounds__(threads)
   __syncthreads();
   for (int i = tid; i < nh * (D / 4); i += threads) {
     const int h = i / (D / 4), d4 = (i % (D / 4)) * 4;
-    const int64_t base = (int64_t(b) * sh.num_heads + h0 + h) * splits;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int64_t hb = (int64_t(b) * sh.num_heads + h0 + h) * splits;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
     for (int s2 = 0; s2 < active; ++s2) {
       const float w = mg_w[h][s2];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(part_o + (base + s2) * D + d4));
-      o.x = fmaf(w, v.x, o.x);
-      o.y = fmaf(w, v.y, o.y);
-      o.z = fmaf(w, v.z, o.z);
-      o.w = fmaf(w, v.w, o.w);
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(part_o + (hb + s2) * D + d4));
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
     }
-    const float l = mg_l[h];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float lsum = mg_l[h];
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
     bf16* dst = out + (int64_t(qrow) * sh.num_heads + h0 + h) * D + d4;
     *reinterpret_cast<uint2*>(dst) =
-      make_uint2(pack_bf16x2(o.x * inv, o.y * inv), pack_bf16x2(o.z * inv, o.w * inv));
+      make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
   }
   if (tid == 0)
     *counter = 0;
 }
 
-template <int D, int GM>
-void launch_decode(const attention_shape& sh, const bf16* q, const kv_view& kv,
-                   const batch_view& batch, int32_t splits, float* part_o, float* part_ml,
-                   int32_t* counters, bf16* out, cudaStream_t stream) {
-  const int group = sh.num_heads / sh.kv_heads;
-  const dim3 grid(unsigned(splits), unsigned(sh.kv_heads * ((group + GM - 1) / GM)),
-                  unsigned(batch.num_seqs));
-  launch_kernel("decode_attention_kernel", decode_attention_kernel<D, GM>, grid, dim3(threads), 0,
-                stream, sh, q, kv, batch, splits, part_o, part_ml, counters, out);
+template <int D>
+void launch_tc(const attention_shape& sh, const bf16* q, const kv_view& kv,
+               const batch_view& batch, int32_t splits, float* part_o, float* part_ml,
+               int32_t* counters, bf16* out, cudaStream_t stream) {
+  const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
+  launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D>, grid, dim3(threads),
+                0, stream, sh, q, kv, batch, splits, part_o, part_ml, counters, out);
 }
 
-template <int D>
-void launch_decode_d(const attention_shape& sh, const bf16* q, const kv_view& kv,
-                     const batch_view& batch, int32_t splits, float* part_o, float* part_ml,
-                     int32_t* counters, bf16* out, cudaStream_t stream) {
-  const int group = sh.num_heads / sh.kv_heads;
-  if (group <= 1)
-    launch_decode<D, 1>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-  else if (group <= 2)
-    launch_decode<D, 2>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-  else if (group <= 4)
-    launch_decode<D, 4>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-  else
-    launch_decode<D, 8>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
+bool use_v2(const attention_shape& sh) {
+  return active_kernels().decode_attention != 1 && decode_attention_v2_supports(sh);
 }
 
 } // namespace
+
+bool decode_attention_v2_supports(const attention_shape& sh) {
+  const int32_t d = sh.head_dim;
+  return (d == 16 || d == 32 || d == 64 || d == 128) && sh.kv_heads > 0
+         && sh.num_heads % sh.kv_heads == 0 && sh.num_heads / sh.kv_heads <= 8;
+}
 
 bool attention_supports_head_dim(int32_t d) {
   return d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
 }
 
 int32_t decode_attention_splits(const attention_shape& sh, int32_t num_seqs, int32_t num_sms) {
-  const int32_t group = sh.num_heads / sh.kv_heads;
-  const int32_t gm = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-  const int32_t blocks = num_seqs * sh.kv_heads * ((group + gm - 1) / gm);
-  // Aim at about two blocks per SM at long contexts (shorter ones use fewer
-  // splits on the device); never more than max_splits.
-  int32_t splits = (2 * num_sms + blocks - 1) / std::max(blocks, 1);
+  if (!use_v2(sh))
+    return decode_attention_splits_v1(sh, num_seqs, num_sms);
+  // About two blocks per SM at long contexts (shorter ones use fewer splits
+  // on the device); never more than max_splits.
+  const int32_t blocks = std::max(1, num_seqs * sh.kv_heads);
+  const int32_t splits = (2 * num_sms + blocks - 1) / blocks;
   return std::max(1, std::min(splits, max_splits));
 }
 
 void launch_decode_attention(const attention_shape& sh, const bf16* q, const kv_view& kv,
                              const batch_view& batch, int32_t splits, float* part_o,
                              float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+  if (!use_v2(sh))
+    return launch_decode_attention_v1(sh, q, kv, batch, splits, part_o, part_ml, counters, out,
+                                      stream);
   if (batch.num_seqs <= 0)
     return;
-  if (sh.num_heads % sh.kv_heads != 0 || sh.head_dim != kv.head_dim)
-    throw cuda_error("launch_decode_attention: inconsistent head counts or head_dim");
+  if (sh.head_dim != kv.head_dim)
+    throw cuda_error("launch_decode_attention: inconsistent head_dim");
   if (splits < 1 || splits > max_splits)
     throw cuda_error("launch_decode_attention: splits must lie in 1.." + std::to_string(max_splits));
   if (splits > 1 && (!part_o || !part_ml || !counters))
     throw cuda_error("launch_decode_attention: splits > 1 needs partial buffers and counters");
   switch (sh.head_dim) {
-    case 16:
-      return launch_decode_d<16>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 32: return launch_decode_d<32>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 64: return launch_decode_d<64>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 128: return launch_decode_d<128>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 256: return launch_decode_d<256>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 16: return launch_tc<16>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 32: return launch_tc<32>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 64: return launch_tc<64>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 128:
+      return launch_tc<128>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
     default:
       throw cuda_error("launch_decode_attention: head_dim " + std::to_string(sh.head_dim)
-                       + " is not supported (16, 32, 64, 128, 256)");
+                       + " is not supported here");
   }
 }
 

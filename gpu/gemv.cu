@@ -3,15 +3,31 @@
 //
 // Design note. At batch 1 to 4 a decode step is bound by reading the weights
 // once, so the GEMV streams each weight row exactly once with 16-byte loads
-// (several in flight per lane) and keeps the few input vectors in shared
-// memory, staged once per block as bf16. Each warp owns a PAIR of output rows,
-// which lets the epilogue combine them: RoPE rotates the pair (i, i + d/2) of
-// one head, SwiGLU multiplies silu(gate_j) by up_j. The prologue can compute
-// RMSNorm of the fp32 residual on the fly (each block recomputes the row's
-// inverse RMS from L2, cheaper than a separate launch), and the epilogue can
-// add into the residual, so a decoder layer needs four GEMVs and the
-// attention kernel, with no other launches. The grid is persistent (blocks =
-// SMs x occupancy), so staging is paid once per block.
+// and keeps the few input vectors in shared memory, staged once per block as
+// bf16. Each output PAIR of rows belongs to one group of warps, which lets the
+// epilogue combine them: RoPE rotates the pair (i, i + d/2) of one head,
+// SwiGLU multiplies silu(gate_j) by up_j. The prologue can compute RMSNorm of
+// the fp32 residual on the fly (each block recomputes the row's inverse RMS
+// from L2, cheaper than a separate launch), and the epilogue can add into the
+// residual, so a decoder layer needs four GEMVs and the attention kernel, with
+// no other launches.
+//
+// What the first generation (gemv_v1.cu) left on the table was a fixed cost of
+// 8 to 10 us per launch, which the small projections (qkv, o: 3 to 12 us of
+// bytes) paid in full: each warp waited for the prologue (inverse RMS, two
+// block barriers, staging) before its first weight load, then walked a whole
+// row pair in four dependent round trips. Here each warp issues the loads of
+// its first weight batch before anything else (weights are never written, so
+// this is also legal before the programmatic-launch wait), and the staging
+// runs while those bytes are in flight. Rows are cut along k into KS slices
+// (KS = 1, 2, 4 or 8 warps per pair, 8 / KS pairs per block of 8 warps,
+// chosen on the host so that one wave of resident blocks covers the matrix
+// when it can): shorter slices mean fewer dependent round trips per warp and
+// more warps streaming at once. The KS partial sums of a pair meet in shared
+// memory (double-buffered by tile parity, one barrier per tile) in a fixed
+// order, so results do not depend on timing. Inputs too large for shared
+// memory (M x k x 2 bytes over 96 KiB) take the first generation's chunked
+// path.
 
 #include <algorithm>
 #include <map>
@@ -19,156 +35,80 @@
 #include <string>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/gemv_common.cuh"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
+#include "gpu/kernels_v1.hpp"
 #include "gpu/launch.cuh"
 
 namespace metronome::gpu {
 
 using namespace dev;
+using namespace gemv_detail;
 
 namespace {
 
 constexpr int warps_per_block = 8;
 constexpr int threads_per_block = warps_per_block * 32;
 constexpr int unroll = 4;
-constexpr int32_t smem_budget = 64 * 1024;
-/// Bytes of each of a warp's first two rows prefetched before the PDL wait.
-constexpr int32_t prefetch_bytes = 4096;
+constexpr int32_t smem_limit = 96 * 1024;
 
-struct pair_rows {
-  int32_t r0, r1;
-  bool has_r1;
-};
-
-template <gemv_epilogue Ep>
-__device__ __forceinline__ pair_rows rows_of(const gemv_args& a, int32_t p) {
-  if constexpr (Ep == gemv_epilogue::swiglu) {
-    return {p, a.n / 2 + p, true};
-  } else if constexpr (Ep == gemv_epilogue::qkv_rope) {
-    const int32_t half = a.kv.head_dim / 2;
-    const int32_t head = p / half, i = p % half;
-    const int32_t r0 = head * a.kv.head_dim + i;
-    return {r0, r0 + half, true};
-  } else {
-    return {2 * p, 2 * p + 1, 2 * p + 1 < a.n};
-  }
+/// Loads 16 bytes of weights: non-coherent, no L1 allocation (streamed once).
+/// Volatile, so the first batch stays ahead of the prologue's barriers.
+__device__ __forceinline__ bf16x8 load_weights(const void* p) {
+  bf16x8 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+      : "l"(p));
+  return r;
 }
 
-template <gemv_epilogue Ep>
-__host__ __device__ int32_t num_pairs(const gemv_args& a) {
-  if constexpr (Ep == gemv_epilogue::swiglu || Ep == gemv_epilogue::qkv_rope)
-    return a.n / 2;
-  else
-    return (a.n + 1) / 2;
-}
-
-/// Stages x[:, k0 : k0 + kc) into xs [M][kc] as bf16 (normalised if the
-/// input is the residual).
-template <int M>
-__device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, int32_t kc,
-                        bf16* xs) {
-  const int32_t vecs = kc / 8;
-  for (int32_t v = threadIdx.x; v < M * vecs; v += blockDim.x) {
-    const int32_t m = v / vecs, kk = (v % vecs) * 8;
-    const int32_t k = k0 + kk;
-    bf16x8 out;
-    if (m >= a.m) {
-      out = bf16x8{{0, 0, 0, 0}};
-    } else if (a.residual_in) {
-      const float* xr = a.residual_in + int64_t(m) * a.k + k;
-      const float4 lo = *reinterpret_cast<const float4*>(xr);
-      const float4 hi = *reinterpret_cast<const float4*>(xr + 4);
-      float w[8];
-      unpack(load_ro(a.norm_weight + k), w);
-      const float inv = inv_rms[m];
-      out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
-      out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
-      out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
-      out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
-    } else {
-      out = load_global(a.x + int64_t(m) * a.k + k);
-    }
-    store16(xs + m * kc + kk, out);
-  }
-}
-
-template <int M, gemv_epilogue Ep>
-__device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
-                                         int32_t m, float y0, float y1) {
-  if (a.bias) {
-    y0 += to_float(a.bias[rows.r0]);
-    if (rows.has_r1)
-      y1 += to_float(a.bias[rows.r1]);
-  }
-  if constexpr (Ep == gemv_epilogue::store_f32) {
-    a.out_f32[int64_t(m) * a.n + rows.r0] = y0;
-    if (rows.has_r1)
-      a.out_f32[int64_t(m) * a.n + rows.r1] = y1;
-  } else if constexpr (Ep == gemv_epilogue::residual_add) {
-    a.out_f32[int64_t(m) * a.n + rows.r0] += y0;
-    if (rows.has_r1)
-      a.out_f32[int64_t(m) * a.n + rows.r1] += y1;
-  } else if constexpr (Ep == gemv_epilogue::swiglu) {
-    a.out_bf16[int64_t(m) * (a.n / 2) + p] = __float2bfloat16_rn(y0 / (1.0f + expf(-y0)) * y1);
-  } else {
-    const int32_t d = a.kv.head_dim, half = d / 2;
-    const int32_t head = p / half, i = p % half;
-    const int32_t kvh = a.kv.kv_heads;
-    const int32_t pos = a.batch.positions[m];
-    if (head < a.num_heads + kvh) {
-      float s, c;
-      sincosf(float(pos) * a.inv_freq[i], &s, &c);
-      const float r0 = y0 * c - y1 * s, r1 = y1 * c + y0 * s;
-      y0 = r0;
-      y1 = r1;
-    }
-    if (head < a.num_heads) {
-      bf16* q = a.out_bf16 + int64_t(m) * a.num_heads * d + head * d;
-      q[i] = __float2bfloat16_rn(y0);
-      q[i + half] = __float2bfloat16_rn(y1);
-    } else {
-      const bool is_k = head < a.num_heads + kvh;
-      const int32_t h = head - a.num_heads - (is_k ? 0 : kvh);
-      const int32_t seq = a.batch.token_seq[m];
-      const int32_t slot = a.batch.seq_slot[seq];
-      const int32_t page =
-        a.kv.page_table[int64_t(slot) * a.kv.page_table_stride + pos / a.kv.page_size];
-      bf16* dst = (is_k ? a.kv.k : a.kv.v)
-                  + ((int64_t(page) * kvh + h) * a.kv.page_size + pos % a.kv.page_size) * d;
-      dst[i] = __float2bfloat16_rn(y0);
-      dst[i + half] = __float2bfloat16_rn(y1);
-    }
-  }
-}
-
-template <int M, gemv_epilogue Ep>
-__global__ void __launch_bounds__(threads_per_block)
-  gemv_kernel(const gemv_args a, int32_t kc) {
+template <int M, gemv_epilogue Ep, int KS>
+__global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
+  gemv_split_kernel(const gemv_args a, int32_t kslice, int32_t tiles) {
+  constexpr int RP = warps_per_block / KS; // row pairs per tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* xs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* xs = reinterpret_cast<bf16*>(smem_raw); // [M][k]
   __shared__ float inv_rms[M];
   __shared__ float scratch[32];
+  __shared__ float red[2][warps_per_block][M][2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lp = warp / KS, ks = warp % KS;
+  const int32_t pairs = num_pairs<Ep>(a);
+  const int32_t k0 = ks * kslice, k1 = min(a.k, k0 + kslice);
 
-  // Weights are never written: start pulling this warp's first rows into L2
-  // while the previous kernel drains, then wait for its outputs.
-  pdl_trigger();
-  {
-    const int32_t p0 = blockIdx.x * warps_per_block + warp;
-    if (p0 < num_pairs<Ep>(a)) {
-      const pair_rows r = rows_of<Ep>(a, p0);
-      const char* w0 = reinterpret_cast<const char*>(a.w + int64_t(r.r0) * a.k);
-      const char* w1 = reinterpret_cast<const char*>(a.w + int64_t(r.has_r1 ? r.r1 : r.r0) * a.k);
-      const int32_t bytes = min(a.k * 2, prefetch_bytes);
-      for (int32_t off = lane * 128; off < bytes; off += 32 * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(w0 + off));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(w1 + off));
+  // The first weight batch of this warp's first tile, before anything else.
+  int32_t tile = blockIdx.x;
+  int32_t p = 0;
+  bool active = false;
+  pair_rows rows{0, 0, false};
+  const bf16* w0 = a.w;
+  const bf16* w1 = a.w;
+  auto setup = [&](int32_t tl) {
+    p = tl * RP + lp;
+    active = tl < tiles && p < pairs;
+    rows = active ? rows_of<Ep>(a, p) : pair_rows{0, 0, false};
+    w0 = a.w + int64_t(rows.r0) * a.k;
+    w1 = a.w + int64_t(rows.has_r1 ? rows.r1 : rows.r0) * a.k;
+  };
+  bf16x8 wa[unroll], wb[unroll];
+  auto load_batch = [&](int32_t kk) {
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      const int32_t k = kk + u * 256;
+      if (active && k < k1) {
+        wa[u] = load_weights(w0 + k);
+        wb[u] = load_weights(w1 + k);
       }
     }
-  }
+  };
+  setup(tile);
+  load_batch(k0 + lane * 8);
+
+  pdl_trigger();
   pdl_wait();
 
+  // Inputs, while the weights are in flight.
   if (a.residual_in) {
     for (int m = 0; m < M; ++m) {
       float ss = 0;
@@ -185,76 +125,81 @@ __global__ void __launch_bounds__(threads_per_block)
     }
     __syncthreads();
   }
+  stage_x<M>(a, inv_rms, 0, a.k, xs);
+  __syncthreads();
 
-  const int32_t pairs = num_pairs<Ep>(a);
-  const bool single_chunk = kc >= a.k;
-  if (single_chunk) {
-    stage_x<M>(a, inv_rms, 0, a.k, xs);
-    __syncthreads();
-  }
-  for (int32_t base = blockIdx.x * warps_per_block; base < pairs;
-       base += gridDim.x * warps_per_block) {
-    const int32_t p = base + warp;
-    const bool active = p < pairs;
-    const pair_rows rows = active ? rows_of<Ep>(a, p) : pair_rows{0, 0, false};
-    const bf16* w0 = a.w + int64_t(rows.r0) * a.k;
-    const bf16* w1 = a.w + int64_t(rows.has_r1 ? rows.r1 : rows.r0) * a.k;
+  for (int parity = 0; tile < tiles; tile += gridDim.x, parity ^= 1) {
     float acc0[M], acc1[M];
 #pragma unroll
     for (int m = 0; m < M; ++m)
       acc0[m] = acc1[m] = 0.0f;
-
-    for (int32_t k0 = 0; k0 < a.k; k0 += kc) {
-      const int32_t len = min(kc, a.k - k0);
-      if (!single_chunk) {
-        __syncthreads();
-        stage_x<M>(a, inv_rms, k0, len, xs);
-        __syncthreads();
-      }
-      if (!active)
-        continue;
-      for (int32_t kk = lane * 8; kk < len; kk += 32 * 8 * unroll) {
-        bf16x8 wa[unroll], wb[unroll];
+    bool loaded = true;
+    for (int32_t kk = k0 + lane * 8; kk < k1; kk += 256 * unroll) {
+      if (!loaded)
+        load_batch(kk);
+      loaded = false;
 #pragma unroll
-        for (int u = 0; u < unroll; ++u) {
-          const int32_t k = kk + u * 256;
-          if (k < len) {
-            wa[u] = load_stream(w0 + k0 + k);
-            wb[u] = load_stream(w1 + k0 + k);
-          }
-        }
+      for (int u = 0; u < unroll; ++u) {
+        const int32_t k = kk + u * 256;
+        if (active && k < k1) {
+          float fa[8], fb[8];
+          unpack(wa[u], fa);
+          unpack(wb[u], fb);
 #pragma unroll
-        for (int u = 0; u < unroll; ++u) {
-          const int32_t k = kk + u * 256;
-          if (k < len) {
-            float fa[8], fb[8];
-            unpack(wa[u], fa);
-            unpack(wb[u], fb);
+          for (int m = 0; m < M; ++m) {
+            float xv[8];
+            unpack(*reinterpret_cast<const bf16x8*>(xs + m * a.k + k), xv);
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-              float xv[8];
-              unpack(*reinterpret_cast<const bf16x8*>(xs + m * len + k), xv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) {
-                acc0[m] = fmaf(fa[e], xv[e], acc0[m]);
-                acc1[m] = fmaf(fb[e], xv[e], acc1[m]);
-              }
+            for (int e = 0; e < 8; ++e) {
+              acc0[m] = fmaf(fa[e], xv[e], acc0[m]);
+              acc1[m] = fmaf(fb[e], xv[e], acc1[m]);
             }
           }
         }
       }
     }
-    if (!active)
-      continue;
+    const pair_rows done = rows;
+    const int32_t done_p = p;
+    const bool done_active = active;
+    // The next tile's first batch goes out before this tile's reduction.
+    if (tile + int32_t(gridDim.x) < tiles) {
+      setup(tile + gridDim.x);
+      load_batch(k0 + lane * 8);
+    }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       acc0[m] = warp_sum(acc0[m]);
       acc1[m] = warp_sum(acc1[m]);
     }
+    if constexpr (KS == 1) {
+      if (done_active) {
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      if (lane == m && m < a.m)
-        epilogue<M, Ep>(a, p, rows, m, acc0[m], acc1[m]);
+        for (int m = 0; m < M; ++m)
+          if (lane == m && m < a.m)
+            epilogue<M, Ep>(a, done_p, done, m, acc0[m], acc1[m]);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (lane == m) {
+          red[parity][warp][m][0] = acc0[m];
+          red[parity][warp][m][1] = acc1[m];
+        }
+      __syncthreads();
+      if (ks == 0 && done_active) {
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+          if (lane == m && m < a.m) {
+            float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KS; ++j) {
+              y0 += red[parity][warp + j][m][0];
+              y1 += red[parity][warp + j][m][1];
+            }
+            epilogue<M, Ep>(a, done_p, done, m, y0, y1);
+          }
+      }
+    }
   }
 }
 
@@ -265,37 +210,59 @@ struct launch_info {
   int32_t num_sms = 0;
 };
 
-template <int M, gemv_epilogue Ep>
-void launch(const gemv_args& a, cudaStream_t stream) {
-  int32_t kc = a.k;
-  if (int64_t(M) * a.k * 2 > smem_budget)
-    kc = (smem_budget / (M * 2)) / 256 * 256;
-  const size_t smem = size_t(M) * size_t(kc) * 2;
-  // Occupancy per (instantiation, shared memory size): computed once each.
+template <int M, gemv_epilogue Ep, int KS>
+launch_info occupancy(size_t smem) {
   static std::mutex mtx;
   static std::map<size_t, launch_info> cache;
-  launch_info info;
-  {
-    std::lock_guard guard{mtx};
-    auto it = cache.find(smem);
-    if (it == cache.end()) {
-      METRONOME_CUDA(cudaFuncSetAttribute(gemv_kernel<M, Ep>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(smem_budget)));
-      int device = 0, sms = 0, blocks = 0;
-      METRONOME_CUDA(cudaGetDevice(&device));
-      METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, gemv_kernel<M, Ep>, threads_per_block, smem));
-      it = cache.emplace(smem, launch_info{std::max(blocks, 1), sms}).first;
-    }
-    info = it->second;
+  std::lock_guard guard{mtx};
+  auto it = cache.find(smem);
+  if (it == cache.end()) {
+    auto* kernel = gemv_split_kernel<M, Ep, KS>;
+    METRONOME_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem_limit)));
+    int device = 0, sms = 0, blocks = 0;
+    METRONOME_CUDA(cudaGetDevice(&device));
+    METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    METRONOME_CUDA(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, smem));
+    it = cache.emplace(smem, launch_info{std::max(blocks, 1), sms}).first;
   }
+  return it->second;
+}
+
+template <int M, gemv_epilogue Ep, int KS>
+void launch_ks(const gemv_args& a, size_t smem, int32_t tiles, int32_t kslice,
+               const launch_info& info, cudaStream_t stream) {
+  const int32_t grid = std::max(1, std::min(tiles, info.blocks_per_sm * info.num_sms));
+  launch_kernel("gemv_split_kernel", gemv_split_kernel<M, Ep, KS>, dim3(grid),
+                dim3(threads_per_block), smem, stream, a, kslice, tiles);
+}
+
+template <int M, gemv_epilogue Ep>
+void launch(const gemv_args& a, cudaStream_t stream) {
+  const size_t smem = size_t(M) * size_t(a.k) * 2;
+  const launch_info info[4] = {occupancy<M, Ep, 1>(smem), occupancy<M, Ep, 2>(smem),
+                               occupancy<M, Ep, 4>(smem), occupancy<M, Ep, 8>(smem)};
   const int32_t pairs = num_pairs<Ep>(a);
-  const int32_t wanted = (pairs + warps_per_block - 1) / warps_per_block;
-  const int32_t grid = std::max(1, std::min(wanted, info.blocks_per_sm * info.num_sms));
-  launch_kernel("gemv_kernel", gemv_kernel<M, Ep>, dim3(grid), dim3(threads_per_block), smem,
-                stream, a, kc);
+  // The most warps per pair such that one wave of resident blocks covers all
+  // pairs and each warp still has at least one 16-byte load per lane and row.
+  int which = 0;
+  for (int i = 1; i < 4; ++i) {
+    const int64_t cand = int64_t(1) << i;
+    const int64_t tiles = (int64_t(pairs) * cand + warps_per_block - 1) / warps_per_block;
+    if (tiles <= int64_t(info[i].blocks_per_sm) * info[i].num_sms && cand * 256 <= a.k)
+      which = i;
+  }
+  const int32_t ks = 1 << which;
+  const int32_t tiles = int32_t((int64_t(pairs) * ks + warps_per_block - 1) / warps_per_block);
+  // Slices are whole multiples of 256 elements (one 16-byte load per lane).
+  const int32_t kslice = ((a.k + ks - 1) / ks + 255) / 256 * 256;
+  switch (ks) {
+    case 1: return launch_ks<M, Ep, 1>(a, smem, tiles, kslice, info[0], stream);
+    case 2: return launch_ks<M, Ep, 2>(a, smem, tiles, kslice, info[1], stream);
+    case 4: return launch_ks<M, Ep, 4>(a, smem, tiles, kslice, info[2], stream);
+    default: return launch_ks<M, Ep, 8>(a, smem, tiles, kslice, info[3], stream);
+  }
 }
 
 template <gemv_epilogue Ep>
@@ -313,6 +280,10 @@ void launch_m(const gemv_args& a, cudaStream_t stream) {
   }
 }
 
+int32_t padded_m(int32_t m) {
+  return m <= 2 ? m : m <= 4 ? 4 : 8;
+}
+
 } // namespace
 
 void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream) {
@@ -320,6 +291,8 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
     throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
   if (a.residual_in && !a.norm_weight)
     throw cuda_error("launch_gemv: a residual input needs its norm weight");
+  if (active_kernels().gemv == 1 || int64_t(padded_m(a.m)) * a.k * 2 > smem_limit)
+    return launch_gemv_v1(epilogue, a, stream);
   switch (epilogue) {
     case gemv_epilogue::store_f32: return launch_m<gemv_epilogue::store_f32>(a, stream);
     case gemv_epilogue::residual_add: return launch_m<gemv_epilogue::residual_add>(a, stream);

@@ -157,8 +157,12 @@ struct prefill_item {
   int32_t row = 0; // offset of the tile within the sequence's rows
 };
 
-/// Query rows per prefill tile.
-constexpr int32_t prefill_tile = 64;
+/// Query rows per prefill tile of the active prefill kernel (64 or 128); the
+/// host cuts each prompt chunk into items of this many rows.
+int32_t prefill_tile_rows();
+
+/// The smallest tile any prefill kernel uses (sizes the item arrays).
+constexpr int32_t prefill_min_tile = 64;
 
 /// Flash-style causal attention of every token of the step over its
 /// sequence's cached keys (chunked prefill continues from cached pages).
@@ -168,6 +172,23 @@ void launch_prefill_attention(const attention_shape& shape, const bf16* q, const
 
 /// Whether the attention kernels support this head_dim.
 bool attention_supports_head_dim(int32_t head_dim);
+
+// -- kernel generations ------------------------------------------------------------------
+
+/// Which generation of the GEMV and attention kernels the launchers above use.
+/// 2 (the default) is current; 1 is the first version (2026-11-30), kept so a
+/// benchmark can compare both in one run and as a fallback. Process-wide,
+/// initialised at first use from METRONOME_KERNELS (e.g. "gemv=1,decode=2,
+/// prefill=2", any subset). Tests and benchmarks may change it between
+/// launches, never while an engine enqueues a step or captures graphs; an
+/// engine sizes its split-K buffers and prefill items for the generation
+/// active when it starts.
+struct kernel_generations {
+  int gemv = 2;
+  int decode_attention = 2;
+  int prefill_attention = 2;
+};
+kernel_generations& active_kernels();
 
 // -- sampling ----------------------------------------------------------------------------
 

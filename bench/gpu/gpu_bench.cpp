@@ -292,6 +292,8 @@ struct options {
   bool quick = false;
   bool kernels = false;     // per-kernel timings first
   bool decode_only = false; // only the batch-1 and batch-64 decode figures
+  bool headline = false;    // only the target figures (prefill 2048, decode bs1, bs64)
+  bool kernels_only = false; // the per-kernel timings and nothing else (for profilers)
   int32_t max_batch = 128;
 };
 
@@ -301,13 +303,21 @@ int run(const options& o) {
   const double flops = gemm_rate();
   std::printf("floors: copy %.0f GB/s (read + write), cuBLAS bf16 %.0f TFLOP/s\n", bw / 1e9,
               flops / 1e12);
+  const auto gens = gpu::active_kernels();
+  std::printf("kernels: gemv v%d, decode attention v%d, prefill attention v%d\n", gens.gemv,
+              gens.decode_attention, gens.prefill_attention);
 
   auto model = model_folder::open(o.model);
   const auto& cfg = model->config;
   const model_costs mc = costs_of(cfg);
   json rows = json::array(), grid = json::array();
-  if (o.kernels)
+  if (o.kernels || o.kernels_only)
     bench::kernel_bench(cfg, o.name, bw, flops, rows);
+  if (o.kernels_only) {
+    if (!o.out.empty())
+      std::ofstream(o.out) << rows.dump(1) << "\n";
+    return 0;
+  }
   cuda_runner_options ro;
   ro.max_batch_size = o.max_batch;
   ro.max_num_batched_tokens = 2048;
@@ -341,8 +351,8 @@ int run(const options& o) {
 
   // Prefill: one prompt per step, median of 5.
   for (int32_t n : {128, 2048}) {
-    if (o.decode_only)
-      break;
+    if (o.decode_only || (o.headline && n != 2048))
+      continue;
     std::vector<double> ms;
     for (int rep = 0; rep < 6; ++rep) {
       auto ids = d.prefill(1, n);
@@ -365,9 +375,12 @@ int run(const options& o) {
   for (int32_t ctx : {128, 1024, 4096}) {
     auto ids = d.prefill(1, ctx);
     const double ms = d.decode(ids, 5, o.quick ? 30 : 100);
-    set_cuda_graphs(*runner, false);
-    const double eager = d.decode(ids, 3, o.quick ? 10 : 30);
-    set_cuda_graphs(*runner, true);
+    double eager = NAN;
+    if (!o.headline) {
+      set_cuda_graphs(*runner, false);
+      eager = d.decode(ids, 3, o.quick ? 10 : 30);
+      set_cuda_graphs(*runner, true);
+    }
     const double fl = decode_floor(ctx + 60);
     if (ctx == 1024) {
       bs1_ctx1024 = ms;
@@ -375,14 +388,15 @@ int run(const options& o) {
     } else {
       row("decode_bs1_ms_ctx" + std::to_string(ctx), ms, "ms", fl);
       row("decode_bs1_floor_fraction_ctx" + std::to_string(ctx), fl / ms, "fraction", 1.0);
-      row("decode_bs1_ms_ctx" + std::to_string(ctx) + "_uncaptured", eager, "ms", fl);
+      if (!o.headline)
+        row("decode_bs1_ms_ctx" + std::to_string(ctx) + "_uncaptured", eager, "ms", fl);
     }
     d.release(ids);
   }
 
   // Decode steps of larger batches at context 1024.
   std::vector<int32_t> batches = {8, 32, 64, 128};
-  if (o.decode_only)
+  if (o.decode_only || o.headline)
     batches = {64};
   for (int32_t b : batches) {
     if (b > o.max_batch)
@@ -392,10 +406,12 @@ int run(const options& o) {
     row("decode_step_ms_bs" + std::to_string(b) + "_ctx1024", ms, "ms",
         decode_floor(double(b) * 1030));
     if (b == 64) {
-      set_cuda_graphs(*runner, false);
-      row("decode_step_ms_bs64_ctx1024_uncaptured", d.decode(ids, 2, 5), "ms",
-          decode_floor(64.0 * 1040));
-      set_cuda_graphs(*runner, true);
+      if (!o.headline) {
+        set_cuda_graphs(*runner, false);
+        row("decode_step_ms_bs64_ctx1024_uncaptured", d.decode(ids, 2, 5), "ms",
+            decode_floor(64.0 * 1040));
+        set_cuda_graphs(*runner, true);
+      }
       row("decode_bs64_over_bs1_ctx1024", ms / bs1_ctx1024, "x",
           decode_floor(64.0 * 1030) / decode_floor(1030));
     }
@@ -403,7 +419,7 @@ int run(const options& o) {
   }
 
   // The step-time grid for the scheduler's cost model.
-  if (!o.grid.empty() && !o.decode_only) {
+  if (!o.grid.empty() && !o.decode_only && !o.headline) {
     std::vector<int32_t> prefill_sizes = {16, 32, 64, 128, 256, 512, 1024, 2048};
     for (int32_t n : prefill_sizes) {
       std::vector<double> ms;
@@ -517,12 +533,17 @@ int main(int argc, char** argv) {
       o.kernels = true;
     else if (a == "--decode-only")
       o.decode_only = true;
+    else if (a == "--headline")
+      o.headline = true;
+    else if (a == "--kernels-only")
+      o.kernels_only = true;
     else if (a == "--max-batch")
       o.max_batch = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
-                   " [--quick] [--kernels] [--decode-only] [--max-batch N]\n"
+                   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
+                   " [--max-batch N]\n"
                    "       gpu_bench --make-preset NAME --make-out DIR\n");
       return 2;
     }

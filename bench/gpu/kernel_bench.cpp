@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -40,13 +41,23 @@ void fill_random(void* dst, size_t bytes, uint64_t seed) {
   METRONOME_CUDA(cudaDeviceSynchronize());
 }
 
-/// Median microseconds of fn(i) over `reps` launches (after 3 warm-ups),
-/// each timed with events.
-double time_us(const std::function<void(int)>& fn, int reps = 15) {
+/// Timed launches per figure: METRONOME_KBENCH_REPS (default 15; 1 under a
+/// profiler, which times each launch itself).
+int default_reps() {
+  static const int reps = [] {
+    const char* v = std::getenv("METRONOME_KBENCH_REPS");
+    return v ? std::max(1, std::atoi(v)) : 15;
+  }();
+  return reps;
+}
+
+/// Median microseconds of fn(i) over `reps` launches (after up to 3
+/// warm-ups), each timed with events.
+double time_us(const std::function<void(int)>& fn, int reps = default_reps()) {
   cudaEvent_t a, b;
   METRONOME_CUDA(cudaEventCreate(&a));
   METRONOME_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < std::min(3, reps); ++i)
     fn(i);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
@@ -84,6 +95,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
                 100.0 * floor_us / us);
     std::fflush(stdout);
   };
+  const gpu::kernel_generations saved = gpu::active_kernels();
   const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
   const shape shapes[] = {{"qkv", q + 2 * kv, h},
                           {"o", h, q},
@@ -97,6 +109,18 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   const int64_t max_m = 2048;
   device_buffer x(size_t(max_m) * size_t(std::max(h, f)) * 2);
   fill_random(x.get(), x.bytes(), 7);
+  // fp32 residual rows and a norm weight for the fused RMSNorm prologue.
+  device_buffer residual(size_t(8) * size_t(h) * 4), norm_w(size_t(h) * 2);
+  {
+    std::vector<float> host(size_t(8) * size_t(h));
+    std::mt19937_64 rng(13);
+    std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+    for (auto& v : host)
+      v = d(rng);
+    METRONOME_CUDA(cudaMemcpy(residual.get(), host.data(), residual.bytes(),
+                              cudaMemcpyHostToDevice));
+    fill_random(norm_w.get(), norm_w.bytes(), 17);
+  }
 
   for (const auto& s : shapes) {
     const size_t bytes = size_t(s.n) * size_t(s.k) * 2;
@@ -109,19 +133,41 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       return reinterpret_cast<const bf16*>(w.get<unsigned char>() + bytes * size_t(i % copies));
     };
     const double floor_us = double(bytes) / bw * 1e6;
-    for (int m : {1, 2, 4, 8}) {
-      gpu::gemv_args a;
-      a.n = int32_t(s.n);
-      a.k = int32_t(s.k);
-      a.m = m;
-      a.x = x.get<bf16>();
-      a.out_f32 = y.get<float>();
-      const double us = time_us([&](int i) {
-        a.w = wp(i);
-        gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
-      });
-      row(std::string("gemv_") + s.name + "_m" + std::to_string(m), us, floor_us);
+    // Both GEMV generations, plain bf16 input; and with the RMSNorm prologue
+    // (fp32 residual in) where the engine uses it (qkv, gate_up, LM head).
+    const bool norm_input = s.k == h;
+    for (int gen : {2, 1}) {
+      gpu::active_kernels().gemv = gen;
+      const std::string tag = gen == 1 ? "gemv_v1_" : "gemv_";
+      for (int m : {1, 2, 4, 8}) {
+        gpu::gemv_args a;
+        a.n = int32_t(s.n);
+        a.k = int32_t(s.k);
+        a.m = m;
+        a.x = x.get<bf16>();
+        a.out_f32 = y.get<float>();
+        const double us = time_us([&](int i) {
+          a.w = wp(i);
+          gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
+        });
+        row(tag + s.name + "_m" + std::to_string(m), us, floor_us);
+      }
+      if (norm_input) {
+        gpu::gemv_args a;
+        a.n = int32_t(s.n);
+        a.k = int32_t(s.k);
+        a.m = 1;
+        a.residual_in = residual.get<float>();
+        a.norm_weight = norm_w.get<bf16>();
+        a.out_f32 = y.get<float>();
+        const double us = time_us([&](int i) {
+          a.w = wp(i);
+          gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
+        });
+        row(tag + "norm_" + s.name + "_m1", us, floor_us);
+      }
     }
+    gpu::active_kernels().gemv = saved.gemv;
     for (int m : {1, 8, 64, 2048}) {
       for (bool f32_acc : {false, true}) {
         if (f32_acc && m == 1)
@@ -155,8 +201,8 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   struct attn_case {
     int32_t seqs, ctx, new_tokens;
   };
-  for (const attn_case ac : {attn_case{1, 4096, 1}, attn_case{1, 32768, 1}, attn_case{64, 1024, 1},
-                             attn_case{1, 2048, 2048}}) {
+  for (const attn_case ac : {attn_case{1, 128, 1}, attn_case{1, 4096, 1}, attn_case{1, 32768, 1},
+                             attn_case{64, 1024, 1}, attn_case{1, 2048, 2048}}) {
     const int32_t pages_per_seq = (ac.ctx + ps - 1) / ps;
     const int32_t pages = ac.seqs * pages_per_seq;
     const size_t pool = size_t(pages) * size_t(kv) * ps * 2;
@@ -202,35 +248,60 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
     bv.seq_len = d_len.get<int32_t>();
     device_buffer dq(size_t(bv.num_tokens) * size_t(q) * 2), out(dq.bytes());
     fill_random(dq.get(), dq.bytes(), 9);
+    const std::string shape_tag =
+      "_bs" + std::to_string(ac.seqs) + "_ctx" + std::to_string(ac.ctx);
     if (ac.new_tokens == 1) {
-      const int32_t splits = gpu::decode_attention_splits(sh, ac.seqs, sms);
-      device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
-      device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
-      device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
-      METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
-      const double us = time_us([&](int) {
-        gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
-                                     pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
-                                     nullptr);
-      });
-      row("decode_attention_bs" + std::to_string(ac.seqs) + "_ctx" + std::to_string(ac.ctx), us,
-          2.0 * double(pool) / bw * 1e6);
+      // Both generations at their own split choice; the current one also at
+      // fixed splits for batch 64 (to check the heuristic).
+      struct variant {
+        int gen;
+        int32_t splits; // 0: the launcher's choice
+      };
+      std::vector<variant> variants = {{2, 0}, {1, 0}};
+      if (ac.seqs >= 64)
+        variants.insert(variants.end(), {{2, 1}, {2, 2}, {2, 4}});
+      for (const variant vr : variants) {
+        gpu::active_kernels().decode_attention = vr.gen;
+        const int32_t splits =
+          vr.splits > 0 ? vr.splits : gpu::decode_attention_splits(sh, ac.seqs, sms);
+        device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
+        device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
+        device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
+        METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
+        const double us = time_us([&](int) {
+          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
+                                       pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
+                                       nullptr);
+        });
+        std::string name = vr.gen == 1 ? "decode_attention_v1" : "decode_attention";
+        name += shape_tag;
+        if (vr.splits > 0)
+          name += "_splits" + std::to_string(vr.splits);
+        row(name, us, 2.0 * double(pool) / bw * 1e6);
+      }
+      gpu::active_kernels().decode_attention = saved.decode_attention;
     } else {
-      std::vector<gpu::prefill_item> items;
-      for (int32_t r = 0; r < ac.new_tokens; r += gpu::prefill_tile)
-        items.push_back({0, r});
-      std::reverse(items.begin(), items.end());
-      device_buffer d_items(items.size() * sizeof(gpu::prefill_item));
-      METRONOME_CUDA(cudaMemcpy(d_items.get(), items.data(), d_items.bytes(),
-                                cudaMemcpyHostToDevice));
-      const double us = time_us([&](int) {
-        gpu::launch_prefill_attention(sh, dq.get<bf16>(), kvv, bv,
-                                      d_items.get<gpu::prefill_item>(), int32_t(items.size()),
-                                      out.get<bf16>(), nullptr);
-      });
-      const double n = ac.new_tokens;
-      const double fl = 4.0 * double(q) * (n * (n + 1) / 2) / flops * 1e6;
-      row("prefill_attention_" + std::to_string(ac.new_tokens), us, fl);
+      for (int gen : {2, 1}) {
+        gpu::active_kernels().prefill_attention = gen;
+        std::vector<gpu::prefill_item> items;
+        for (int32_t r = 0; r < ac.new_tokens; r += gpu::prefill_tile_rows())
+          items.push_back({0, r});
+        std::reverse(items.begin(), items.end());
+        device_buffer d_items(items.size() * sizeof(gpu::prefill_item));
+        METRONOME_CUDA(cudaMemcpy(d_items.get(), items.data(), d_items.bytes(),
+                                  cudaMemcpyHostToDevice));
+        const double us = time_us([&](int) {
+          gpu::launch_prefill_attention(sh, dq.get<bf16>(), kvv, bv,
+                                        d_items.get<gpu::prefill_item>(), int32_t(items.size()),
+                                        out.get<bf16>(), nullptr);
+        });
+        const double n = ac.new_tokens;
+        const double fl = 4.0 * double(q) * (n * (n + 1) / 2) / flops * 1e6;
+        row(std::string(gen == 1 ? "prefill_attention_v1_" : "prefill_attention_")
+              + std::to_string(ac.new_tokens),
+            us, fl);
+      }
+      gpu::active_kernels().prefill_attention = saved.prefill_attention;
     }
   }
 }

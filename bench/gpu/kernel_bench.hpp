@@ -1,10 +1,13 @@
 #pragma once
 // Per-kernel timings for the shapes of one model (part of gpu_bench): the
-// fused GEMV and cuBLAS on each projection at several batch sizes, decode
-// attention at batch 1 / long context and batch 64, prefill attention of a
-// 2048-token prompt. Each against its own floor (bytes over the measured copy
+// fused GEMV (both kernel generations, with and without the RMSNorm prologue)
+// and cuBLAS on each projection at several batch sizes, decode attention
+// (both generations; batch 1 at 128 to 32,768 keys, batch 64 at 1,024 keys
+// with several split counts), prefill attention of a 2048-token prompt (both
+// generations). Each against its own floor (bytes over the measured copy
 // bandwidth, or FLOPs over the measured GEMM rate), so the decode and prefill
-// totals can be taken apart.
+// totals can be taken apart. METRONOME_KBENCH_REPS sets the timed launches
+// per figure (1 under a profiler).
 
 #include <nlohmann/json.hpp>
 

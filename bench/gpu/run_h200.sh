@@ -5,17 +5,24 @@
 # against the device's floors and against Hugging Face transformers on the
 # same folders.
 #
-#   bench/gpu/run_h200.sh [tests] [sanitize] [bench] [grid] [kernels] [pdlon] [hf|hfeager] [quick]
-#   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings;
-#   pdlon: the decode figures again with programmatic dependent launch on;
-#   hfeager: the transformers side without torch.compile.
+#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon]
+#                         [ncu] [hf|hfeager] [quick]
+#   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
+#   (both kernel generations); v1: the target figures again with the first
+#   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
+#   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
+#   with programmatic dependent launch on (and the runner tests with it);
+#   ncu: per-kernel durations of the GEMV and attention kernels from Nsight
+#   Compute (8B shapes, ncu.csv); memcheck: sanitize without racecheck;
+#   hfeager: the transformers side without torch.compile. Steps run in this
+#   order: tests, bench (and v1, pdlon) per model, sanitizers, hf.
 #
 # Binaries come from $METRONOME_DEVICE_BIN (default .device/ in the repo:
 # gpu_tests, gpu_bench and lib/ with the non-CUDA shared libraries they need;
 # bench/gpu/pack_device.sh fills it on the build machine). Results go to
 # $OUT (default out/): log.txt, tests.json, results.json (rows
 # {"engine","model","metric","value","unit","floor"}), grid.json (step times
-# for the scheduler's cost model), table.md.
+# for the scheduler's cost model), table.md, ncu.csv (with ncu).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -33,6 +40,7 @@ left() { local l=$((budget - SECONDS - 15)); local cap=$1; [ $l -lt $cap ] && ca
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench grid kernels hf)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+stamp() { echo "== [${SECONDS} s] $*"; }
 quick=""
 want quick && quick="--quick"
 
@@ -59,38 +67,38 @@ sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanit
 # -- correctness ---------------------------------------------------------------------------
 status=0
 if want tests; then
-  echo "== gpu_tests"
+  stamp "gpu_tests"
   timeout $(left 240) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" --gtest_output=json:"$out/tests.json" \
     || { echo "gpu_tests FAILED (exit $?)"; status=1; }
 fi
-# -- sanitizers (quick shapes) ---------------------------------------------------------------
-if want sanitize && [ -n "$sanitizer" ]; then
-  echo "== compute-sanitizer memcheck (quick shapes)"
-  METRONOME_GPU_TEST_QUICK=1 timeout $(left 110) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool memcheck \
-    --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
-    --gtest_filter='gpu_kernels.*:gpu_attention.*:gpu_sampling.*:presets/gpu_runner.greedy_ids_and_logits_match_transformers/*:presets/gpu_runner.a_mixed_batch*/tiny_mistral:gpu_runner_plans.*' \
-    > "$work/memcheck.log" 2>&1; echo "memcheck exit $?"
-  grep -E "ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/memcheck.log"
-  grep -m 5 -B2 -A12 -E "^========= (Invalid|Program hit|Uninit|Leaked)" "$work/memcheck.log"
-  echo "== compute-sanitizer racecheck (quick shapes)"
-  METRONOME_GPU_TEST_QUICK=1 timeout $(left 80) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool racecheck \
-    --racecheck-report hazard --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
-    --gtest_filter='gpu_kernels.*:gpu_attention.*:gpu_sampling.ties*' \
-    > "$work/racecheck.log" 2>&1; echo "racecheck exit $?"
-  grep -E "RACECHECK SUMMARY|ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/racecheck.log"
-  grep -m 5 -B2 -A12 -E "hazard" "$work/racecheck.log"
+if want pdlon; then
+  # The runner end to end with programmatic dependent launch (the kernel
+  # tests launch on the legacy stream, where PDL is never used).
+  stamp "gpu_tests, runner, PDL on"
+  METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
+    --gtest_filter='presets/gpu_runner.*:gpu_runner_plans.*' \
+    || { echo "gpu_tests (PDL on) FAILED (exit $?)"; status=1; }
 fi
-
 # -- benchmark -----------------------------------------------------------------------------
 rows=() grids=()
 models=(llama3-1b llama3-8b)
-if want bench || want hf || want hfeager; then
+make_model() { # the model folder of $1, made here on first use
+  local dir=$work/models/$1
+  [ -e "$dir/config.json" ] || run "$bin/gpu_bench" --make-preset "$1" --make-out "$dir" \
+    || { echo "make-model $1 failed"; return 1; }
+}
+report() {
+  local grid_args=() g
+  for g in "${grids[@]}"; do grid_args+=(--grid "$g"); done
+  python3 "$root/tools/gpu_report.py" --out "$out/results.json" --table "$out/table.md" \
+    ${grids:+--grid-out "$out/grid.json"} "${grid_args[@]}" "${rows[@]}"
+}
+if want bench || want v1 || want pdlon; then
   for m in "${models[@]}"; do
     dir=$work/models/$m
-    if [ ! -e "$dir/config.json" ]; then
-      run "$bin/gpu_bench" --make-preset "$m" --make-out "$dir" || { echo "make-model $m failed"; continue; }
-    fi
+    make_model "$m" || continue
     if want bench; then
+      stamp "gpu_bench $m"
       g=""
       want grid && g="--grid $work/grid-$m.json" && grids+=("$m=$work/grid-$m.json")
       want kernels && g="$g --kernels"
@@ -99,29 +107,73 @@ if want bench || want hf || want hfeager; then
         || echo "gpu_bench $m FAILED (exit $?)"
       rows+=("$work/rows-$m.json")
     fi
+    if want v1; then
+      stamp "gpu_bench $m (first-generation kernels)"
+      METRONOME_KERNELS=gemv=1,decode=1,prefill=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" \
+        "$bin/gpu_bench" --model "$dir" --name "$m/v1" --out "$work/rows-$m-v1.json" --headline \
+        $quick || echo "gpu_bench $m (v1) FAILED (exit $?)"
+      rows+=("$work/rows-$m-v1.json")
+    fi
     if want pdlon; then
+      stamp "gpu_bench $m (PDL on)"
       METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
-        --name "$m/pdl-on" --out "$work/rows-$m-pdlon.json" --decode-only $quick \
+        --name "$m/pdl-on" --out "$work/rows-$m-pdlon.json" --headline $quick \
         || echo "gpu_bench $m (PDL on) FAILED (exit $?)"
       rows+=("$work/rows-$m-pdlon.json")
     fi
   done
-  # The peer second: whatever time is left goes to it.
+  report > /dev/null
+fi
+
+# -- sanitizers (quick shapes) ---------------------------------------------------------------
+if (want sanitize || want memcheck) && [ -n "$sanitizer" ]; then
+  stamp "compute-sanitizer memcheck (quick shapes)"
+  METRONOME_GPU_TEST_QUICK=1 timeout $(left 110) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool memcheck \
+    --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
+    --gtest_filter='gpu_kernels.*:gpu_attention.*:gpu_sampling.*:presets/gpu_runner.greedy_ids_and_logits_match_transformers/*:presets/gpu_runner.a_mixed_batch*/tiny_mistral:gpu_runner_plans.*' \
+    > "$work/memcheck.log" 2>&1; echo "memcheck exit $?"
+  grep -E "ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/memcheck.log"
+  grep -m 5 -B2 -A12 -E "^========= (Invalid|Program hit|Uninit|Leaked)" "$work/memcheck.log"
+fi
+if want sanitize && [ -n "$sanitizer" ]; then
+  stamp "compute-sanitizer racecheck (quick shapes)"
+  METRONOME_GPU_TEST_QUICK=1 timeout $(left 80) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool racecheck \
+    --racecheck-report hazard --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
+    --gtest_filter='gpu_kernels.gemv*:gpu_attention.*:gpu_sampling.ties*' \
+    > "$work/racecheck.log" 2>&1; echo "racecheck exit $?"
+  grep -E "RACECHECK SUMMARY|ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/racecheck.log"
+  grep -m 5 -B2 -A12 -E "hazard" "$work/racecheck.log"
+fi
+
+# -- per-kernel durations from the hardware (Nsight Compute), 8B shapes ------------------------
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if want ncu && [ -n "$ncu_bin" ] && make_model llama3-8b; then
+  stamp "ncu: kernel durations (llama3-8b shapes)"
+  METRONOME_KBENCH_REPS=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$ncu_bin" \
+    --clock-control none --csv --page raw \
+    --kernel-name regex:"gemv|decode_attention|prefill_attention" \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
+    "$bin/gpu_bench" --model "$work/models/llama3-8b" --name llama3-8b --kernels-only \
+    > "$out/ncu.csv" 2> "$work/ncu.err"; echo "ncu exit $?"
+  tail -3 "$work/ncu.err"
+fi
+
+# -- the peer: transformers on the same folders (whatever time is left) --------------------
+if want hf || want hfeager; then
   for m in "${models[@]}"; do
     dir=$work/models/$m
-    if want hf || want hfeager; then
-      nc="--compile-contexts ${METRONOME_HF_COMPILE_CONTEXTS:-128}"
-      want hfeager && nc="--no-compile"
-      PYTHONUNBUFFERED=1 timeout $(left 240) python3 "$root/tools/gpu_hf_bench.py" --model "$dir" \
-        --name "$m" --out "$work/hf-$m.json" --batches 8,64 $quick $nc \
-        || echo "gpu_hf_bench $m FAILED (exit $?)"
-      rows+=("$work/hf-$m.json")
-    fi
+    make_model "$m" || continue
+    stamp "transformers $m"
+    nc="--compile-contexts ${METRONOME_HF_COMPILE_CONTEXTS:-128}"
+    want hfeager && nc="--no-compile"
+    PYTHONUNBUFFERED=1 timeout $(left 240) python3 "$root/tools/gpu_hf_bench.py" --model "$dir" \
+      --name "$m" --out "$work/hf-$m.json" --batches 8,64 $quick $nc \
+      || echo "gpu_hf_bench $m FAILED (exit $?)"
+    rows+=("$work/hf-$m.json")
   done
-  grid_args=()
-  for g in "${grids[@]}"; do grid_args+=(--grid "$g"); done
-  python3 "$root/tools/gpu_report.py" --out "$out/results.json" --table "$out/table.md" \
-    ${grids:+--grid-out "$out/grid.json"} "${grid_args[@]}" "${rows[@]}"
+fi
+if [ ${#rows[@]} -gt 0 ]; then
+  report
 fi
 echo "== done (status $status) after ${SECONDS} s"
 exit $status

@@ -1,7 +1,7 @@
 // Paged decode attention (with and without split-K) and the flash-style
 // prefill attention against ref::attend, over random pages, GQA ratios 1 to 8,
 // odd lengths, page boundaries, chunked prefill from cached pages, sliding
-// windows and batches of mixed lengths.
+// windows and batches of mixed lengths; both kernel generations.
 
 #include <cmath>
 
@@ -78,6 +78,9 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
     {12, 2, 128, 16, 0, {{33, 1}}},
     {8, 1, 256, 16, 0, {{70, 1}}},
     {4, 4, 32, 16, 0, {{9, 1}}},
+    {28, 4, 128, 16, 0, {{1023, 1}, {17, 1}}},
+    {28, 4, 128, 32, 333, {{1500, 1}, {40, 1}}},
+    {64, 8, 64, 16, 0, {{4100, 1}}},
   };
   if (test::quick_mode())
     cases.resize(3);
@@ -90,18 +93,22 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
     const auto want = reference(c, kv, q);
     gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
                             1.0f / std::sqrt(float(c.head_dim))};
-    for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132), 64}) {
-      dev_array<float> part_o(size_t(kv.num_seqs()) * c.heads * splits * c.head_dim);
-      dev_array<float> part_ml(size_t(kv.num_seqs()) * c.heads * splits * 2);
-      dev_array<int32_t> counters(std::vector<int32_t>(size_t(kv.num_seqs()) * c.heads, 0));
-      dev_array<bf16> out(qn);
-      gpu::launch_decode_attention(sh, d_q.get(), kv.view(), kv.batch(), splits, part_o.get(),
-                                   part_ml.get(), counters.get(), out.get(), nullptr);
-      test::sync_check();
-      EXPECT_LT(test::relative_error(test::download_bf16(out), want), 5e-3) << "splits " << splits;
-      // The merging block leaves every counter at zero for the next launch.
-      for (auto v : counters.download())
-        ASSERT_EQ(v, 0) << "splits " << splits;
+    for (int gen : {2, 1}) {
+      test::kernel_generation_scope scope(gen);
+      for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132), 64}) {
+        SCOPED_TRACE("generation " + std::to_string(gen) + " splits " + std::to_string(splits));
+        dev_array<float> part_o(size_t(kv.num_seqs()) * c.heads * splits * c.head_dim);
+        dev_array<float> part_ml(size_t(kv.num_seqs()) * c.heads * splits * 2);
+        dev_array<int32_t> counters(std::vector<int32_t>(size_t(kv.num_seqs()) * c.heads, 0));
+        dev_array<bf16> out(qn);
+        gpu::launch_decode_attention(sh, d_q.get(), kv.view(), kv.batch(), splits, part_o.get(),
+                                     part_ml.get(), counters.get(), out.get(), nullptr);
+        test::sync_check();
+        EXPECT_LT(test::relative_error(test::download_bf16(out), want), 5e-3);
+        // The merging block leaves every counter at zero for the next launch.
+        for (auto v : counters.download())
+          ASSERT_EQ(v, 0);
+      }
     }
   }
 }
@@ -119,6 +126,9 @@ TEST(gpu_attention, prefill_matches_reference_for_chunks_over_cached_pages) {
     {16, 2, 64, 16, 0, {{64, 64}, {3, 3}}},
     {8, 1, 256, 16, 0, {{10, 70}}},
     {8, 8, 32, 16, 0, {{0, 33}}},
+    {32, 8, 128, 16, 0, {{0, 300}, {129, 128}}},
+    {8, 2, 128, 16, 77, {{0, 257}}},
+    {16, 4, 64, 16, 0, {{0, 384}}},
   };
   if (test::quick_mode())
     cases.resize(3);
@@ -129,19 +139,23 @@ TEST(gpu_attention, prefill_matches_reference_for_chunks_over_cached_pages) {
     auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
     auto d_q = test::upload_bf16(q);
     const auto want = reference(c, kv, q);
-    std::vector<gpu::prefill_item> items;
-    for (int32_t s = 0; s < kv.num_seqs(); ++s)
-      for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile)
-        items.push_back({s, r});
-    std::reverse(items.begin(), items.end());
-    dev_array<gpu::prefill_item> d_items(items);
-    dev_array<bf16> out(qn);
-    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
-                            1.0f / std::sqrt(float(c.head_dim))};
-    gpu::launch_prefill_attention(sh, d_q.get(), kv.view(), kv.batch(), d_items.get(),
-                                  int32_t(items.size()), out.get(), nullptr);
-    test::sync_check();
-    EXPECT_LT(test::relative_error(test::download_bf16(out), want), 1e-2);
+    for (int gen : {2, 1}) {
+      test::kernel_generation_scope scope(gen);
+      SCOPED_TRACE("generation " + std::to_string(gen));
+      std::vector<gpu::prefill_item> items;
+      for (int32_t s = 0; s < kv.num_seqs(); ++s)
+        for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile_rows())
+          items.push_back({s, r});
+      std::reverse(items.begin(), items.end());
+      dev_array<gpu::prefill_item> d_items(items);
+      dev_array<bf16> out(qn);
+      gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                              1.0f / std::sqrt(float(c.head_dim))};
+      gpu::launch_prefill_attention(sh, d_q.get(), kv.view(), kv.batch(), d_items.get(),
+                                    int32_t(items.size()), out.get(), nullptr);
+      test::sync_check();
+      EXPECT_LT(test::relative_error(test::download_bf16(out), want), 1e-2);
+    }
   }
 }
 

@@ -112,4 +112,22 @@ double relative_error(std::span<const float> a, std::span<const float> b);
 /// Count of NaN elements.
 size_t count_nan(std::span<const float> a);
 
+/// Selects kernel generations (gpu::active_kernels()) for a scope and
+/// restores the previous choice after it: tests run both generations.
+class kernel_generation_scope {
+public:
+  explicit kernel_generation_scope(int generation) : saved_(gpu::active_kernels()) {
+    auto& k = gpu::active_kernels();
+    k.gemv = k.decode_attention = k.prefill_attention = generation;
+  }
+  ~kernel_generation_scope() {
+    gpu::active_kernels() = saved_;
+  }
+  kernel_generation_scope(const kernel_generation_scope&) = delete;
+  kernel_generation_scope& operator=(const kernel_generation_scope&) = delete;
+
+private:
+  gpu::kernel_generations saved_;
+};
+
 } // namespace metronome::test

@@ -189,9 +189,10 @@ struct gemv_case {
 TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("gemv");
-  std::vector<gemv_case> cases = {{128, 64, 1},   {127, 64, 3},    {4096, 4096, 1},
-                                  {4096, 4096, 4}, {2048, 8192, 2}, {1000, 14336, 4},
-                                  {130, 520, 2}};
+  std::vector<gemv_case> cases = {{128, 64, 1},    {127, 64, 3},    {4096, 4096, 1},
+                                  {4096, 4096, 4},  {2048, 8192, 2}, {1000, 14336, 4},
+                                  {130, 520, 2},    {6144, 4096, 1}, {2048, 2048, 1},
+                                  {4096, 14336, 1}, {3072, 2048, 8}, {515, 4096, 2}};
   if (test::quick_mode())
     cases.resize(3);
   for (const auto& c : cases) {
@@ -210,27 +211,32 @@ TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
     std::vector<float> ref(size_t(c.m) * c.n);
     ref::linear(wv, &bv, xb.data(), c.m, ref.data());
 
-    dev_array<float> d_y(size_t(c.m) * c.n);
-    gpu::gemv_args a;
-    a.w = d_w.get();
-    a.n = c.n;
-    a.k = c.k;
-    a.m = c.m;
-    a.bias = d_bias.get();
-    a.x = d_x.get();
-    a.out_f32 = d_y.get();
-    gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
-    test::sync_check();
-    EXPECT_LT(test::relative_error(d_y.download(), ref), 1e-5);
-
     auto res = test::random_floats(rng, size_t(c.m) * c.n, -1, 1);
-    dev_array<float> d_res(res);
-    a.out_f32 = d_res.get();
-    gpu::launch_gemv(gpu::gemv_epilogue::residual_add, a, nullptr);
-    test::sync_check();
+    auto res_want = res;
     for (size_t i = 0; i < res.size(); ++i)
-      res[i] += ref[i];
-    EXPECT_LT(test::relative_error(d_res.download(), res), 1e-5);
+      res_want[i] += ref[i];
+    for (int gen : {2, 1}) {
+      test::kernel_generation_scope scope(gen);
+      SCOPED_TRACE("generation " + std::to_string(gen));
+      dev_array<float> d_y(size_t(c.m) * c.n);
+      gpu::gemv_args a;
+      a.w = d_w.get();
+      a.n = c.n;
+      a.k = c.k;
+      a.m = c.m;
+      a.bias = d_bias.get();
+      a.x = d_x.get();
+      a.out_f32 = d_y.get();
+      gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
+      test::sync_check();
+      EXPECT_LT(test::relative_error(d_y.download(), ref), 1e-5);
+
+      dev_array<float> d_res(res);
+      a.out_f32 = d_res.get();
+      gpu::launch_gemv(gpu::gemv_epilogue::residual_add, a, nullptr);
+      test::sync_check();
+      EXPECT_LT(test::relative_error(d_res.download(), res_want), 1e-5);
+    }
   }
 }
 
@@ -264,19 +270,23 @@ TEST(gpu_kernels, gemv_with_norm_prologue_and_swiglu_matches_reference) {
                     ref.data() + size_t(t) * inter);
     for (auto& v : ref)
       v = test::round_bf16(v);
-    dev_array<bf16> d_act(size_t(c.m) * inter);
-    gpu::gemv_args a;
-    a.w = d_w.get();
-    a.n = c.n;
-    a.k = c.k;
-    a.m = c.m;
-    a.residual_in = d_x.get();
-    a.norm_weight = d_g.get();
-    a.eps = 1e-5f;
-    a.out_bf16 = d_act.get();
-    gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, nullptr);
-    test::sync_check();
-    EXPECT_LT(test::relative_error(test::download_bf16(d_act), ref), 5e-3);
+    for (int gen : {2, 1}) {
+      test::kernel_generation_scope scope(gen);
+      SCOPED_TRACE("generation " + std::to_string(gen));
+      dev_array<bf16> d_act(size_t(c.m) * inter);
+      gpu::gemv_args a;
+      a.w = d_w.get();
+      a.n = c.n;
+      a.k = c.k;
+      a.m = c.m;
+      a.residual_in = d_x.get();
+      a.norm_weight = d_g.get();
+      a.eps = 1e-5f;
+      a.out_bf16 = d_act.get();
+      gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, nullptr);
+      test::sync_check();
+      EXPECT_LT(test::relative_error(test::download_bf16(d_act), ref), 5e-3);
+    }
   }
 }
 
@@ -288,72 +298,78 @@ TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_writ
     {32, 8, 64, 16, {{127, 1}}, false},
     {32, 8, 128, 16, {{15, 1}, {16, 1}, {4000, 1}, {1, 1}}, true},
     {4, 1, 16, 8, {{7, 1}, {8, 1}}, false},
+    {32, 8, 128, 16, {{100, 1}}, false},
+    {28, 4, 128, 16, {{31, 1}, {32, 1}}, true},
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d "
-                 + std::to_string(c.head_dim));
-    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 1, false);
-    const int32_t m = kv.num_tokens();
-    const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
-    const int32_t hidden = c.heads * c.head_dim;
-    auto w = test::random_floats(rng, size_t(width) * hidden, -0.05f, 0.05f);
-    auto wb = test::to_bf16(w);
-    auto x = test::random_floats(rng, size_t(m) * hidden, -2, 2);
-    auto g = test::random_floats(rng, size_t(hidden), 0.8f, 1.2f);
-    auto gb = test::to_bf16(g);
-    auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
-    auto biasb = test::from_bf16(test::to_bf16(bias));
-    std::vector<float> inv(size_t(c.head_dim / 2));
-    for (size_t i = 0; i < inv.size(); ++i)
-      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
-    auto d_w = test::upload_bf16(w);
-    auto d_g = test::upload_bf16(g);
-    auto d_bias = test::upload_bf16(bias);
-    dev_array<float> d_x(x), d_inv(inv);
-    dev_array<bf16> d_q(size_t(m) * hidden);
-    gpu::gemv_args a;
-    a.w = d_w.get();
-    a.n = width;
-    a.k = hidden;
-    a.m = m;
-    a.bias = c.bias ? d_bias.get() : nullptr;
-    a.residual_in = d_x.get();
-    a.norm_weight = d_g.get();
-    a.eps = 1e-5f;
-    a.out_bf16 = d_q.get();
-    a.inv_freq = d_inv.get();
-    a.batch = kv.batch();
-    a.kv = kv.view();
-    a.num_heads = c.heads;
-    gpu::launch_gemv(gpu::gemv_epilogue::qkv_rope, a, nullptr);
-    test::sync_check();
-    auto got_q = test::download_bf16(d_q);
-    kv.download();
+    for (int gen : {2, 1}) {
+      test::kernel_generation_scope scope(gen);
+      SCOPED_TRACE("generation " + std::to_string(gen));
+      SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d "
+                   + std::to_string(c.head_dim));
+      test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 1, false);
+      const int32_t m = kv.num_tokens();
+      const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+      const int32_t hidden = c.heads * c.head_dim;
+      auto w = test::random_floats(rng, size_t(width) * hidden, -0.05f, 0.05f);
+      auto wb = test::to_bf16(w);
+      auto x = test::random_floats(rng, size_t(m) * hidden, -2, 2);
+      auto g = test::random_floats(rng, size_t(hidden), 0.8f, 1.2f);
+      auto gb = test::to_bf16(g);
+      auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
+      auto biasb = test::from_bf16(test::to_bf16(bias));
+      std::vector<float> inv(size_t(c.head_dim / 2));
+      for (size_t i = 0; i < inv.size(); ++i)
+        inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+      auto d_w = test::upload_bf16(w);
+      auto d_g = test::upload_bf16(g);
+      auto d_bias = test::upload_bf16(bias);
+      dev_array<float> d_x(x), d_inv(inv);
+      dev_array<bf16> d_q(size_t(m) * hidden);
+      gpu::gemv_args a;
+      a.w = d_w.get();
+      a.n = width;
+      a.k = hidden;
+      a.m = m;
+      a.bias = c.bias ? d_bias.get() : nullptr;
+      a.residual_in = d_x.get();
+      a.norm_weight = d_g.get();
+      a.eps = 1e-5f;
+      a.out_bf16 = d_q.get();
+      a.inv_freq = d_inv.get();
+      a.batch = kv.batch();
+      a.kv = kv.view();
+      a.num_heads = c.heads;
+      gpu::launch_gemv(gpu::gemv_epilogue::qkv_rope, a, nullptr);
+      test::sync_check();
+      auto got_q = test::download_bf16(d_q);
+      kv.download();
 
-    std::vector<float> xn(x.size());
-    ref::rms_norm(x.data(), bf16_view(gb, {hidden}), 1e-5, m, hidden, xn.data());
-    for (auto& v : xn)
-      v = test::round_bf16(v);
-    std::vector<float> y(size_t(m) * width);
-    ref::linear(bf16_view(wb, {width, hidden}), nullptr, xn.data(), m, y.data());
-    std::vector<float> ref_q, got_k, ref_k, got_v, ref_v;
-    for (int32_t t = 0; t < m; ++t) {
-      std::vector<float> row(y.begin() + int64_t(t) * width, y.begin() + int64_t(t + 1) * width);
-      std::vector<float> q, k, v;
-      reference_qkv(row, c.bias ? &biasb : nullptr, inv, c, kv.position(t), q, k, v);
-      ref_q.insert(ref_q.end(), q.begin(), q.end());
-      ref_k.insert(ref_k.end(), k.begin(), k.end());
-      ref_v.insert(ref_v.end(), v.begin(), v.end());
-      for (int32_t h = 0; h < c.kv_heads; ++h)
-        for (int32_t d = 0; d < c.head_dim; ++d) {
-          got_k.push_back(kv.k_at(kv.seq_of(t), kv.position(t), h, d));
-          got_v.push_back(kv.v_at(kv.seq_of(t), kv.position(t), h, d));
-        }
+      std::vector<float> xn(x.size());
+      ref::rms_norm(x.data(), bf16_view(gb, {hidden}), 1e-5, m, hidden, xn.data());
+      for (auto& v : xn)
+        v = test::round_bf16(v);
+      std::vector<float> y(size_t(m) * width);
+      ref::linear(bf16_view(wb, {width, hidden}), nullptr, xn.data(), m, y.data());
+      std::vector<float> ref_q, got_k, ref_k, got_v, ref_v;
+      for (int32_t t = 0; t < m; ++t) {
+        std::vector<float> row(y.begin() + int64_t(t) * width, y.begin() + int64_t(t + 1) * width);
+        std::vector<float> q, k, v;
+        reference_qkv(row, c.bias ? &biasb : nullptr, inv, c, kv.position(t), q, k, v);
+        ref_q.insert(ref_q.end(), q.begin(), q.end());
+        ref_k.insert(ref_k.end(), k.begin(), k.end());
+        ref_v.insert(ref_v.end(), v.begin(), v.end());
+        for (int32_t h = 0; h < c.kv_heads; ++h)
+          for (int32_t d = 0; d < c.head_dim; ++d) {
+            got_k.push_back(kv.k_at(kv.seq_of(t), kv.position(t), h, d));
+            got_v.push_back(kv.v_at(kv.seq_of(t), kv.position(t), h, d));
+          }
+      }
+      EXPECT_LT(test::relative_error(got_q, ref_q), 5e-3);
+      EXPECT_LT(test::relative_error(got_k, ref_k), 5e-3);
+      EXPECT_LT(test::relative_error(got_v, ref_v), 5e-3);
+      EXPECT_EQ(kv.count_written(), size_t(m) * 2 * c.kv_heads * c.head_dim);
     }
-    EXPECT_LT(test::relative_error(got_q, ref_q), 5e-3);
-    EXPECT_LT(test::relative_error(got_k, ref_k), 5e-3);
-    EXPECT_LT(test::relative_error(got_v, ref_v), 5e-3);
-    EXPECT_EQ(kv.count_written(), size_t(m) * 2 * c.kv_heads * c.head_dim);
   }
 }
 

@@ -1,0 +1,120 @@
+#pragma once
+// Device helpers shared by both generations of the decode GEMV (gemv.cu,
+// gemv_v1.cu): which output rows a warp's pair covers, staging the input
+// vectors (normalised on the fly from the fp32 residual, or copied), and the
+// fused epilogues (store, residual add, SwiGLU, qkv bias + RoPE + cache write).
+
+#include "gpu/kernel_util.cuh"
+#include "gpu/kernels.hpp"
+
+namespace metronome::gpu::gemv_detail {
+
+using namespace dev;
+
+struct pair_rows {
+  int32_t r0, r1;
+  bool has_r1;
+};
+
+template <gemv_epilogue Ep>
+__device__ __forceinline__ pair_rows rows_of(const gemv_args& a, int32_t p) {
+  if constexpr (Ep == gemv_epilogue::swiglu) {
+    return {p, a.n / 2 + p, true};
+  } else if constexpr (Ep == gemv_epilogue::qkv_rope) {
+    const int32_t half = a.kv.head_dim / 2;
+    const int32_t head = p / half, i = p % half;
+    const int32_t r0 = head * a.kv.head_dim + i;
+    return {r0, r0 + half, true};
+  } else {
+    return {2 * p, 2 * p + 1, 2 * p + 1 < a.n};
+  }
+}
+
+template <gemv_epilogue Ep>
+__host__ __device__ int32_t num_pairs(const gemv_args& a) {
+  if constexpr (Ep == gemv_epilogue::swiglu || Ep == gemv_epilogue::qkv_rope)
+    return a.n / 2;
+  else
+    return (a.n + 1) / 2;
+}
+
+/// Stages x[:, k0 : k0 + kc) into xs [M][kc] as bf16 (normalised if the
+/// input is the residual).
+template <int M>
+__device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, int32_t kc,
+                        bf16* xs) {
+  const int32_t vecs = kc / 8;
+  for (int32_t v = threadIdx.x; v < M * vecs; v += blockDim.x) {
+    const int32_t m = v / vecs, kk = (v % vecs) * 8;
+    const int32_t k = k0 + kk;
+    bf16x8 out;
+    if (m >= a.m) {
+      out = bf16x8{{0, 0, 0, 0}};
+    } else if (a.residual_in) {
+      const float* xr = a.residual_in + int64_t(m) * a.k + k;
+      const float4 lo = *reinterpret_cast<const float4*>(xr);
+      const float4 hi = *reinterpret_cast<const float4*>(xr + 4);
+      float w[8];
+      unpack(load_ro(a.norm_weight + k), w);
+      const float inv = inv_rms[m];
+      out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
+      out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
+      out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
+      out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
+    } else {
+      out = load_global(a.x + int64_t(m) * a.k + k);
+    }
+    store16(xs + m * kc + kk, out);
+  }
+}
+
+template <int M, gemv_epilogue Ep>
+__device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
+                                         int32_t m, float y0, float y1) {
+  if (a.bias) {
+    y0 += to_float(a.bias[rows.r0]);
+    if (rows.has_r1)
+      y1 += to_float(a.bias[rows.r1]);
+  }
+  if constexpr (Ep == gemv_epilogue::store_f32) {
+    a.out_f32[int64_t(m) * a.n + rows.r0] = y0;
+    if (rows.has_r1)
+      a.out_f32[int64_t(m) * a.n + rows.r1] = y1;
+  } else if constexpr (Ep == gemv_epilogue::residual_add) {
+    a.out_f32[int64_t(m) * a.n + rows.r0] += y0;
+    if (rows.has_r1)
+      a.out_f32[int64_t(m) * a.n + rows.r1] += y1;
+  } else if constexpr (Ep == gemv_epilogue::swiglu) {
+    a.out_bf16[int64_t(m) * (a.n / 2) + p] = __float2bfloat16_rn(y0 / (1.0f + expf(-y0)) * y1);
+  } else {
+    const int32_t d = a.kv.head_dim, half = d / 2;
+    const int32_t head = p / half, i = p % half;
+    const int32_t kvh = a.kv.kv_heads;
+    const int32_t pos = a.batch.positions[m];
+    if (head < a.num_heads + kvh) {
+      float s, c;
+      sincosf(float(pos) * a.inv_freq[i], &s, &c);
+      const float r0 = y0 * c - y1 * s, r1 = y1 * c + y0 * s;
+      y0 = r0;
+      y1 = r1;
+    }
+    if (head < a.num_heads) {
+      bf16* q = a.out_bf16 + int64_t(m) * a.num_heads * d + head * d;
+      q[i] = __float2bfloat16_rn(y0);
+      q[i + half] = __float2bfloat16_rn(y1);
+    } else {
+      const bool is_k = head < a.num_heads + kvh;
+      const int32_t h = head - a.num_heads - (is_k ? 0 : kvh);
+      const int32_t seq = a.batch.token_seq[m];
+      const int32_t slot = a.batch.seq_slot[seq];
+      const int32_t page =
+        a.kv.page_table[int64_t(slot) * a.kv.page_table_stride + pos / a.kv.page_size];
+      bf16* dst = (is_k ? a.kv.k : a.kv.v)
+                  + ((int64_t(page) * kvh + h) * a.kv.page_size + pos % a.kv.page_size) * d;
+      dst[i] = __float2bfloat16_rn(y0);
+      dst[i + half] = __float2bfloat16_rn(y1);
+    }
+  }
+}
+
+} // namespace metronome::gpu::gemv_detail

@@ -19,6 +19,17 @@ using sched_time = std::chrono::nanoseconds;
 
 struct sched_request;
 
+/// What the scheduler sees at the start of a scheduling pass.
+struct step_load {
+  /// The step's token budget (max_num_batched_tokens).
+  int32_t token_budget = 0;
+  /// Running requests whose prompt is computed (they decode one token).
+  int32_t decoding = 0;
+  /// Running requests still computing their prompt (or recomputing it).
+  int32_t prefilling = 0;
+  int32_t waiting = 0;
+};
+
 /// Orders admission. Called on the scheduler's thread only.
 class admission_policy {
 public:
@@ -34,6 +45,14 @@ public:
   /// `free_slots` will be admitted). Requests left out are held back.
   virtual std::vector<sched_request*> admission_order(std::span<sched_request* const> waiting,
                                                       int32_t free_slots, sched_time now) = 0;
+
+  /// The most prompt tokens this step may compute, chunks of running
+  /// prompts and of newly admitted requests together (>= 1). Called once
+  /// per scheduling pass; decodes are never limited. Default: the whole
+  /// token budget (vLLM's behaviour).
+  virtual int32_t prefill_budget(const step_load& load, sched_time) {
+    return load.token_budget;
+  }
 
   /// A request produced a token (for policies that track progress).
   virtual void on_token(sched_request&, sched_time) {}

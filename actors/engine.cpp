@@ -146,7 +146,11 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   sc.policy = o.policy;
   sc.eos_ids = eos_ids(*model, *tok);
   sc.step_timeout = o.step_timeout;
+  sc.policies = policy_context::make(o.predictor, o.ladb, o.srpt);
   e.scheduler = spawn_scheduler(sys, sc, e.kv_cache, e.status, e.metrics);
+  if (o.drift.enabled && (o.policy == "ladb" || o.policy == "srpt"))
+    e.drift_supervisor = spawn_drift_supervisor(sys, e.scheduler, {o.drift, o.policy, "fcfs"},
+                                                e.metrics);
   e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory),
                                            {o.max_restarts, o.restart_window}, e.status);
   auto ctx = std::make_shared<request_context>();
@@ -163,7 +167,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
 }
 
 void engine::shutdown() const {
-  for (const auto& a : {frontend, supervisor, scheduler})
+  for (const auto& a : {frontend, supervisor, drift_supervisor, scheduler})
     if (a)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (kv_cache)

@@ -13,7 +13,9 @@
 
 #include "caf/all.hpp"
 
+#include "actors/drift_supervisor.hpp"
 #include "actors/interfaces.hpp"
+#include "actors/ladb_policy.hpp"
 #include "model/model_runner.hpp"
 
 namespace metronome {
@@ -47,6 +49,13 @@ struct engine_options {
   int32_t max_queued_requests = 1024;
   /// Scheduling policy: fcfs, ladb, srpt.
   std::string policy = "fcfs";
+  /// Settings of the latency-aware policies (config sections predictor,
+  /// batching, router) and of their drift supervisor (supervisor.drift),
+  /// which runs when policy is ladb or srpt and drift.enabled.
+  predictor_options predictor;
+  ladb_options ladb;
+  srpt_options srpt;
+  drift_options drift;
   /// Default and maximum time a request may take.
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   /// Longest one engine step may take before the executor counts as hung.
@@ -90,6 +99,8 @@ struct engine {
   caf::actor scheduler;
   kv_cache_actor kv_cache;
   caf::actor supervisor;
+  /// The drift supervisor (null unless a latency-aware policy runs).
+  caf::actor drift_supervisor;
   std::shared_ptr<engine_status> status;
   std::shared_ptr<engine_metrics> metrics;
   std::shared_ptr<const tokenizer> tokens;

@@ -231,6 +231,45 @@ struct scheduler_stats {
   std::string policy;
 };
 
+// -- drift supervision ------------------------------------------------------------------
+
+/// Scheduler -> drift supervisor (as std::vector<drift_sample>): finished
+/// requests whose decode steps were predicted.
+struct drift_sample {
+  double predicted = 0;
+  int32_t actual = 0;
+  /// The predictor's calibration baseline when it predicted; < 0 = cold start.
+  double expected_error = -1;
+  /// Engine clock, ns.
+  int64_t finished_ns = 0;
+};
+
+/// A decision of the drift supervisor.
+struct drift_event {
+  /// Engine clock, ns.
+  int64_t at_ns = 0;
+  /// "disable" (recalibrate, switch to the fallback) or "enable".
+  std::string action;
+  /// The policy switched to.
+  std::string policy;
+  /// "drift" or "recovered".
+  std::string cause;
+  /// Mean relative error of the window and the limit it was judged against.
+  double error = 0;
+  double limit = 0;
+  int64_t samples = 0;
+};
+
+/// The drift supervisor's answer to stats_atom.
+struct drift_status {
+  bool disabled = false;
+  double window_error = 0;
+  double window_limit = 0;
+  int64_t window_samples = 0;
+  int64_t samples_seen = 0;
+  std::vector<drift_event> events;
+};
+
 } // namespace metronome
 
 // -- type IDs and atoms ----------------------------------------------------------------
@@ -267,6 +306,13 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_ATOM(metronome, metronome, policy_atom, "policy")
   CAF_ADD_ATOM(metronome, metronome, ready_atom, "ready")
   CAF_ADD_ATOM(metronome, metronome, crash_atom, "crash")
+  CAF_ADD_TYPE_ID(metronome, (metronome::drift_sample))
+  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::drift_sample>))
+  CAF_ADD_TYPE_ID(metronome, (metronome::drift_event))
+  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::drift_event>))
+  CAF_ADD_TYPE_ID(metronome, (metronome::drift_status))
+  CAF_ADD_ATOM(metronome, metronome, watch_atom, "watch")
+  CAF_ADD_ATOM(metronome, metronome, recalibrate_atom, "recal")
 CAF_END_TYPE_ID_BLOCK(metronome)
 
 CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")
@@ -382,6 +428,24 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_output& x) {
   return f(caf::meta::type_name("step_output"), x.step, x.tokens, x.num_tokens, x.num_seqs,
            x.seconds);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drift_sample& x) {
+  return f(caf::meta::type_name("drift_sample"), x.predicted, x.actual, x.expected_error,
+           x.finished_ns);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drift_event& x) {
+  return f(caf::meta::type_name("drift_event"), x.at_ns, x.action, x.policy, x.cause, x.error,
+           x.limit, x.samples);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drift_status& x) {
+  return f(caf::meta::type_name("drift_status"), x.disabled, x.window_error, x.window_limit,
+           x.window_samples, x.samples_seen, x.events);
 }
 
 /// Registers the type IDs and the error renderer on a CAF config. Call once

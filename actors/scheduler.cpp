@@ -127,6 +127,13 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   std::vector<uint64_t> in_plan;
   int32_t budget = config_.max_num_batched_tokens;
   bool preempted = false;
+  // Prompt tokens the policy allows this step (decodes are not limited).
+  step_load load{budget, 0, 0, int32_t(waiting_.size())};
+  for (auto id : running_) {
+    const auto& r = requests_.at(id);
+    ++(r.total_tokens() - r.num_computed > 1 ? load.prefilling : load.decoding);
+  }
+  int32_t prefill_left = std::max(1, policy_->prefill_budget(load, now));
 
   // Gives `r` n tokens of this step.
   auto place = [&](sched_request& r, int32_t n, int32_t need) {
@@ -153,7 +160,12 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       ++i;
       continue;
     }
-    const int32_t n = std::min(uncomputed, budget);
+    const bool prompt = uncomputed > 1;
+    const int32_t n = std::min(uncomputed, prompt ? std::min(budget, prefill_left) : budget);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
     const int32_t need = pages_for(int64_t(r.num_computed) + n) - r.num_pages;
     // Make room by preempting the most recently admitted other request.
     while (need > free_pages_ && running_.size() > i + 1) {
@@ -166,11 +178,14 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       continue;
     }
     place(r, n, need);
+    if (prompt)
+      prefill_left -= n;
     ++i;
   }
 
   // 2. Waiting requests, in the policy's order (none after a preemption).
-  if (!preempted && budget > 0 && int32_t(running_.size()) < config_.max_batch_size) {
+  if (!preempted && budget > 0 && prefill_left > 0
+      && int32_t(running_.size()) < config_.max_batch_size) {
     int32_t free_slots = config_.max_batch_size - int32_t(running_.size());
     auto order = policy_->admission_order(waiting_list(), free_slots, now);
     for (auto* r : order) {
@@ -179,7 +194,9 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       if (r->inflight > 0 || r->status != request_status::waiting)
         continue; // preempted with samples still in flight
       const int32_t total = r->total_tokens();
-      const int32_t n = std::min(total, budget);
+      const int32_t n = std::min({total, budget, prefill_left});
+      if (n <= 0)
+        break;
       const int32_t need = pages_for(n);
       if (need > free_pages_)
         break; // no skipping ahead: that would starve long prompts
@@ -194,6 +211,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       r->in_runner = true;
       r->num_computed = 0;
       place(*r, n, need);
+      prefill_left -= n;
       --free_slots;
     }
   }

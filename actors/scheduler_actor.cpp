@@ -7,6 +7,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/engine_metrics.hpp"
+#include "actors/ladb_policy.hpp"
 
 namespace metronome {
 
@@ -34,6 +35,8 @@ struct scheduler_actor_state {
   int64_t finished = 0;
   int64_t cancelled = 0;
   int64_t reported_preemptions = 0;
+  /// Receives prediction outcomes (the drift supervisor), if any.
+  caf::actor drift_watcher;
   static inline const char* name = "scheduler";
 };
 
@@ -74,6 +77,27 @@ void fail_request(self_ptr self, uint64_t id, request_errc code, const std::stri
 
 void pump(self_ptr self);
 
+std::unique_ptr<admission_policy> make_policy(const scheduler_actor_config& c,
+                                              const std::string& name) {
+  return c.policies ? make_admission_policy(name, *c.policies) : make_admission_policy(name);
+}
+
+/// Sends the predictions of requests finished since the last call to the
+/// drift supervisor.
+void report_outcomes(self_ptr self) {
+  auto& st = self->state;
+  if (!st.config.policies || !st.config.policies->state.model)
+    return;
+  auto outcomes = st.config.policies->state.model->drain_outcomes();
+  if (outcomes.empty() || !st.drift_watcher)
+    return;
+  std::vector<drift_sample> samples;
+  samples.reserve(outcomes.size());
+  for (const auto& o : outcomes)
+    samples.push_back({o.predicted, o.actual, o.expected_error, o.finished.count()});
+  self->send(st.drift_watcher, std::move(samples));
+}
+
 void on_output(self_ptr self, const step_output& out) {
   auto& st = self->state;
   auto u = st.core->update_from_output(out, engine_now(self));
@@ -97,6 +121,7 @@ void on_output(self_ptr self, const step_output& out) {
     ++st.finished;
     forget(self, id);
   }
+  report_outcomes(self);
   publish(self);
   pump(self);
 }
@@ -235,7 +260,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
                               std::shared_ptr<engine_status> status,
                               std::shared_ptr<engine_metrics> metrics) {
   auto& st = self->state;
-  auto policy = make_admission_policy(config.policy);
+  auto policy = make_policy(config, config.policy);
   st.core = std::make_unique<scheduler>(config.limits, std::move(policy));
   st.config = std::move(config);
   st.kv = std::move(kv);
@@ -313,7 +338,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
     },
     [=](executor_down_msg& down) { lose_executor(self, down.reason, down.permanent); },
     [=](policy_atom, std::string& name) -> caf::result<bool> {
-      auto p = make_admission_policy(name);
+      auto p = make_policy(self->state.config, name);
       if (!p)
         return false;
       auto& s = self->state;
@@ -321,6 +346,17 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
       s.core->set_policy(std::move(p), engine_now(self));
       pump(self);
       return true;
+    },
+    [=](watch_atom) {
+      self->state.drift_watcher = caf::actor_cast<caf::actor>(self->current_sender());
+    },
+    [=](recalibrate_atom, int64_t window_ns) {
+      auto& s = self->state;
+      if (!s.config.policies || !s.config.policies->state.model)
+        return;
+      s.config.policies->state.model->recalibrate(engine_now(self), sched_time{window_ns});
+      spdlog::info("scheduler: predictor recalibrated on the last {} s",
+                   double(window_ns) / 1e9);
     },
     [=](tick_atom, uint64_t timer) {
       if (timer == self->state.timer_epoch)
@@ -347,9 +383,9 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
 caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
                            kv_cache_actor kv, std::shared_ptr<engine_status> status,
                            std::shared_ptr<engine_metrics> metrics) {
-  if (!make_admission_policy(config.policy))
-    throw std::invalid_argument("unknown scheduling policy '" + config.policy
-                                + "' (policies: fcfs)");
+  if (!make_policy(config, config.policy))
+    throw std::invalid_argument("unknown scheduling policy '" + config.policy + "' (policies: "
+                                + std::string(policy_names()) + ")");
   return sys.spawn(scheduler_actor, std::move(config), std::move(kv), std::move(status),
                    std::move(metrics));
 }

@@ -17,6 +17,7 @@ namespace metronome {
 
 struct engine_status;
 class engine_metrics;
+struct policy_context;
 
 struct scheduler_actor_config {
   scheduler_config limits;
@@ -26,6 +27,9 @@ struct scheduler_actor_config {
   std::vector<int32_t> eos_ids;
   /// Longest a step may take before the executor is restarted.
   std::chrono::milliseconds step_timeout{std::chrono::seconds(60)};
+  /// Settings and shared predictor of the latency-aware policies
+  /// (actors/ladb_policy.hpp); null = defaults, a predictor per policy.
+  std::shared_ptr<policy_context> policies;
 };
 
 /// Engine time of an actor: nanoseconds of its system's actor clock, which
@@ -33,7 +37,10 @@ struct scheduler_actor_config {
 sched_time engine_now(caf::local_actor* self);
 
 /// Spawns the scheduler actor. Throws std::invalid_argument for an unknown
-/// policy name.
+/// policy name. Besides the contracts in interfaces.hpp it answers
+/// watch_atom (the sender receives std::vector<drift_sample> of finished
+/// predicted requests: the drift supervisor) and recalibrate_atom + window
+/// in ns (the predictor refits on that recent history).
 caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
                            kv_cache_actor kv, std::shared_ptr<engine_status> status,
                            std::shared_ptr<engine_metrics> metrics);

@@ -1,0 +1,298 @@
+#include "sim/replay.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "actors/kv_page_pool.hpp"
+
+namespace metronome::sim {
+
+namespace {
+
+constexpr int32_t stop_token = 2;
+constexpr int32_t other_token = 1000;
+
+double seconds(sched_time t) {
+  return double(t.count()) / 1e9;
+}
+
+sched_time from_seconds(double s) {
+  return sched_time{int64_t(std::llround(s * 1e9))};
+}
+
+const char* describe(admit_result r) {
+  switch (r) {
+    case admit_result::ok:
+      return "";
+    case admit_result::empty_prompt:
+      return "empty_prompt";
+    case admit_result::too_long:
+      return "too_long";
+    case admit_result::too_large_for_cache:
+      return "too_large_for_cache";
+    case admit_result::queue_full:
+      return "queue_full";
+    case admit_result::duplicate:
+      return "duplicate";
+  }
+  return "unknown";
+}
+
+/// The replay's mutable state: the loop in replay() drives it.
+class replay_loop {
+public:
+  replay_loop(const trace& t, const replay_options& o) : trace_(t), o_(o) {
+    limits_ = o.settings.limits;
+    if (limits_.max_model_len <= 0)
+      limits_.max_model_len = o.cost.max_model_len;
+    if (o.unbounded_queue)
+      limits_.max_queued = std::numeric_limits<int32_t>::max();
+    const int64_t kv_tokens
+      = o.settings.kv_cache_tokens > 0 ? o.settings.kv_cache_tokens : o.cost.kv_cache_tokens;
+    page_size_ = o.settings.page_size;
+    num_pages_ = int32_t(kv_tokens / page_size_);
+    ctx_ = policy_context::make(o.settings.predictor, o.settings.ladb, o.settings.srpt);
+    auto policy = make_admission_policy(o.policy, *ctx_);
+    if (!policy)
+      throw std::runtime_error("unknown policy '" + o.policy + "' (policies: "
+                               + std::string(policy_names()) + ")");
+    drift_on_ = o.policy != "fcfs" && o.settings.drift.enabled;
+    sched_ = std::make_unique<scheduler>(limits_, std::move(policy));
+    sched_->set_capacity(num_pages_, page_size_);
+    pool_.reset(num_pages_);
+    detector_ = std::make_unique<drift_detector>(o.settings.drift);
+    res_.policy = o.policy;
+    res_.trace_name = t.name;
+    res_.rate_scale = o.rate_scale;
+    res_.max_batch_size = limits_.max_batch_size;
+    res_.kv_pages = num_pages_;
+    res_.page_size = page_size_;
+    res_.cost = o.cost;
+    res_.requests.resize(t.requests.size());
+    produced_.assign(t.requests.size(), 0);
+    last_token_.assign(t.requests.size(), sched_time{0});
+    int64_t total_out = 0;
+    for (size_t i = 0; i < t.requests.size(); ++i) {
+      const auto& q = t.requests[i];
+      auto& r = res_.requests[i];
+      r.index = int32_t(i);
+      r.arrival_s = seconds(arrival(i));
+      r.prompt_tokens = q.prompt_tokens;
+      r.output_tokens = q.output_tokens;
+      auto u = unloaded(o.cost, q.prompt_tokens, q.output_tokens, limits_.max_num_batched_tokens);
+      r.unloaded_ttft_s = u.ttft_s;
+      r.unloaded_e2e_s = u.e2e_s;
+      total_out += q.output_tokens;
+    }
+    res_.itl_s.reserve(size_t(total_out));
+  }
+
+  replay_result run() {
+    constexpr auto never = sched_time::max();
+    size_t next = 0;
+    while (true) {
+      const auto t_arrival = next < trace_.requests.size() ? arrival(next) : never;
+      const auto t_step = running_.empty() ? never : running_.front().end;
+      const auto t_wake = wake_.value_or(never);
+      auto t_drift = never;
+      if (drift_on_)
+        if (auto c = detector_->next_check())
+          t_drift = std::max(*c, now_ + sched_time{1});
+      const auto t = std::min({t_arrival, t_step, t_wake, t_drift});
+      if (t == never)
+        break;
+      if (next == trace_.requests.size() && running_.empty() && sched_->num_waiting() == 0
+          && sched_->num_running() == 0)
+        break; // everything is done; pending drift checks do not matter
+      now_ = std::max(now_, t);
+      if (t == t_step) {
+        end_step();
+      } else if (t == t_arrival) {
+        admit(next++);
+      } else if (t == t_wake) {
+        wake_.reset();
+      } else {
+        apply(detector_->evaluate(now_));
+      }
+      pump();
+    }
+    if (sched_->num_waiting() + sched_->num_running() > 0)
+      throw std::runtime_error("replay stalled at " + std::to_string(seconds(now_)) + " s with "
+                               + std::to_string(sched_->num_waiting())
+                               + " requests waiting and no deadline (policy "
+                               + std::string(sched_->policy().name()) + ")");
+    if (disabled_since_)
+      res_.disabled_s += seconds(now_ - *disabled_since_);
+    res_.steps = sched_->steps();
+    res_.preemptions = sched_->preemptions();
+    res_.policy_stats = *ctx_->state.stats;
+    for (const auto& r : res_.requests)
+      if (r.e2e_s >= 0)
+        res_.makespan_s = std::max(res_.makespan_s, r.arrival_s + r.e2e_s);
+    return std::move(res_);
+  }
+
+private:
+  struct seq_state {
+    int64_t prompt_len = 0;
+    int64_t computed = 0;
+  };
+
+  struct plan_in_flight {
+    step_draft draft;
+    sched_time end{0};
+    double ms = 0;
+  };
+
+  sched_time arrival(size_t i) const {
+    return from_seconds(trace_.requests[i].arrival_s / o_.rate_scale);
+  }
+
+  void admit(size_t i) {
+    const auto& q = trace_.requests[i];
+    sched_request r;
+    r.id = uint64_t(i) + 1;
+    r.prompt.assign(size_t(q.prompt_tokens), other_token);
+    r.params.max_tokens = o_.max_tokens > 0 ? o_.max_tokens : limits_.max_model_len;
+    r.stop_ids = {stop_token};
+    r.arrival = now_;
+    r.request_class = q.request_class;
+    r.non_alnum_share = q.non_alnum_share;
+    res_.prompt_tokens += q.prompt_tokens;
+    auto result = sched_->add(std::move(r), now_);
+    if (result != admit_result::ok)
+      res_.requests[i].refused = describe(result);
+  }
+
+  void pump() {
+    while (auto d = sched_->schedule(now_)) {
+      assign_pages(*d, pool_);
+      if (d->plan.chunks.empty())
+        continue; // only frees
+      for (auto id : d->plan.released)
+        seqs_.erase(id);
+      for (const auto& seq : d->plan.added)
+        seqs_[seq.id] = {int64_t(seq.prompt.size()), 0};
+      step_shape shape;
+      for (const auto& c : d->plan.chunks) {
+        auto& st = seqs_.at(c.id);
+        shape.add_chunk(st.computed, c.num_tokens, st.computed >= st.prompt_len);
+        st.computed += c.num_tokens;
+      }
+      const double ms = o_.cost.step_ms(shape);
+      const auto start = std::max(now_, executor_free_);
+      executor_free_ = start + sched_time{int64_t(std::llround(ms * 1e6))};
+      running_.push_back({std::move(*d), executor_free_, ms});
+    }
+    wake_.reset();
+    if (auto deadline = sched_->policy().next_deadline(now_); deadline && *deadline > now_)
+      wake_ = deadline;
+  }
+
+  void end_step() {
+    auto p = std::move(running_.front());
+    running_.pop_front();
+    const auto& plan = p.draft.plan;
+    step_output out;
+    out.step = plan.step;
+    out.num_seqs = int32_t(plan.chunks.size());
+    out.seconds = p.ms / 1e3;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      out.num_tokens += plan.chunks[i].num_tokens;
+      if (!p.draft.samples[i])
+        continue;
+      const auto id = plan.chunks[i].id;
+      const auto idx = size_t(id - 1);
+      const bool last = ++produced_[idx] == trace_.requests[idx].output_tokens;
+      out.tokens.push_back({id, last ? stop_token : other_token, 0});
+    }
+    auto u = sched_->update_from_output(out, now_);
+    for (auto id : u.to_free)
+      pool_.release(id);
+    res_.sum_batch += out.num_seqs;
+    res_.busy_s += out.seconds;
+    for (const auto& ev : u.tokens) {
+      const auto idx = size_t(ev.id - 1);
+      auto& rec = res_.requests[idx];
+      const auto arrived = arrival(idx);
+      if (rec.produced == 0) {
+        rec.ttft_s = seconds(now_ - arrived);
+        if (ev.first_scheduled)
+          rec.queue_s = seconds(*ev.first_scheduled - arrived);
+      } else {
+        res_.itl_s.push_back(float(seconds(now_ - last_token_[idx])));
+      }
+      last_token_[idx] = now_;
+      ++rec.produced;
+      ++res_.output_tokens;
+      if (!ev.finish_reason.empty())
+        rec.e2e_s = seconds(now_ - arrived);
+    }
+    auto outcomes = ctx_->state.model->drain_outcomes();
+    for (const auto& o : outcomes) {
+      res_.predictions.push_back(o);
+      if (drift_on_)
+        detector_->record(o);
+    }
+    if (drift_on_ && !outcomes.empty())
+      apply(detector_->evaluate(now_));
+  }
+
+  void apply(const drift_verdict& v) {
+    if (v.action == drift_action::none)
+      return;
+    replay_event ev{seconds(now_), "", "", "", v.error, v.limit, v.samples};
+    if (v.action == drift_action::disable) {
+      ev.action = "disable";
+      ev.policy = "fcfs";
+      ev.cause = "drift";
+      ctx_->state.model->recalibrate(now_, o_.settings.drift.window);
+      sched_->set_policy(make_admission_policy("fcfs", *ctx_), now_);
+      disabled_since_ = now_;
+    } else {
+      ev.action = "enable";
+      ev.policy = o_.policy;
+      ev.cause = "recovered";
+      sched_->set_policy(make_admission_policy(o_.policy, *ctx_), now_);
+      if (disabled_since_)
+        res_.disabled_s += seconds(now_ - *disabled_since_);
+      disabled_since_.reset();
+    }
+    res_.events.push_back(std::move(ev));
+  }
+
+  const trace& trace_;
+  const replay_options& o_;
+  scheduler_config limits_;
+  int32_t page_size_ = 16;
+  int32_t num_pages_ = 0;
+  std::shared_ptr<policy_context> ctx_;
+  std::unique_ptr<scheduler> sched_;
+  kv_page_pool pool_;
+  std::unique_ptr<drift_detector> detector_;
+  bool drift_on_ = false;
+  std::optional<sched_time> disabled_since_;
+  sched_time now_{0};
+  sched_time executor_free_{0};
+  std::optional<sched_time> wake_;
+  std::deque<plan_in_flight> running_;
+  std::unordered_map<uint64_t, seq_state> seqs_;
+  std::vector<int32_t> produced_;
+  std::vector<sched_time> last_token_;
+  replay_result res_;
+};
+
+} // namespace
+
+replay_result replay(const trace& t, const replay_options& options) {
+  if (!(options.rate_scale > 0) || !std::isfinite(options.rate_scale))
+    throw std::invalid_argument("rate scale must be a positive number");
+  replay_loop loop(t, options);
+  return loop.run();
+}
+
+} // namespace metronome::sim

@@ -1,0 +1,112 @@
+#pragma once
+// Trace replay: the real scheduler, admission policies, KV page pool,
+// predictor and drift logic, with only the executor replaced by a simulated
+// one that advances a virtual clock by the cost model's step time.
+//
+// Design note. A discrete-event loop over three kinds of events in virtual
+// time: arrivals (trace time / rate_scale), the end of the executor's current
+// step, and wake-ups (a policy's hold deadline, the drift detector's next
+// check). It drives `scheduler` the way the scheduler actor does: after every
+// event it calls schedule() until the pipeline (pipeline_depth plans) is full,
+// grants each draft its pages from a kv_page_pool (assign_pages), and queues
+// the plan at the simulated executor, which runs plans back to back; a plan's
+// duration is the cost model's time for its shape (decodes, KV tokens read,
+// prompt tokens and their attention pairs). At a step's end the executor
+// samples one token per sampling chunk: the request's stop token once it has
+// produced its trace's output length, another token before. The stop token is
+// an EOS id: no policy ever sees the true length. Finished requests' outcomes
+// go from the predictor to a drift_detector; its verdicts recalibrate the
+// predictor and switch the scheduler's policy (fcfs while disabled), as the
+// drift supervisor actor does in the server. Nothing reads a wall clock or a
+// random source, so the same input gives the same result.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/drift_supervisor.hpp"
+#include "actors/ladb_policy.hpp"
+#include "actors/scheduler.hpp"
+#include "sim/cost_model.hpp"
+#include "sim/settings.hpp"
+#include "sim/trace.hpp"
+
+namespace metronome::sim {
+
+struct replay_options {
+  std::string policy = "fcfs";
+  /// Arrival rate multiplier: arrivals at trace time / rate_scale.
+  double rate_scale = 1.0;
+  scheduling_settings settings;
+  cost_model cost;
+  /// max_tokens of every request; 0 = up to the context (as a client that
+  /// sets none). The trace's true length ends it first (as EOS).
+  int32_t max_tokens = 0;
+  /// Never refuse a request for a full queue (the replay measures latency,
+  /// not admission control).
+  bool unbounded_queue = true;
+};
+
+/// One request's fate.
+struct request_record {
+  int32_t index = 0;
+  double arrival_s = 0;
+  int32_t prompt_tokens = 0;
+  int32_t output_tokens = 0;
+  /// Seconds from arrival; negative when it never got there.
+  double queue_s = -1;
+  double ttft_s = -1;
+  double e2e_s = -1;
+  /// On an idle engine (cost_model unloaded()).
+  double unloaded_ttft_s = 0;
+  double unloaded_e2e_s = 0;
+  /// Tokens it produced.
+  int32_t produced = 0;
+  /// Refused at admission ("" if admitted): too_long, too_large_for_cache, ...
+  std::string refused;
+};
+
+/// A drift supervisor decision during the replay.
+struct replay_event {
+  double at_s = 0;
+  std::string action;
+  std::string policy;
+  std::string cause;
+  double error = 0;
+  double limit = 0;
+  int64_t samples = 0;
+};
+
+struct replay_result {
+  std::string policy;
+  std::string trace_name;
+  double rate_scale = 1;
+  std::vector<request_record> requests;
+  /// Every inter-token gap of every request, seconds.
+  std::vector<float> itl_s;
+  std::vector<replay_event> events;
+  /// Predicted vs actual of every predicted finished request.
+  std::vector<prediction_outcome> predictions;
+  latency_aware_stats policy_stats;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  /// Sum over steps of sequences in the step.
+  double sum_batch = 0;
+  int32_t max_batch_size = 0;
+  double busy_s = 0;
+  /// First arrival to last token.
+  double makespan_s = 0;
+  int64_t prompt_tokens = 0;
+  int64_t output_tokens = 0;
+  /// Seconds of virtual time under each policy.
+  double disabled_s = 0;
+  int64_t kv_pages = 0;
+  int32_t page_size = 0;
+  cost_model cost;
+};
+
+/// Replays `t`. Throws std::runtime_error when the replay stalls (a policy
+/// that holds requests without a deadline).
+replay_result replay(const trace& t, const replay_options& options);
+
+} // namespace metronome::sim

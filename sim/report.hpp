@@ -1,0 +1,34 @@
+#pragma once
+// The replay report: latency percentiles, throughput, batch efficiency,
+// slowdown by output-length decile, predictor accuracy and supervisor
+// events, as JSON other tools can read, and the side-by-side comparison of
+// policies against fcfs with the targets of issue 6.
+//
+// Keys every report has: policy, requests, throughput_tokens_per_s, and
+// ttft_ms, itl_ms, e2e_ms, queue_ms as {"p50", "p95", "p99"} (plus "mean").
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/replay.hpp"
+
+namespace metronome::sim {
+
+/// {"p50", "p95", "p99", "mean"} of `values` (nearest rank); zeros if empty.
+nlohmann::json percentiles(std::vector<double> values);
+
+/// The nearest-rank percentile p (0..100) of sorted values.
+double percentile_sorted(const std::vector<double>& sorted, double p);
+
+/// The report of one replay.
+nlohmann::json make_report(const replay_result& r);
+
+/// Comparison of reports of one trace at one rate scale against the fcfs
+/// one among them: ratios and whether each target is met (P95 e2e and P95
+/// TTFT at most 0.6x, throughput within 3%, no output decile's mean slowdown
+/// above 1.5x fcfs'). Null when there is no fcfs report.
+nlohmann::json compare_to_fcfs(const std::vector<nlohmann::json>& reports);
+
+} // namespace metronome::sim

@@ -1,0 +1,53 @@
+#include "sim/settings.hpp"
+
+namespace metronome::sim {
+
+namespace {
+
+sched_time ms(int64_t v) {
+  return std::chrono::milliseconds(v);
+}
+
+sched_time seconds(double v) {
+  return std::chrono::duration_cast<sched_time>(std::chrono::duration<double>(v));
+}
+
+} // namespace
+
+scheduling_settings settings_from_config(const server_config& cfg) {
+  scheduling_settings s;
+  s.limits.max_batch_size = cfg.engine.max_batch_size;
+  s.limits.max_num_batched_tokens = cfg.engine.max_num_batched_tokens;
+  s.limits.max_queued = cfg.server.max_queued_requests;
+  s.limits.max_model_len = cfg.model.max_model_len;
+  s.page_size = cfg.engine.page_size;
+  s.kv_cache_tokens = cfg.engine.kv_cache_tokens;
+
+  s.predictor.cold_start_slope = cfg.predictor.cold_start_slope;
+  s.predictor.cold_start_intercept = cfg.predictor.cold_start_intercept;
+  s.predictor.warmup_steps = cfg.predictor.warmup_steps;
+  s.predictor.update_interval = ms(cfg.predictor.update_interval_ms);
+  s.predictor.max_steps_factor = cfg.predictor.max_steps_factor;
+
+  s.ladb.max_batch_size = cfg.batching.max_batch_size;
+  s.ladb.min_batch_size = cfg.batching.min_batch_size;
+  s.ladb.variance_tolerance = cfg.batching.variance_tolerance;
+  s.ladb.min_hold = ms(cfg.batching.min_hold_ms);
+  s.ladb.max_hold = ms(cfg.batching.max_hold_ms);
+  s.ladb.timeout = ms(cfg.router.timeout_ms);
+  s.ladb.immediate_dispatch = cfg.router.fallback_policy == fallback_policy_kind::immediate_dispatch;
+  s.ladb.priority_by_remaining_steps
+    = cfg.router.queue_strategy == queue_strategy_kind::priority_by_remaining_steps;
+  s.srpt.promote_after = ms(cfg.router.srpt_promote_after_ms);
+
+  const auto& d = cfg.supervisor.drift;
+  s.drift.enabled = d.enabled;
+  s.drift.window = seconds(d.window_s);
+  s.drift.error_threshold = d.error_threshold;
+  s.drift.sustain = seconds(d.sustain_s);
+  s.drift.disable_for = seconds(d.disable_s);
+  s.drift.min_samples = d.min_samples;
+  return s;
+}
+
+} // namespace metronome::sim

@@ -1,0 +1,353 @@
+// metronome replay: a request trace through the real scheduler, policies,
+// KV page pool, predictor and drift supervision, on a simulated executor
+// whose steps take the cost model's time. Writes a JSON report and SVG plots.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "config/config_loader.hpp"
+#include "sim/report.hpp"
+#include "sim/settings.hpp"
+#include "sim/svg_plot.hpp"
+#include "tools/metronome/command.hpp"
+
+namespace metronome::cli {
+
+namespace {
+
+struct replay_args {
+  std::string trace;
+  std::string format;
+  std::string policy;
+  std::optional<std::string> config;
+  std::string rate_scale = "1";
+  std::optional<std::string> cost_model;
+  std::string report;
+  std::optional<std::string> plot;
+  std::optional<std::string> requests_csv;
+  int32_t max_tokens = 0;
+  std::vector<std::string> set;
+  bool quiet = false;
+};
+
+// -- --set for policy settings without a configuration key -----------------------
+
+bool is_extra(const std::string& kv) {
+  return kv.starts_with("ladb.") || kv.starts_with("srpt.") || kv.starts_with("drift.");
+}
+
+/// Applies "ladb.KEY=VALUE", "srpt.KEY=VALUE" or "drift.KEY=VALUE".
+void apply_extra(sim::scheduling_settings& s, const std::string& kv) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos)
+    throw std::runtime_error("--set " + kv + ": expected KEY=VALUE");
+  const auto key = kv.substr(0, eq);
+  const auto text = kv.substr(eq + 1);
+  auto number = [&] {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != text.size() || !std::isfinite(v) || v < 0)
+      throw std::runtime_error("--set " + key + ": '" + text + "' is not a number >= 0");
+    return v;
+  };
+  auto flag = [&] {
+    if (text == "true" || text == "1")
+      return true;
+    if (text == "false" || text == "0")
+      return false;
+    throw std::runtime_error("--set " + key + ": '" + text + "' is not true or false");
+  };
+  auto ms = [&] { return sched_time{int64_t(number() * 1e6)}; };
+  if (key == "ladb.decode_step_weight")
+    s.ladb.decode_step_weight = number();
+  else if (key == "ladb.aging_tokens_per_s")
+    s.ladb.aging_tokens_per_s = number();
+  else if (key == "ladb.starvation_wait_ms")
+    s.ladb.starvation_wait = ms();
+  else if (key == "ladb.starvation_tokens_per_s")
+    s.ladb.starvation_tokens_per_s = number();
+  else if (key == "ladb.share_steps")
+    s.ladb.share_steps = flag();
+  else if (key == "ladb.min_prefill_tokens")
+    s.ladb.min_prefill_tokens = int32_t(number());
+  else if (key == "srpt.decode_step_weight")
+    s.srpt.decode_step_weight = number();
+  else if (key == "drift.relative_to_baseline")
+    s.drift.relative_to_baseline = flag();
+  else
+    throw std::runtime_error("--set " + key + ": unknown key (ladb.decode_step_weight, "
+                             "ladb.aging_tokens_per_s, ladb.starvation_wait_ms, "
+                             "ladb.starvation_tokens_per_s, ladb.share_steps, "
+                             "ladb.min_prefill_tokens, srpt.decode_step_weight, "
+                             "drift.relative_to_baseline, or a configuration key)");
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty())
+      out.push_back(item);
+  return out;
+}
+
+std::vector<double> parse_scales(const std::string& text) {
+  std::vector<double> out;
+  for (const auto& item : split(text)) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || !(v > 0) || v > 1e6)
+      throw command_error("--rate-scale: '" + item + "' is not a positive number");
+    out.push_back(v);
+  }
+  if (out.empty())
+    throw command_error("--rate-scale: no value given");
+  return out;
+}
+
+std::vector<std::string> parse_policies(const std::string& text) {
+  auto names = text == "all" ? std::vector<std::string>{"fcfs", "ladb", "srpt"} : split(text);
+  if (names.empty())
+    throw command_error("--policy: no policy given");
+  static const policy_context defaults;
+  for (const auto& n : names)
+    if (!make_admission_policy(n, defaults))
+      throw command_error("--policy: unknown policy '" + n + "' (policies: "
+                          + std::string(policy_names()) + ", or all)");
+  return names;
+}
+
+sim::cost_model load_cost_model(const std::optional<std::string>& path) {
+  if (path)
+    return sim::cost_model::load(*path);
+  const std::filesystem::path shipped = METRONOME_DEFAULT_COST_MODEL;
+  if (std::filesystem::exists(shipped))
+    return sim::cost_model::load(shipped);
+  std::fprintf(stderr, "warning: %s not found: using the built-in provisional H200 model\n",
+               shipped.c_str());
+  return sim::cost_model{};
+}
+
+void print_table(const std::vector<nlohmann::json>& reports) {
+  std::printf("%-13s %6s %8s %8s %8s %8s %8s %8s %9s %7s\n", "policy", "rate", "ttft50", "ttft95",
+              "ttft99", "e2e50", "e2e95", "e2e99", "tok/s", "slow10");
+  for (const auto& r : reports) {
+    double worst = 0;
+    for (const auto& d : r["slowdown_by_output_decile"])
+      worst = std::max(worst, d["mean_slowdown"].get<double>());
+    std::printf("%-13s %6.3g %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9.1f %7.2f\n",
+                r["policy"].get<std::string>().c_str(), r["rate_scale"].get<double>(),
+                r["ttft_ms"]["p50"].get<double>(), r["ttft_ms"]["p95"].get<double>(),
+                r["ttft_ms"]["p99"].get<double>(), r["e2e_ms"]["p50"].get<double>(),
+                r["e2e_ms"]["p95"].get<double>(), r["e2e_ms"]["p99"].get<double>(),
+                r["throughput_tokens_per_s"].get<double>(), worst);
+  }
+}
+
+void run(const replay_args& a) {
+  sim::trace_format format;
+  if (a.format.empty())
+    format = sim::guess_trace_format(a.trace);
+  else if (!sim::parse_trace_format(a.format, format))
+    throw command_error("--format: '" + a.format + "' is not azure, mooncake or csv");
+  if (!std::filesystem::exists(a.trace))
+    throw command_error("--trace: " + a.trace + ": no such file");
+  const auto policies = parse_policies(a.policy);
+  const auto scales = parse_scales(a.rate_scale);
+  sim::trace t;
+  sim::cost_model cost;
+  server_config cfg;
+  try {
+    t = sim::read_trace(a.trace, format);
+    cost = load_cost_model(a.cost_model);
+    cfg = load_config(a.config ? std::optional<std::filesystem::path>(*a.config) : std::nullopt, {});
+  } catch (const std::exception& e) {
+    throw command_error(e.what());
+  }
+  if (t.requests.empty())
+    throw command_error("--trace: " + a.trace + ": no requests");
+
+  sim::replay_options base;
+  try {
+    // Configuration keys first (with their checks), then the policy
+    // settings that have no configuration key.
+    for (const auto& kv : a.set)
+      if (!is_extra(kv))
+        apply_set(cfg, kv);
+    validate(cfg, a.config.value_or("--set"));
+    base.settings = sim::settings_from_config(cfg);
+    for (const auto& kv : a.set)
+      if (is_extra(kv))
+        apply_extra(base.settings, kv);
+  } catch (const std::exception& e) {
+    throw command_error(e.what());
+  }
+  base.cost = cost;
+  base.max_tokens = a.max_tokens;
+  struct job {
+    std::string policy;
+    double scale;
+  };
+  std::vector<job> jobs;
+  for (double s : scales)
+    for (const auto& p : policies)
+      jobs.push_back({p, s});
+
+  // Runs are independent and deterministic: spread them over the cores and
+  // keep the results in job order.
+  std::vector<sim::replay_result> results(jobs.size());
+  std::vector<std::string> errors(jobs.size());
+  std::atomic<size_t> next{0};
+  const auto start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+      auto o = base;
+      o.policy = jobs[i].policy;
+      o.rate_scale = jobs[i].scale;
+      try {
+        results[i] = sim::replay(t, o);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    }
+  };
+  const size_t threads
+    = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(jobs.size(), 8));
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < threads; ++i)
+    pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool)
+    th.join();
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (!errors[i].empty())
+      throw command_error(jobs[i].policy + " at rate scale " + fmt::format("{}", jobs[i].scale)
+                          + ": " + errors[i]);
+  const double wall
+    = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::vector<nlohmann::json> reports;
+  for (const auto& r : results)
+    reports.push_back(sim::make_report(r));
+  nlohmann::json doc;
+  if (reports.size() == 1) {
+    doc = reports.front();
+  } else {
+    doc["trace"] = t.name;
+    doc["runs"] = reports;
+    nlohmann::json cmp = nlohmann::json::array();
+    for (double s : scales) {
+      std::vector<nlohmann::json> at;
+      for (const auto& r : reports)
+        if (r["rate_scale"].get<double>() == s)
+          at.push_back(r);
+      auto c = sim::compare_to_fcfs(at);
+      if (!c.is_null())
+        cmp.push_back({{"rate_scale", s}, {"vs_fcfs", c}});
+    }
+    doc["comparison"] = cmp;
+  }
+  std::ofstream out(a.report);
+  if (!out)
+    throw command_error("--report: cannot write " + a.report);
+  out << doc.dump(1) << "\n";
+  if (a.plot) {
+    std::ofstream svg(*a.plot);
+    if (!svg)
+      throw command_error("--plot: cannot write " + *a.plot);
+    svg << sim::render_svg(sim::replay_panels(results, reports, scales.back()));
+  }
+  if (a.requests_csv) {
+    std::ofstream csv(*a.requests_csv);
+    if (!csv)
+      throw command_error("--requests: cannot write " + *a.requests_csv);
+    csv << "policy,rate_scale,index,arrival_s,prompt_tokens,output_tokens,queue_s,ttft_s,e2e_s,"
+           "unloaded_ttft_s,unloaded_e2e_s,refused\n";
+    for (const auto& r : results)
+      for (const auto& q : r.requests)
+        csv << fmt::format("{},{},{},{:.6f},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{}\n",
+                           r.policy, r.rate_scale, q.index, q.arrival_s, q.prompt_tokens,
+                           q.output_tokens, q.queue_s, q.ttft_s, q.e2e_s, q.unloaded_ttft_s,
+                           q.unloaded_e2e_s, q.refused);
+  }
+  if (!a.quiet) {
+    std::printf("%s: %zu requests over %.0f s, cost model %s%s\n", t.name.c_str(),
+                t.requests.size(), t.duration_s(), cost.name.c_str(),
+                cost.provisional ? " (provisional)" : "");
+    print_table(reports);
+    for (const auto& r : reports)
+      for (const auto& e : r["supervisor"]["events"]) {
+        std::printf("  %s x%g: at %.1f s %s -> %s (%s", r["policy"].get<std::string>().c_str(),
+                    r["rate_scale"].get<double>(), e["at_s"].get<double>(),
+                    e["action"].get<std::string>().c_str(), e["policy"].get<std::string>().c_str(),
+                    e["cause"].get<std::string>().c_str());
+        if (e["action"] == "disable")
+          std::printf(": mean relative error %.3f > %.3f over %lld predictions",
+                      e["error"].get<double>(), e["limit"].get<double>(),
+                      (long long)e["samples"].get<int64_t>());
+        std::printf(")\n");
+      }
+    std::fprintf(stderr, "[%zu replays in %.1f s]\n", jobs.size(), wall);
+  }
+}
+
+void setup(CLI::App& app) {
+  auto a = std::make_shared<replay_args>();
+  auto* cmd = app.add_subcommand("replay", "Replay a request trace through the scheduler on a "
+                                           "simulated executor");
+  cmd->add_option("--trace", a->trace, "Trace file (Azure CSV, Mooncake JSONL or simple CSV)")
+    ->required();
+  cmd->add_option("--format", a->format, "azure, mooncake or csv (default: from the file)");
+  cmd->add_option("--policy", a->policy,
+                  "Policy, or several separated by commas, or all (fcfs,ladb,srpt)")
+    ->required();
+  cmd->add_option("--config", a->config, "metronome.yaml (engine limits, batching, predictor, "
+                                         "router, supervisor.drift)");
+  cmd->add_option("--rate-scale", a->rate_scale,
+                  "Arrival rate multiplier, or several separated by commas (a sweep)");
+  cmd->add_option("--cost-model", a->cost_model,
+                  "Step-time model (default sim/cost_models/h200-llama3-8b.json)");
+  cmd->add_option("--report", a->report, "Where to write the JSON report")->required();
+  cmd->add_option("--plot", a->plot, "Where to write SVG plots (CDFs, P95 against load)");
+  cmd->add_option("--requests", a->requests_csv,
+                  "Where to write one CSV row per request and run (latencies, unloaded "
+                  "latencies)");
+  cmd->add_option("--max-tokens", a->max_tokens,
+                  "max_tokens of every request (default: up to the context)")
+    ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--set", a->set,
+                  "KEY=VALUE: a configuration key (engine.max_batch_size=64), or a policy "
+                  "setting without one (ladb.share_steps=false, ladb.aging_tokens_per_s=100, "
+                  "drift.relative_to_baseline=false, ...); repeatable");
+  cmd->add_flag("--quiet", a->quiet, "Print nothing");
+  cmd->callback([a] { run(*a); });
+}
+
+const int registered = register_command(60, &setup);
+
+} // namespace
+
+} // namespace metronome::cli

@@ -23,6 +23,12 @@ public:
   using std::logic_error::logic_error;
 };
 
+/// One line of a runner's device-memory plan: what holds the bytes.
+struct memory_plan_entry {
+  std::string name; // "weights", "activations", "graphs", "kv_pool", ...
+  int64_t bytes = 0;
+};
+
 /// Executes step plans on one device. Called from one thread only, the
 /// executor's; implementations may use more threads inside.
 class model_runner {
@@ -42,6 +48,12 @@ public:
 
   /// "cpu", "cuda:0", ...
   virtual std::string device() const = 0;
+
+  /// Device memory by use (weights, activations, graphs, KV pool), as planned
+  /// at start-up; empty for runners without such a plan. Any thread.
+  virtual std::vector<memory_plan_entry> memory_plan() const {
+    return {};
+  }
 };
 
 /// A sequence as a runner tracks it.

@@ -1,0 +1,561 @@
+// gpu_bench: the CUDA runner on one model folder against the device's own
+// floors, measured in the same run.
+//
+// Floors: the device-to-device copy bandwidth (bytes read + written per
+// second of a 2 GiB cudaMemcpy) bounds memory-bound steps: a decode step must
+// read every weight once plus each sequence's KV. The cuBLAS bf16 GEMM rate
+// (8192^3, random data) bounds prefill: FLOPs of the projections plus causal
+// attention. Every figure is the wall time of runner->execute() as the
+// executor sees it (host work, copies and the bounded wait included), the
+// median of repeated steps after warm-up.
+//
+// Output: rows {"engine", "model", "metric", "value", "unit", "floor"} (--out)
+// and the step-time grid {"kind", "num_seqs", "kv_tokens", "prefill_tokens",
+// "ms"} for the scheduler's cost model (--grid).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/gpu/kernel_bench.hpp"
+#include "gpu/cuda_check.hpp"
+#include "gpu/cuda_runner.hpp"
+#include "gpu/device_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "model/make_model.hpp"
+#include "model/model_weights.hpp"
+
+namespace metronome {
+namespace {
+
+using nlohmann::json;
+
+// -- floors ------------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty())
+    return NAN;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+/// Bytes read + written per second by a device-to-device copy of 2 GiB.
+double copy_bandwidth() {
+  const size_t bytes = 2ull << 30;
+  gpu::device_buffer a(bytes), b(bytes);
+  METRONOME_CUDA(cudaMemset(a.get(), 0x5a, bytes));
+  METRONOME_CUDA(cudaMemset(b.get(), 0x33, bytes));
+  cudaEvent_t e0, e1;
+  METRONOME_CUDA(cudaEventCreate(&e0));
+  METRONOME_CUDA(cudaEventCreate(&e1));
+  std::vector<double> rates;
+  for (int i = 0; i < 13; ++i) {
+    METRONOME_CUDA(cudaEventRecord(e0));
+    METRONOME_CUDA(cudaMemcpyAsync(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), bytes,
+                                   cudaMemcpyDeviceToDevice));
+    METRONOME_CUDA(cudaEventRecord(e1));
+    gpu::wait_event(e1, 60, "copy bandwidth");
+    float ms = 0;
+    METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 3)
+      rates.push_back(2.0 * double(bytes) / (double(ms) * 1e-3));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return median(rates);
+}
+
+/// FLOP/s of a bf16 8192^3 cuBLAS GEMM (fp32 accumulate) on random data.
+double gemm_rate() {
+  const int n = 8192;
+  const size_t elems = size_t(n) * n;
+  std::vector<float> host(elems);
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (auto& x : host) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = float(int64_t(s >> 40) - (1 << 23)) / float(1 << 23);
+  }
+  gpu::device_buffer f32(elems * 4), a(elems * 2), b(elems * 2), c(elems * 2);
+  METRONOME_CUDA(cudaMemcpy(f32.get(), host.data(), elems * 4, cudaMemcpyHostToDevice));
+  gpu::launch_to_bf16(f32.get(), false, int64_t(elems), a.get<gpu::bf16>(), nullptr);
+  std::reverse(host.begin(), host.end());
+  METRONOME_CUDA(cudaMemcpy(f32.get(), host.data(), elems * 4, cudaMemcpyHostToDevice));
+  gpu::launch_to_bf16(f32.get(), false, int64_t(elems), b.get<gpu::bf16>(), nullptr);
+  cublasHandle_t h;
+  METRONOME_CUBLAS(cublasCreate(&h));
+  const float alpha = 1, beta = 0;
+  auto run = [&] {
+    METRONOME_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.get(),
+                                  CUDA_R_16BF, n, b.get(), CUDA_R_16BF, n, &beta, c.get(),
+                                  CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  for (int i = 0; i < 3; ++i)
+    run();
+  cudaEvent_t e0, e1;
+  METRONOME_CUDA(cudaEventCreate(&e0));
+  METRONOME_CUDA(cudaEventCreate(&e1));
+  METRONOME_CUDA(cudaEventRecord(e0));
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i)
+    run();
+  METRONOME_CUDA(cudaEventRecord(e1));
+  gpu::wait_event(e1, 60, "gemm rate");
+  float ms = 0;
+  METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  return 2.0 * n * double(n) * n * reps / (double(ms) * 1e-3);
+}
+
+// -- a small scheduler for the benchmark ---------------------------------------------------
+
+class bench_driver {
+public:
+  bench_driver(model_runner& r, int32_t max_tokens, int32_t max_batch)
+    : r_(r), max_tokens_(max_tokens), max_batch_(max_batch) {
+    for (int32_t p = r.num_pages() - 1; p >= 0; --p)
+      free_pages_.push_back(p);
+  }
+
+  /// Adds `count` sequences with random prompts of `len` tokens (computed
+  /// by later steps). Returns their ids.
+  std::vector<uint64_t> add(int32_t count, int32_t len) {
+    std::vector<uint64_t> ids;
+    for (int32_t i = 0; i < count; ++i) {
+      const uint64_t id = next_id_++;
+      pending_.push_back(new_sequence{id, random_prompt(len), greedy(), 0});
+      seqs_[id] = {len, 0, {}};
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  /// Computes the prompts of `ids` up to `upto` tokens each (all of it when
+  /// upto < 0), several sequences per step within the token budget.
+  void compute(const std::vector<uint64_t>& ids, int32_t upto = -1) {
+    size_t i = 0;
+    while (i < ids.size()) {
+      std::vector<std::pair<uint64_t, int32_t>> chunks;
+      int32_t budget = max_tokens_;
+      while (i < ids.size() && budget > 0 && int32_t(chunks.size()) < max_batch_) {
+        auto& s = seqs_.at(ids[i]);
+        const int32_t target = upto < 0 ? s.known : std::min(upto, s.known);
+        const int32_t n = std::min(budget, target - s.computed);
+        if (n > 0) {
+          chunks.push_back({ids[i], n});
+          budget -= n;
+        }
+        if (s.computed + n == target)
+          ++i;
+        else
+          break;
+      }
+      if (!chunks.empty())
+        step(chunks);
+    }
+  }
+
+  std::vector<uint64_t> prefill(int32_t count, int32_t len) {
+    auto ids = add(count, len);
+    compute(ids);
+    return ids;
+  }
+
+  /// One step of the given (sequence, tokens) chunks; returns the wall ms.
+  double step(const std::vector<std::pair<uint64_t, int32_t>>& chunks) {
+    step_plan plan;
+    plan.step = step_no_++;
+    plan.added = std::move(pending_);
+    pending_.clear();
+    for (auto [id, n] : chunks) {
+      auto& s = seqs_.at(id);
+      scheduled_chunk c{id, n, {}};
+      while (int32_t(s.pages.size()) * r_.page_size() < s.computed + n) {
+        if (free_pages_.empty())
+          throw std::runtime_error("bench: out of KV pages");
+        c.new_pages.push_back(free_pages_.back());
+        s.pages.push_back(free_pages_.back());
+        free_pages_.pop_back();
+      }
+      plan.chunks.push_back(c);
+    }
+    auto out = r_.execute(plan);
+    for (auto [id, n] : chunks)
+      seqs_.at(id).computed += n;
+    for (const auto& t : out.tokens)
+      ++seqs_.at(t.id).known;
+    return out.seconds * 1e3;
+  }
+
+  /// Median ms of `steps` decode steps of `ids` after `warm` unmeasured ones.
+  double decode(const std::vector<uint64_t>& ids, int warm, int steps) {
+    std::vector<std::pair<uint64_t, int32_t>> chunks;
+    for (auto id : ids)
+      chunks.push_back({id, 1});
+    std::vector<double> ms;
+    for (int i = 0; i < warm + steps; ++i) {
+      const double t = step(chunks);
+      if (i >= warm)
+        ms.push_back(t);
+    }
+    return median(ms);
+  }
+
+  void release(const std::vector<uint64_t>& ids) {
+    step_plan plan;
+    plan.step = step_no_++;
+    for (auto id : ids) {
+      plan.released.push_back(id);
+      auto& s = seqs_.at(id);
+      free_pages_.insert(free_pages_.end(), s.pages.begin(), s.pages.end());
+      seqs_.erase(id);
+    }
+    r_.execute(plan);
+  }
+
+  int32_t context(uint64_t id) const {
+    return seqs_.at(id).computed;
+  }
+
+private:
+  static sampling_params greedy() {
+    sampling_params p;
+    p.temperature = 0;
+    return p;
+  }
+
+  std::vector<int32_t> random_prompt(int32_t len) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (auto& t : p)
+      t = int32_t(rng_() % uint64_t(r_.config().vocab_size));
+    return p;
+  }
+
+  struct seq {
+    int32_t known, computed;
+    std::vector<int32_t> pages;
+  };
+  model_runner& r_;
+  int32_t max_tokens_, max_batch_;
+  uint64_t next_id_ = 1, step_no_ = 0;
+  std::mt19937_64 rng_{2026};
+  std::vector<new_sequence> pending_;
+  std::map<uint64_t, seq> seqs_;
+  std::vector<int32_t> free_pages_;
+};
+
+// -- model arithmetic ----------------------------------------------------------------------
+
+struct model_costs {
+  double weight_bytes = 0; // read once per step
+  double kv_bytes_per_token = 0;
+  double layer_params = 0;
+  double lm_head_params = 0;
+  double attn_flops_per_pair = 0; // per (query, key) pair, all layers
+};
+
+model_costs costs_of(const model_config& c) {
+  model_costs m;
+  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
+  m.layer_params = c.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h);
+  m.lm_head_params = double(c.vocab_size) * h;
+  m.weight_bytes = 2 * (m.layer_params + m.lm_head_params + h);
+  m.kv_bytes_per_token = double(c.num_layers) * 2 * kv * 2;
+  m.attn_flops_per_pair = double(c.num_layers) * 4 * q;
+  return m;
+}
+
+double prefill_flops(const model_costs& m, double n, double ctx) {
+  // Causal pairs of n new tokens after ctx cached ones.
+  const double pairs = n * ctx + n * (n + 1) / 2;
+  return 2 * n * m.layer_params + pairs * m.attn_flops_per_pair + 2 * m.lm_head_params;
+}
+
+// -- main ----------------------------------------------------------------------------------
+
+struct options {
+  std::string model, name, out, grid;
+  std::string make_preset; // with --make-out: write that preset's folder and exit
+  bool quick = false;
+  bool kernels = false;     // per-kernel timings first
+  bool decode_only = false; // only the batch-1 and batch-64 decode figures
+  int32_t max_batch = 128;
+};
+
+int run(const options& o) {
+  std::printf("== %s (%s)\n", o.name.c_str(), o.model.c_str());
+  const double bw = copy_bandwidth();
+  const double flops = gemm_rate();
+  std::printf("floors: copy %.0f GB/s (read + write), cuBLAS bf16 %.0f TFLOP/s\n", bw / 1e9,
+              flops / 1e12);
+
+  auto model = model_folder::open(o.model);
+  const auto& cfg = model->config;
+  const model_costs mc = costs_of(cfg);
+  json rows = json::array(), grid = json::array();
+  if (o.kernels)
+    bench::kernel_bench(cfg, o.name, bw, flops, rows);
+  cuda_runner_options ro;
+  ro.max_batch_size = o.max_batch;
+  ro.max_num_batched_tokens = 2048;
+  ro.gpu_memory_fraction = 0.85;
+  const auto t_load = std::chrono::steady_clock::now();
+  auto runner = make_cuda_runner(model, ro);
+  const double load_s =
+    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  std::printf("runner up in %.1f s; %s\n%s", load_s, describe_cuda_runner(*runner).c_str(),
+              format_memory_plan(runner->memory_plan()).c_str());
+
+  auto row = [&](const std::string& metric, double value, const std::string& unit,
+                 double floor) {
+    rows.push_back({{"engine", "metronome"},
+                    {"model", o.name},
+                    {"metric", metric},
+                    {"value", value},
+                    {"unit", unit},
+                    {"floor", std::isfinite(floor) ? json(floor) : json(nullptr)}});
+    std::printf("  %-36s %10.3f %-8s floor %10.3f\n", metric.c_str(), value, unit.c_str(),
+                floor);
+    std::fflush(stdout);
+  };
+  row("copy_bandwidth", bw / 1e9, "GB/s", NAN);
+  row("gemm_bf16_tflops", flops / 1e12, "TFLOP/s", NAN);
+  row("load_s", load_s, "s", NAN);
+  auto decode_floor = [&](double kv_tokens) {
+    return (mc.weight_bytes + kv_tokens * mc.kv_bytes_per_token) / bw * 1e3;
+  };
+  bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size);
+
+  // Prefill: one prompt per step, median of 5.
+  for (int32_t n : {128, 2048}) {
+    if (o.decode_only)
+      break;
+    std::vector<double> ms;
+    for (int rep = 0; rep < 6; ++rep) {
+      auto ids = d.prefill(1, n);
+      d.release(ids);
+    }
+    for (int rep = 0; rep < 5; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto ids = d.prefill(1, n);
+      ms.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                   * 1e3);
+      d.release(ids);
+    }
+    // Floor: the FLOPs at the GEMM rate, or reading the weights once, whichever is longer.
+    row("prefill_ms_" + std::to_string(n), median(ms), "ms",
+        std::max(prefill_flops(mc, n, 0) / flops, mc.weight_bytes / bw) * 1e3);
+  }
+
+  // Batch-1 decode at two contexts, graphs on and off.
+  double bs1_ctx1024 = NAN;
+  for (int32_t ctx : {128, 1024, 4096}) {
+    auto ids = d.prefill(1, ctx);
+    const double ms = d.decode(ids, 5, o.quick ? 30 : 100);
+    set_cuda_graphs(*runner, false);
+    const double eager = d.decode(ids, 3, o.quick ? 10 : 30);
+    set_cuda_graphs(*runner, true);
+    const double fl = decode_floor(ctx + 60);
+    if (ctx == 1024) {
+      bs1_ctx1024 = ms;
+      row("decode_step_ms_bs1_ctx1024", ms, "ms", fl);
+    } else {
+      row("decode_bs1_ms_ctx" + std::to_string(ctx), ms, "ms", fl);
+      row("decode_bs1_floor_fraction_ctx" + std::to_string(ctx), fl / ms, "fraction", 1.0);
+      row("decode_bs1_ms_ctx" + std::to_string(ctx) + "_uncaptured", eager, "ms", fl);
+    }
+    d.release(ids);
+  }
+
+  // Decode steps of larger batches at context 1024.
+  std::vector<int32_t> batches = {8, 32, 64, 128};
+  if (o.decode_only)
+    batches = {64};
+  for (int32_t b : batches) {
+    if (b > o.max_batch)
+      continue;
+    auto ids = d.prefill(b, 1024);
+    const double ms = d.decode(ids, 3, o.quick ? 10 : 20);
+    row("decode_step_ms_bs" + std::to_string(b) + "_ctx1024", ms, "ms",
+        decode_floor(double(b) * 1030));
+    if (b == 64) {
+      set_cuda_graphs(*runner, false);
+      row("decode_step_ms_bs64_ctx1024_uncaptured", d.decode(ids, 2, 5), "ms",
+          decode_floor(64.0 * 1040));
+      set_cuda_graphs(*runner, true);
+      row("decode_bs64_over_bs1_ctx1024", ms / bs1_ctx1024, "x",
+          decode_floor(64.0 * 1030) / decode_floor(1030));
+    }
+    d.release(ids);
+  }
+
+  // The step-time grid for the scheduler's cost model.
+  if (!o.grid.empty() && !o.decode_only) {
+    std::vector<int32_t> prefill_sizes = {16, 32, 64, 128, 256, 512, 1024, 2048};
+    for (int32_t n : prefill_sizes) {
+      std::vector<double> ms;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto ids = d.prefill(1, n);
+        d.release(ids);
+      }
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto ids = d.prefill(1, n);
+        ms.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
+        d.release(ids);
+      }
+      grid.push_back({{"kind", "prefill"}, {"num_seqs", 1}, {"kv_tokens", n},
+                      {"prefill_tokens", n}, {"ms", median(ms)}});
+    }
+    // Chunks continuing a cached prompt (chunked prefill).
+    for (int32_t cached : {1024, 4096})
+      for (int32_t n : {256, 1024, 2048}) {
+        std::vector<double> ms;
+        for (int rep = 0; rep < 3; ++rep) {
+          auto ids = d.add(1, cached + n);
+          d.compute(ids, cached);
+          ms.push_back(d.step({{ids[0], n}}));
+          d.release(ids);
+        }
+        grid.push_back({{"kind", "prefill"}, {"num_seqs", 1}, {"kv_tokens", cached + n},
+                        {"prefill_tokens", n}, {"ms", median(ms)}});
+      }
+    // Mixed steps: decodes at context 1024 next to one prompt chunk.
+    for (int32_t b : {8, 32, 64}) {
+      if (b > o.max_batch - 1)
+        continue;
+      auto all = d.prefill(b, 1024);
+      for (int32_t n : {256, 1024}) {
+        auto extra = d.add(1, 3 * n);
+        std::vector<double> ms;
+        double kv = 0;
+        for (int rep = 0; rep < 3; ++rep) {
+          std::vector<std::pair<uint64_t, int32_t>> chunks;
+          kv = 0;
+          for (auto id : all) {
+            chunks.push_back({id, 1});
+            kv += d.context(id) + 1;
+          }
+          kv += d.context(extra[0]) + n;
+          chunks.push_back({extra[0], n});
+          ms.push_back(d.step(chunks));
+        }
+        grid.push_back({{"kind", "mixed"}, {"num_seqs", b + 1}, {"kv_tokens", int64_t(kv)},
+                        {"prefill_tokens", n}, {"ms", median(ms)}});
+        d.release(extra);
+      }
+      d.release(all);
+    }
+    std::vector<int32_t> contexts = o.quick ? std::vector<int32_t>{128, 1024, 4096}
+                                            : std::vector<int32_t>{128, 512, 1024, 2048, 4096};
+    std::vector<int32_t> sizes = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128};
+    for (int32_t ctx : contexts) {
+      auto all = d.prefill(o.max_batch, ctx);
+      for (int32_t b : sizes) {
+        if (b > o.max_batch)
+          continue;
+        std::vector<uint64_t> ids(all.begin(), all.begin() + b);
+        const double ms = d.decode(ids, 2, 6);
+        double kv = 0;
+        for (auto id : ids)
+          kv += d.context(id);
+        grid.push_back({{"kind", "decode"}, {"num_seqs", b}, {"kv_tokens", int64_t(kv)},
+                        {"prefill_tokens", 0}, {"ms", ms}});
+      }
+      d.release(all);
+    }
+    std::ofstream(o.grid) << grid.dump(1) << "\n";
+    std::printf("grid: %zu rows -> %s\n", grid.size(), o.grid.c_str());
+  }
+
+  if (!o.out.empty())
+    std::ofstream(o.out) << rows.dump(1) << "\n";
+  return 0;
+}
+
+} // namespace
+} // namespace metronome
+
+int main(int argc, char** argv) {
+  metronome::options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc)
+        throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model")
+      o.model = next();
+    else if (a == "--name")
+      o.name = next();
+    else if (a == "--out")
+      o.out = next();
+    else if (a == "--grid")
+      o.grid = next();
+    else if (a == "--make-preset")
+      o.make_preset = next();
+    else if (a == "--make-out")
+      o.model = next();
+    else if (a == "--quick")
+      o.quick = true;
+    else if (a == "--kernels")
+      o.kernels = true;
+    else if (a == "--decode-only")
+      o.decode_only = true;
+    else if (a == "--max-batch")
+      o.max_batch = std::stoi(next());
+    else {
+      std::fprintf(stderr,
+                   "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
+                   " [--quick] [--kernels] [--decode-only] [--max-batch N]\n"
+                   "       gpu_bench --make-preset NAME --make-out DIR\n");
+      return 2;
+    }
+  }
+  if (o.model.empty()) {
+    std::fprintf(stderr, "gpu_bench: --model is required\n");
+    return 2;
+  }
+  if (!o.make_preset.empty()) {
+    // The same code as `metronome make-model --preset NAME --out DIR`.
+    try {
+      metronome::make_model_options mo;
+      auto cfg = metronome::preset_config(o.make_preset);
+      if (!cfg)
+        throw std::invalid_argument("unknown preset " + o.make_preset);
+      mo.config = *cfg;
+      mo.out_dir = o.model;
+      const auto t0 = std::chrono::steady_clock::now();
+      metronome::make_model(mo);
+      std::printf("made %s in %s (%.1f s)\n", o.make_preset.c_str(), o.model.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (o.name.empty())
+    o.name = o.model;
+  try {
+    return metronome::run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+    return 1;
+  }
+}

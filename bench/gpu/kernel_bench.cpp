@@ -1,0 +1,238 @@
+#include "bench/gpu/kernel_bench.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/device_memory.hpp"
+#include "gpu/kernels.hpp"
+
+namespace metronome::bench {
+
+namespace {
+
+using gpu::bf16;
+using gpu::device_buffer;
+
+/// Fills `bytes` of device memory with random bf16 in [-0.05, 0.05).
+void fill_random(void* dst, size_t bytes, uint64_t seed) {
+  const size_t block = std::min<size_t>(bytes / 2, 16u << 20); // elements
+  std::vector<float> host(block);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-0.05f, 0.05f);
+  for (auto& x : host)
+    x = d(rng);
+  device_buffer f32(block * 4);
+  METRONOME_CUDA(cudaMemcpy(f32.get(), host.data(), block * 4, cudaMemcpyHostToDevice));
+  auto* out = static_cast<unsigned char*>(dst);
+  gpu::launch_to_bf16(f32.get(), false, int64_t(block), reinterpret_cast<bf16*>(out), nullptr);
+  for (size_t off = block * 2; off < bytes; off += block * 2)
+    METRONOME_CUDA(cudaMemcpy(out + off, out, std::min(block * 2, bytes - off),
+                              cudaMemcpyDeviceToDevice));
+  METRONOME_CUDA(cudaDeviceSynchronize());
+}
+
+/// Median microseconds of fn(i) over `reps` launches (after 3 warm-ups),
+/// each timed with events.
+double time_us(const std::function<void(int)>& fn, int reps = 15) {
+  cudaEvent_t a, b;
+  METRONOME_CUDA(cudaEventCreate(&a));
+  METRONOME_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i)
+    fn(i);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    METRONOME_CUDA(cudaEventRecord(a, nullptr));
+    fn(i);
+    METRONOME_CUDA(cudaEventRecord(b, nullptr));
+    gpu::wait_event(b, 60, "kernel timing");
+    float ms = 0;
+    METRONOME_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(double(ms) * 1e3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct shape {
+  const char* name;
+  int64_t n, k;
+};
+
+} // namespace
+
+void kernel_bench(const model_config& c, const std::string& model, double bw, double flops,
+                  nlohmann::json& rows) {
+  auto row = [&](const std::string& metric, double us, double floor_us) {
+    rows.push_back({{"engine", "metronome-kernel"},
+                    {"model", model},
+                    {"metric", metric},
+                    {"value", us},
+                    {"unit", "us"},
+                    {"floor", floor_us}});
+    std::printf("  %-44s %9.1f us  floor %9.1f us  (%3.0f%%)\n", metric.c_str(), us, floor_us,
+                100.0 * floor_us / us);
+    std::fflush(stdout);
+  };
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
+  const shape shapes[] = {{"qkv", q + 2 * kv, h},
+                          {"o", h, q},
+                          {"gate_up", 2 * f, h},
+                          {"down", h, f},
+                          {"lm_head", c.vocab_size, h}};
+  cublasHandle_t handle;
+  METRONOME_CUBLAS(cublasCreate(&handle));
+  device_buffer ws(32u << 20);
+  METRONOME_CUBLAS(cublasSetWorkspace(handle, ws.get(), ws.bytes()));
+  const int64_t max_m = 2048;
+  device_buffer x(size_t(max_m) * size_t(std::max(h, f)) * 2);
+  fill_random(x.get(), x.bytes(), 7);
+
+  for (const auto& s : shapes) {
+    const size_t bytes = size_t(s.n) * size_t(s.k) * 2;
+    // Enough copies that a rotation exceeds the 60 MB L2 several times.
+    const int copies = int(std::max<size_t>(1, std::min<size_t>(8, (512u << 20) / bytes)));
+    device_buffer w(bytes * size_t(copies));
+    fill_random(w.get(), w.bytes(), 11);
+    device_buffer y(size_t(max_m) * size_t(s.n) * 4);
+    auto wp = [&](int i) {
+      return reinterpret_cast<const bf16*>(w.get<unsigned char>() + bytes * size_t(i % copies));
+    };
+    const double floor_us = double(bytes) / bw * 1e6;
+    for (int m : {1, 2, 4, 8}) {
+      gpu::gemv_args a;
+      a.n = int32_t(s.n);
+      a.k = int32_t(s.k);
+      a.m = m;
+      a.x = x.get<bf16>();
+      a.out_f32 = y.get<float>();
+      const double us = time_us([&](int i) {
+        a.w = wp(i);
+        gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
+      });
+      row(std::string("gemv_") + s.name + "_m" + std::to_string(m), us, floor_us);
+    }
+    for (int m : {1, 8, 64, 2048}) {
+      for (bool f32_acc : {false, true}) {
+        if (f32_acc && m == 1)
+          continue;
+        const float alpha = 1, beta = f32_acc ? 1.0f : 0.0f;
+        const double us = time_us([&](int i) {
+          METRONOME_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), m, int(s.k),
+                                        &alpha, wp(i), CUDA_R_16BF, int(s.k), x.get(),
+                                        CUDA_R_16BF, int(s.k), &beta, y.get(),
+                                        f32_acc ? CUDA_R_32F : CUDA_R_16BF, int(s.n),
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        const double fl = std::max(floor_us, 2.0 * m * double(s.n) * double(s.k) / flops * 1e6);
+        row(std::string("cublas_") + s.name + "_m" + std::to_string(m)
+              + (f32_acc ? "_f32_residual" : "_bf16"),
+            us, fl);
+      }
+    }
+  }
+  cublasDestroy(handle);
+
+  // Attention on random pages (layer 0's shape).
+  gpu::attention_shape sh;
+  sh.num_heads = c.num_heads;
+  sh.kv_heads = c.num_kv_heads;
+  sh.head_dim = c.head_dim;
+  sh.scale = 1.0f / std::sqrt(float(c.head_dim));
+  int sms = 0;
+  METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int32_t ps = 16;
+  struct attn_case {
+    int32_t seqs, ctx, new_tokens;
+  };
+  for (const attn_case ac : {attn_case{1, 4096, 1}, attn_case{1, 32768, 1}, attn_case{64, 1024, 1},
+                             attn_case{1, 2048, 2048}}) {
+    const int32_t pages_per_seq = (ac.ctx + ps - 1) / ps;
+    const int32_t pages = ac.seqs * pages_per_seq;
+    const size_t pool = size_t(pages) * size_t(kv) * ps * 2;
+    device_buffer k(pool), v(pool);
+    fill_random(k.get(), pool, 3);
+    fill_random(v.get(), pool, 5);
+    std::vector<int32_t> table(static_cast<size_t>(pages), 0);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    std::vector<int32_t> positions, token_seq, slot, q_start, seq_len;
+    for (int32_t s = 0; s < ac.seqs; ++s) {
+      slot.push_back(s);
+      q_start.push_back(int32_t(positions.size()));
+      seq_len.push_back(ac.ctx);
+      for (int32_t t = ac.ctx - ac.new_tokens; t < ac.ctx; ++t) {
+        positions.push_back(t);
+        token_seq.push_back(s);
+      }
+    }
+    q_start.push_back(int32_t(positions.size()));
+    auto upload = [](const std::vector<int32_t>& hv) {
+      device_buffer d(hv.size() * 4);
+      METRONOME_CUDA(cudaMemcpy(d.get(), hv.data(), hv.size() * 4, cudaMemcpyHostToDevice));
+      return d;
+    };
+    auto d_table = upload(table), d_pos = upload(positions), d_ts = upload(token_seq),
+         d_slot = upload(slot), d_qs = upload(q_start), d_len = upload(seq_len);
+    gpu::kv_view kvv;
+    kvv.k = k.get<bf16>();
+    kvv.v = v.get<bf16>();
+    kvv.page_table = d_table.get<int32_t>();
+    kvv.page_table_stride = pages_per_seq;
+    kvv.page_size = ps;
+    kvv.kv_heads = c.num_kv_heads;
+    kvv.head_dim = c.head_dim;
+    gpu::batch_view bv;
+    bv.num_tokens = int32_t(positions.size());
+    bv.num_seqs = ac.seqs;
+    bv.positions = d_pos.get<int32_t>();
+    bv.token_seq = d_ts.get<int32_t>();
+    bv.seq_slot = d_slot.get<int32_t>();
+    bv.seq_q_start = d_qs.get<int32_t>();
+    bv.seq_len = d_len.get<int32_t>();
+    device_buffer dq(size_t(bv.num_tokens) * size_t(q) * 2), out(dq.bytes());
+    fill_random(dq.get(), dq.bytes(), 9);
+    if (ac.new_tokens == 1) {
+      const int32_t splits = gpu::decode_attention_splits(sh, ac.seqs, sms);
+      device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
+      device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
+      device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
+      METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
+      const double us = time_us([&](int) {
+        gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
+                                     pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
+                                     nullptr);
+      });
+      row("decode_attention_bs" + std::to_string(ac.seqs) + "_ctx" + std::to_string(ac.ctx), us,
+          2.0 * double(pool) / bw * 1e6);
+    } else {
+      std::vector<gpu::prefill_item> items;
+      for (int32_t r = 0; r < ac.new_tokens; r += gpu::prefill_tile)
+        items.push_back({0, r});
+      std::reverse(items.begin(), items.end());
+      device_buffer d_items(items.size() * sizeof(gpu::prefill_item));
+      METRONOME_CUDA(cudaMemcpy(d_items.get(), items.data(), d_items.bytes(),
+                                cudaMemcpyHostToDevice));
+      const double us = time_us([&](int) {
+        gpu::launch_prefill_attention(sh, dq.get<bf16>(), kvv, bv,
+                                      d_items.get<gpu::prefill_item>(), int32_t(items.size()),
+                                      out.get<bf16>(), nullptr);
+      });
+      const double n = ac.new_tokens;
+      const double fl = 4.0 * double(q) * (n * (n + 1) / 2) / flops * 1e6;
+      row("prefill_attention_" + std::to_string(ac.new_tokens), us, fl);
+    }
+  }
+}
+
+} // namespace metronome::bench

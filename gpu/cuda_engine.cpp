@@ -1,0 +1,467 @@
+#include "gpu/cuda_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "model/model_error.hpp"
+
+namespace metronome::gpu {
+
+namespace {
+
+constexpr size_t align_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+
+constexpr size_t cublas_workspace_bytes = 32ull << 20;
+/// Memory left unplanned for the CUDA context's own growth and cuBLAS.
+constexpr size_t reserve_bytes = 256ull << 20;
+
+int32_t updates_capacity(int32_t batch) {
+  return 4 * batch + 16;
+}
+
+void check_shape(bool ok, const std::string& field, const std::string& problem) {
+  if (!ok)
+    throw std::invalid_argument("cuda runner: " + field + ": " + problem);
+}
+
+} // namespace
+
+// -- construction ------------------------------------------------------------------------
+
+cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
+                         const cuda_runner_options& options)
+  : model_(std::move(model)), options_(options) {
+  const auto& c = model_->config;
+  check_shape(attention_supports_head_dim(c.head_dim), "head_dim",
+              std::to_string(c.head_dim) + " is not supported (16, 32, 64, 128, 256)");
+  check_shape(c.hidden_size % 8 == 0, "hidden_size", "must be a multiple of 8");
+  check_shape(c.intermediate_size % 8 == 0, "intermediate_size", "must be a multiple of 8");
+  check_shape(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, "num_key_value_heads",
+              "must divide num_attention_heads");
+  check_shape(options_.page_size > 0 && options_.page_size <= 1024, "page_size",
+              "must lie in 1..1024");
+  check_shape(options_.max_batch_size >= 1 && options_.max_batch_size <= 1024, "max_batch_size",
+              "must lie in 1..1024");
+  check_shape(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+              "must be positive");
+  check_shape(options_.gpu_memory_fraction > 0 && options_.gpu_memory_fraction <= 1,
+              "gpu_memory_fraction", "must lie in (0, 1]");
+  check_shape(options_.small_batch_path == "auto" || options_.small_batch_path == "gemv"
+                || options_.small_batch_path == "cublas",
+              "small_batch_path", "must be auto, gemv or cublas");
+
+  int count = 0;
+  METRONOME_CUDA(cudaGetDeviceCount(&count));
+  check_shape(options_.device >= 0 && options_.device < count, "device",
+              "cuda:" + std::to_string(options_.device) + " does not exist ("
+                + std::to_string(count) + " devices)");
+  METRONOME_CUDA(cudaSetDevice(options_.device));
+  METRONOME_CUDA(
+    cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
+  METRONOME_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  METRONOME_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  METRONOME_CUBLAS(cublasCreate(&cublas_));
+  METRONOME_CUBLAS(cublasSetStream(cublas_, stream_));
+  graphs_enabled_ = options_.cuda_graphs;
+
+  upload_weights();
+  allocate_activations();
+  plan_kv_and_capture();
+}
+
+cuda_engine::~cuda_engine() {
+  // Release in reverse: graphs and buffers free themselves; then handles.
+  graphs_.clear();
+  tuner_.reset();
+  if (cublas_)
+    cublasDestroy(cublas_);
+  if (done_)
+    cudaEventDestroy(done_);
+  if (stream_)
+    cudaStreamDestroy(stream_);
+}
+
+void cuda_engine::upload_weights() {
+  const auto& c = model_->config;
+  const auto& w = model_->weights;
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
+  const int64_t v = c.vocab_size, qkv = q + 2 * kv;
+
+  // One allocation; every tensor at a 256-byte boundary.
+  size_t total = 0;
+  auto reserve = [&](int64_t elements) {
+    const size_t off = total;
+    total = align_up(total + size_t(elements) * 2, 256);
+    return off;
+  };
+  struct offsets {
+    size_t attn_norm, qkv, qkv_bias, o, o_bias, mlp_norm, gate_up, down;
+  };
+  std::vector<offsets> offs;
+  const size_t embed_off = reserve(v * h);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    offsets o{};
+    o.attn_norm = reserve(h);
+    o.qkv = reserve(qkv * h);
+    o.qkv_bias = c.qkv_bias ? reserve(qkv) : 0;
+    o.o = reserve(h * q);
+    o.o_bias = c.o_bias ? reserve(h) : 0;
+    o.mlp_norm = reserve(h);
+    o.gate_up = reserve(2 * f * h);
+    o.down = reserve(h * f);
+    offs.push_back(o);
+  }
+  const size_t final_norm_off = reserve(h);
+  const size_t lm_head_off = c.tie_word_embeddings ? embed_off : reserve(v * h);
+  weights_ = device_buffer(total);
+  auto* base = weights_.get<unsigned char>();
+
+  // Non-bf16 weights go through a device staging buffer and a conversion.
+  size_t staging_bytes = 0;
+  for (const auto& [_, t] : model_->store->tensors())
+    if (t.type != dtype::bf16)
+      staging_bytes = std::max(staging_bytes, t.nbytes);
+  device_buffer staging(staging_bytes);
+
+  auto upload = [&](const tensor_view* t, size_t dst_off) {
+    auto* dst = reinterpret_cast<bf16*>(base + dst_off);
+    if (t->type == dtype::bf16) {
+      METRONOME_CUDA(cudaMemcpyAsync(dst, t->data, t->nbytes, cudaMemcpyHostToDevice, stream_));
+    } else {
+      METRONOME_CUDA(
+        cudaMemcpyAsync(staging.get(), t->data, t->nbytes, cudaMemcpyHostToDevice, stream_));
+      launch_to_bf16(staging.get(), t->type == dtype::f16, t->numel(), dst, stream_);
+    }
+  };
+  upload(w.embed, embed_off);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const auto& lw = w.layers[size_t(l)];
+    const auto& o = offs[size_t(l)];
+    upload(lw.attn_norm, o.attn_norm);
+    upload(lw.q, o.qkv);
+    upload(lw.k, o.qkv + size_t(q * h) * 2);
+    upload(lw.v, o.qkv + size_t((q + kv) * h) * 2);
+    if (c.qkv_bias) {
+      upload(lw.q_bias, o.qkv_bias);
+      upload(lw.k_bias, o.qkv_bias + size_t(q) * 2);
+      upload(lw.v_bias, o.qkv_bias + size_t(q + kv) * 2);
+    }
+    upload(lw.o, o.o);
+    if (c.o_bias)
+      upload(lw.o_bias, o.o_bias);
+    upload(lw.mlp_norm, o.mlp_norm);
+    upload(lw.gate, o.gate_up);
+    upload(lw.up, o.gate_up + size_t(f * h) * 2);
+    upload(lw.down, o.down);
+    // The staging buffer is reused tensor by tensor: wait per layer.
+    if (staging_bytes > 0) {
+      METRONOME_CUDA(cudaEventRecord(done_, stream_));
+      wait_event(done_, 600.0, "weight upload");
+    }
+  }
+  upload(w.final_norm, final_norm_off);
+  if (!c.tie_word_embeddings)
+    upload(w.lm_head, lm_head_off);
+  METRONOME_CUDA(cudaEventRecord(done_, stream_));
+  wait_event(done_, 600.0, "weight upload");
+
+  auto at = [&](size_t off) { return reinterpret_cast<const bf16*>(base + off); };
+  embed_ = at(embed_off);
+  final_norm_ = at(final_norm_off);
+  lm_head_ = at(lm_head_off);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const auto& o = offs[size_t(l)];
+    layer L;
+    L.attn_norm = at(o.attn_norm);
+    L.qkv = at(o.qkv);
+    L.qkv_bias = c.qkv_bias ? at(o.qkv_bias) : nullptr;
+    L.o = at(o.o);
+    L.o_bias = c.o_bias ? at(o.o_bias) : nullptr;
+    L.mlp_norm = at(o.mlp_norm);
+    L.gate_up = at(o.gate_up);
+    L.down = at(o.down);
+    layers_.push_back(L);
+  }
+
+  auto inv = rope_inv_freq(c);
+  inv_freq_ = device_buffer(inv.size() * sizeof(float));
+  METRONOME_CUDA(cudaMemcpyAsync(inv_freq_.get(), inv.data(), inv.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
+  METRONOME_CUDA(cudaEventRecord(done_, stream_));
+  wait_event(done_, 60.0, "rope table upload");
+  plan_.push_back({"weights", int64_t(weights_.bytes())});
+}
+
+void cuda_engine::allocate_activations() {
+  const auto& c = model_->config;
+  max_batch_ = options_.max_batch_size;
+  max_tokens_ = std::max(options_.max_num_batched_tokens, max_batch_);
+  const size_t t = size_t(max_tokens_), b = size_t(max_batch_);
+  const size_t h = size_t(c.hidden_size), q = size_t(c.q_size()), kv = size_t(c.kv_size());
+  const size_t f = size_t(c.intermediate_size), v = size_t(c.vocab_size);
+  x_ = device_buffer(t * h * 4);
+  xn_ = device_buffer(t * h * 2);
+  qkv_ = device_buffer(t * (q + 2 * kv) * 2);
+  q_ = device_buffer(t * q * 2);
+  attn_ = device_buffer(t * q * 2);
+  gate_up_ = device_buffer(t * 2 * f * 2);
+  act_ = device_buffer(t * f * 2);
+  logits_ = device_buffer(b * v * 4);
+  const size_t activations = x_.bytes() + xn_.bytes() + qkv_.bytes() + q_.bytes()
+                             + attn_.bytes() + gate_up_.bytes() + act_.bytes() + logits_.bytes();
+
+  // Split-K partials: the most (sequences x splits) any batch size needs.
+  attention_shape sh = attention_of(0);
+  max_splits_product_ = 1;
+  for (int32_t n = 1; n <= max_batch_; ++n)
+    max_splits_product_ =
+      std::max(max_splits_product_, n * decode_attention_splits(sh, n, num_sms_));
+  part_o_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads)
+                          * size_t(c.head_dim) * 4);
+  part_ml_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads) * 2 * 4);
+  split_counters_ = device_buffer(b * size_t(c.num_heads) * 4);
+  METRONOME_CUDA(cudaMemset(split_counters_.get(), 0, split_counters_.bytes()));
+  sample_ws_ = device_buffer(sample_workspace_bytes(max_batch_));
+  cublas_ws_ = device_buffer(cublas_workspace_bytes);
+  METRONOME_CUBLAS(cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.bytes()));
+  tuner_ = std::make_unique<gemm_tuner>(cublas_, stream_, cublas_ws_.get(), cublas_ws_.bytes());
+
+  update_capacity_ = max_tokens_ + 4 * max_batch_ + 64;
+  item_capacity_ = max_tokens_ / prefill_tile + max_batch_ + 1;
+  input_capacity_ =
+    make_layout(max_tokens_, max_batch_, update_capacity_, 0, item_capacity_).bytes;
+  inputs_ = device_buffer(input_capacity_);
+  staging_ = pinned_buffer(input_capacity_);
+  outputs_ = device_buffer(b * 8);
+  results_ = pinned_buffer(b * 8);
+  std::memset(staging_.get(), 0, input_capacity_);
+  const size_t workspaces = part_o_.bytes() + part_ml_.bytes() + split_counters_.bytes()
+                            + sample_ws_.bytes() + cublas_ws_.bytes() + inputs_.bytes()
+                            + outputs_.bytes();
+  plan_.push_back({"activations", int64_t(activations)});
+  plan_.push_back({"workspaces", int64_t(workspaces)});
+}
+
+void cuda_engine::plan_kv_and_capture() {
+  const auto& c = model_->config;
+  size_t free_b = 0, total_b = 0;
+  METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const size_t budget = size_t(double(total_b) * options_.gpu_memory_fraction);
+  const size_t ps = size_t(options_.page_size);
+  const size_t token_bytes = size_t(c.num_layers) * 2 * size_t(c.kv_size()) * 2;
+  max_seqs_ = options_.max_seqs > 0 ? options_.max_seqs : 4 * max_batch_;
+  check_shape(max_seqs_ >= max_batch_, "max_seqs", "must be at least max_batch_size");
+
+  graph_sizes_.clear();
+  if (graphs_enabled_)
+    for (int32_t n = 1; n <= max_batch_;) {
+      graph_sizes_.push_back(n);
+      const int32_t next = n < 8 ? n * 2 : n + 8;
+      n = next > max_batch_ && n < max_batch_ ? max_batch_ : next;
+    }
+
+  // Graph memory, measured on one capture of the largest size against a
+  // placeholder pool (graphs are captured for real once the pool exists).
+  size_t graph_estimate = 0;
+  if (!graph_sizes_.empty()) {
+    num_pages_ = 1;
+    page_stride_ = 1;
+    kv_layer_bytes_ = 2 * 2 * ps * size_t(c.kv_size()) * 2;
+    kv_pool_ = device_buffer(size_t(c.num_layers) * kv_layer_bytes_);
+    page_table_ = device_buffer(size_t(max_seqs_ + 1) * 4);
+    METRONOME_CUDA(cudaDeviceSynchronize());
+    size_t before = 0, after = 0;
+    METRONOME_CUDA(cudaMemGetInfo(&before, &total_b));
+    {
+      graph_exec probe;
+      capture_one(graph_sizes_.back(), false, probe);
+      METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
+    }
+    const size_t one = before > after ? before - after : 0;
+    const size_t count = graph_sizes_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
+    graph_estimate = (one + (2ull << 20)) * count;
+    kv_pool_.reset();
+    page_table_.reset();
+  }
+
+  METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const size_t used = total_b - free_b;
+  int64_t pages = 0;
+  if (options_.kv_cache_tokens > 0) {
+    pages = (options_.kv_cache_tokens + int64_t(ps) - 1) / int64_t(ps);
+  } else {
+    const int64_t left =
+      int64_t(budget) - int64_t(used) - int64_t(graph_estimate) - int64_t(reserve_bytes);
+    pages = left > 0 ? left / int64_t(ps * token_bytes) - 1 : 0;
+  }
+  if (pages < 1)
+    throw std::runtime_error(
+      "cuda runner: no memory left for the KV cache: budget " + std::to_string(budget >> 20)
+      + " MiB (" + std::to_string(options_.gpu_memory_fraction) + " of "
+      + std::to_string(total_b >> 20) + " MiB), already used " + std::to_string(used >> 20)
+      + " MiB, graphs ~" + std::to_string(graph_estimate >> 20) + " MiB");
+  pages = std::min<int64_t>(pages, INT32_MAX - 1);
+  num_pages_ = int32_t(pages);
+  int64_t max_len = options_.max_model_len > 0 ? options_.max_model_len
+                                               : c.max_position_embeddings;
+  max_len = std::min<int64_t>(max_len, int64_t(num_pages_) * int64_t(ps));
+  page_stride_ = int32_t((max_len + int64_t(ps) - 1) / int64_t(ps));
+
+  // The pool has one extra page: the scratch page of padding rows.
+  kv_layer_bytes_ = 2 * size_t(num_pages_ + 1) * ps * size_t(c.kv_size()) * 2;
+  kv_pool_ = device_buffer(size_t(c.num_layers) * kv_layer_bytes_);
+  METRONOME_CUDA(cudaMemsetAsync(kv_pool_.get(), 0, kv_pool_.bytes(), stream_));
+  page_table_ = device_buffer(size_t(max_seqs_ + 1) * size_t(page_stride_) * 4);
+  launch_fill_i32(page_table_.get<int32_t>(), int64_t(max_seqs_ + 1) * page_stride_, num_pages_,
+                  stream_);
+  METRONOME_CUDA(cudaEventRecord(done_, stream_));
+  wait_event(done_, 120.0, "KV pool initialisation");
+
+  METRONOME_CUDA(cudaDeviceSynchronize());
+  size_t before = 0, after = 0;
+  METRONOME_CUDA(cudaMemGetInfo(&before, &total_b));
+  capture_graphs();
+  METRONOME_CUDA(cudaDeviceSynchronize());
+  METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
+  plan_.push_back({"graphs", int64_t(before > after ? before - after : 0)});
+  plan_.push_back({"graphs_estimated", int64_t(graph_estimate)});
+  plan_.push_back({"kv_pool", int64_t(kv_pool_.bytes())});
+  plan_.push_back({"page_tables", int64_t(page_table_.bytes())});
+  plan_.push_back({"budget", int64_t(budget)});
+  plan_.push_back({"device_total", int64_t(total_b)});
+  plan_.push_back({"device_free", int64_t(after)});
+}
+
+// -- graphs ------------------------------------------------------------------------------
+
+int32_t cuda_engine::graph_index(int32_t batch) const {
+  for (size_t i = 0; i < graph_sizes_.size(); ++i)
+    if (graph_sizes_[i] >= batch && graphs_[i])
+      return int32_t(i);
+  return -1;
+}
+
+size_t cuda_engine::capture_one(int32_t batch, bool small_gemv, graph_exec& out) {
+  const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
+  METRONOME_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_.get(), l.bytes,
+                                   cudaMemcpyHostToDevice, stream_));
+    enqueue_decode(l, batch, small_gemv, 0);
+    METRONOME_CUDA(cudaMemcpyAsync(results_.get(), outputs_.get(), outputs_.bytes(),
+                                   cudaMemcpyDeviceToHost, stream_));
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph)
+      cudaGraphDestroy(graph);
+    throw;
+  }
+  METRONOME_CUDA(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphDestroy(graph);
+  METRONOME_CUDA(st);
+  out = graph_exec(exec);
+  return nodes;
+}
+
+double cuda_engine::time_graph(const graph_exec& g, int32_t batch) {
+  fill_pad_inputs(batch);
+  cudaEvent_t a = nullptr, b = nullptr;
+  METRONOME_CUDA(cudaEventCreate(&a));
+  METRONOME_CUDA(cudaEventCreate(&b));
+  float ms = 0;
+  try {
+    for (int i = 0; i < 3; ++i)
+      METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_));
+    constexpr int reps = 10;
+    METRONOME_CUDA(cudaEventRecord(a, stream_));
+    for (int i = 0; i < reps; ++i)
+      METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_));
+    METRONOME_CUDA(cudaEventRecord(b, stream_));
+    wait_event(b, options_.step_timeout_s, "graph timing");
+    METRONOME_CUDA(cudaEventElapsedTime(&ms, a, b));
+    ms /= reps;
+  } catch (...) {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    throw;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms;
+}
+
+void cuda_engine::tune_gemms(int32_t m) {
+  const auto& c = model_->config;
+  const int32_t h = c.hidden_size, q = c.q_size(), qkv = q + 2 * c.kv_size();
+  const int32_t f = c.intermediate_size;
+  const layer& L = layers_.front();
+  // Scratch use of the activation buffers, filled with a non-zero constant
+  // (bf16 0x3c3c ~ 0.0115; all-zero inputs would flatter the timings).
+  for (auto* b : {&xn_, &attn_, &act_})
+    METRONOME_CUDA(cudaMemsetAsync(b->get(), 0x3c, b->bytes(), stream_));
+  tuner_->tune(xn_.get<bf16>(), m, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
+  tuner_->tune(attn_.get<bf16>(), m, L.o, h, q, x_.get(), true, 1.0f);
+  tuner_->tune(xn_.get<bf16>(), m, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
+  tuner_->tune(act_.get<bf16>(), m, L.down, h, f, x_.get(), true, 1.0f);
+  if (m <= max_batch_)
+    tuner_->tune(xn_.get<bf16>(), m, lm_head_, c.vocab_size, h, logits_.get(), true, 0.0f);
+  METRONOME_CUDA(cudaMemsetAsync(x_.get(), 0, x_.bytes(), stream_));
+}
+
+void cuda_engine::capture_graphs() {
+  graphs_.clear();
+  // Full prefill chunks have exactly max_num_batched_tokens tokens.
+  tune_gemms(max_tokens_);
+  graph_small_.clear();
+  const bool allow_gemv = options_.small_batch_path != "cublas";
+  const bool force_gemv = options_.small_batch_path == "gemv";
+  int small_votes = 0, small_total = 0;
+  for (int32_t n : graph_sizes_) {
+    graph_exec g;
+    bool small = false;
+    if (n <= gemv_max_m && allow_gemv) {
+      capture_one(n, true, g);
+      small = true;
+      if (!force_gemv) {
+        tune_gemms(n);
+        graph_exec alt;
+        capture_one(n, false, alt);
+        const double t_gemv = time_graph(g, n), t_blas = time_graph(alt, n);
+        if (t_blas < t_gemv) {
+          g = std::move(alt);
+          small = false;
+        }
+      }
+      ++small_total;
+      small_votes += small;
+    } else {
+      tune_gemms(n);
+      capture_one(n, false, g);
+    }
+    graphs_.push_back(std::move(g));
+    graph_small_.push_back(small ? 1 : 0);
+  }
+  small_gemv_eager_ = allow_gemv && (force_gemv || small_total == 0 || small_votes * 2 >= small_total);
+}
+
+std::string cuda_engine::small_batch_choice() const {
+  std::string s;
+  for (size_t i = 0; i < graph_sizes_.size() && graph_sizes_[i] <= gemv_max_m; ++i)
+    s += (s.empty() ? "" : ",") + std::to_string(graph_sizes_[i]) + ":"
+         + (graph_small_[i] ? "gemv" : "cublas");
+  if (s.empty())
+    s = std::string("eager:") + (small_gemv_eager_ ? "gemv" : "cublas");
+  return s;
+}
+
+} // namespace metronome::gpu

@@ -1,0 +1,233 @@
+#pragma once
+// The forward pass on one CUDA device: weights, activations, the paged KV
+// pool, the captured decode graphs and the memory plan that sizes them.
+//
+// Design note. Every step's inputs (tokens, positions, sequence slots, page
+// table updates, sampling settings) are packed by the host into one pinned
+// block with a layout fixed by (tokens, sequences) capacities, copied to the
+// device in one transfer and read by the kernels at fixed addresses. A decode
+// step of B sequences is padded to the next captured size (1, 2, 4, 8, then
+// steps of 8); pad rows decode a dummy token into a scratch page that no
+// sequence owns. Its graph holds the input copy, the page-table update, the
+// whole forward pass, sampling and the copy of ids back, so a decode step is
+// one graph launch and one wait. Page tables live on the device per sequence
+// slot and change only by the updates of each step. Prefill and mixed steps
+// run the same kernels uncaptured, with cuBLAS GEMMs and the flash-style
+// attention. The KV pool gets what the configured share of device memory
+// leaves after weights, activations and (measured) graphs.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "gpu/cuda_runner.hpp"
+#include "gpu/device_memory.hpp"
+#include "gpu/gemm_tuner.hpp"
+#include "gpu/kernels.hpp"
+#include "model/model_weights.hpp"
+
+namespace metronome::gpu {
+
+/// One sequence's share of a step, as the runner describes it.
+struct engine_chunk {
+  int32_t slot = 0;
+  int32_t start_pos = 0;                // tokens already cached
+  std::span<const int32_t> tokens;      // tokens to compute
+  bool sample = false;                  // the chunk completes the sequence's tokens
+  // Sampling (when sample).
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t top_k = 0;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  uint64_t seed = 0;
+  int32_t sample_step = 0;               // index in the random stream
+  std::span<const penalty_entry> penalties; // row field ignored (set by the engine)
+};
+
+/// A page-table update: slot's entry `index` becomes `page`.
+struct page_update {
+  int32_t slot = 0;
+  int32_t index = 0;
+  int32_t page = 0;
+};
+
+/// What one step produced, in chunk order for the sampled chunks.
+struct engine_result {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  bool graph = false;
+};
+
+class cuda_engine {
+public:
+  /// Builds everything on options.device; see make_cuda_runner.
+  cuda_engine(std::shared_ptr<const model_folder> model, const cuda_runner_options& options);
+  ~cuda_engine();
+
+  cuda_engine(const cuda_engine&) = delete;
+  cuda_engine& operator=(const cuda_engine&) = delete;
+
+  /// Runs one step and waits for its ids (bounded by step_timeout_s).
+  engine_result run(std::span<const engine_chunk> chunks, std::span<const page_update> updates);
+
+  const model_config& config() const {
+    return model_->config;
+  }
+
+  int32_t num_pages() const {
+    return num_pages_;
+  }
+
+  int32_t page_size() const {
+    return options_.page_size;
+  }
+
+  int32_t max_seqs() const {
+    return max_seqs_;
+  }
+
+  int32_t max_pages_per_seq() const {
+    return page_stride_;
+  }
+
+  const cuda_runner_options& options() const {
+    return options_;
+  }
+
+  const std::vector<memory_plan_entry>& memory_plan() const {
+    return plan_;
+  }
+
+  void set_graphs(bool on) {
+    graphs_enabled_ = on;
+  }
+
+  /// The first `rows` rows of the last step's logits (synchronous; tests).
+  std::vector<float> logits(int32_t rows);
+
+  /// Which path small decode batches take ("gemv" or "cublas"), per padded size.
+  std::string small_batch_choice() const;
+
+private:
+  struct layer {
+    const bf16* attn_norm = nullptr;
+    const bf16* qkv = nullptr;
+    const bf16* qkv_bias = nullptr;
+    const bf16* o = nullptr;
+    const bf16* o_bias = nullptr;
+    const bf16* mlp_norm = nullptr;
+    const bf16* gate_up = nullptr;
+    const bf16* down = nullptr;
+  };
+
+  /// Offsets (bytes) of the per-step arrays for given capacities.
+  struct layout {
+    int32_t tokens = 0, seqs = 0, updates = 0, penalties = 0, items = 0;
+    size_t header = 0, ids = 0, positions = 0, token_seq = 0;
+    size_t seq_slot = 0, seq_q_start = 0, seq_len = 0, sample_src = 0;
+    size_t temperature = 0, top_p = 0, min_p = 0, top_k = 0, seed = 0, step = 0;
+    size_t repetition = 0, frequency = 0, presence = 0;
+    size_t update_data = 0, item_data = 0;
+    size_t bytes = 0;
+  };
+
+  /// Device pointers of one layout at the input block.
+  struct step_views {
+    batch_view batch;
+    const int32_t* ids = nullptr;
+    const int32_t* sample_src = nullptr;
+    const int32_t* header = nullptr; // [0] updates, [1] penalties
+    const int32_t* updates = nullptr;
+    const penalty_entry* penalties = nullptr;
+    const prefill_item* items = nullptr;
+    sample_rows sampling;
+    const float* repetition = nullptr;
+    const float* frequency = nullptr;
+    const float* presence = nullptr;
+  };
+
+  static layout make_layout(int32_t tokens, int32_t seqs, int32_t updates, int32_t penalties,
+                            int32_t items);
+  step_views views(const layout& l) const;
+
+  void upload_weights();
+  void allocate_activations();
+  void plan_kv_and_capture();
+  void capture_graphs();
+  size_t capture_one(int32_t batch, bool small_gemv, graph_exec& out);
+  double time_graph(const graph_exec& g, int32_t batch);
+
+  /// Enqueues the decode forward (one token per sequence, all sampled).
+  void enqueue_decode(const layout& l, int32_t batch, bool small_gemv, int32_t penalties);
+  /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
+  void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
+  void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);
+  void gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y, bool y_f32,
+            float beta);
+  /// Tunes the five projection shapes for m tokens (before capturing).
+  void tune_gemms(int32_t m);
+
+  /// Packs the step into the pinned staging block with layout l; sequences
+  /// past the chunks (up to l.seqs) become padding rows.
+  void pack(const layout& l, std::span<const engine_chunk> chunks,
+            std::span<const page_update> updates, std::span<const prefill_item> items,
+            int32_t num_penalties);
+  void fill_pad_inputs(int32_t batch);
+
+  kv_view kv_of(int32_t layer_index) const;
+  attention_shape attention_of(int32_t layer_index) const;
+  int32_t graph_index(int32_t batch) const;
+
+  std::shared_ptr<const model_folder> model_;
+  cuda_runner_options options_;
+  int32_t num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<gemm_tuner> tuner_;
+
+  // Weights.
+  device_buffer weights_;
+  std::vector<layer> layers_;
+  const bf16* embed_ = nullptr;
+  const bf16* final_norm_ = nullptr;
+  const bf16* lm_head_ = nullptr;
+  device_buffer inv_freq_;
+
+  // Activations and workspaces.
+  int32_t max_tokens_ = 0, max_batch_ = 0, max_splits_product_ = 0;
+  device_buffer x_, xn_, qkv_, q_, attn_, gate_up_, act_, logits_;
+  device_buffer part_o_, part_ml_, split_counters_, sample_ws_, cublas_ws_;
+  device_buffer inputs_, outputs_;
+  pinned_buffer staging_, results_;
+  device_buffer penalties_dev_;
+  pinned_buffer penalties_pinned_;
+  std::vector<prefill_item> items_;
+  size_t input_capacity_ = 0;
+  int32_t update_capacity_ = 0, penalty_capacity_ = 0, item_capacity_ = 0;
+
+  // KV pool and page tables.
+  int32_t num_pages_ = 0, max_seqs_ = 0, page_stride_ = 0;
+  device_buffer kv_pool_, page_table_;
+  size_t kv_layer_bytes_ = 0;
+
+  // Graphs, one per padded decode batch.
+  std::vector<int32_t> graph_sizes_;
+  std::vector<graph_exec> graphs_;
+  std::vector<char> graph_small_; // 1 when the graph uses the GEMV path
+  bool graphs_enabled_ = true;
+  bool small_gemv_eager_ = true;
+
+  std::vector<memory_plan_entry> plan_;
+};
+
+} // namespace metronome::gpu

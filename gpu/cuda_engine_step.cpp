@@ -1,0 +1,501 @@
+// One step of the CUDA engine: packing the inputs, the decode and general
+// forward passes, sampling, and the bounded wait for the ids.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/cuda_engine.hpp"
+
+namespace metronome::gpu {
+
+namespace {
+
+constexpr size_t align16(size_t v) {
+  return (v + 15) / 16 * 16;
+}
+
+int32_t updates_capacity(int32_t batch) {
+  return 4 * batch + 16;
+}
+
+} // namespace
+
+// -- the input block -----------------------------------------------------------------------
+
+cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32_t updates,
+                                             int32_t penalties, int32_t items) {
+  layout l;
+  l.tokens = tokens;
+  l.seqs = seqs;
+  l.updates = updates;
+  l.penalties = penalties;
+  l.items = items;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    off = align16(off);
+    const size_t at = off;
+    off += bytes;
+    return at;
+  };
+  const size_t t = size_t(tokens), b = size_t(seqs);
+  l.header = take(16);
+  l.ids = take(t * 4);
+  l.positions = take(t * 4);
+  l.token_seq = take(t * 4);
+  l.seq_slot = take(b * 4);
+  l.seq_q_start = take((b + 1) * 4);
+  l.seq_len = take(b * 4);
+  l.sample_src = take(b * 4);
+  l.temperature = take(b * 4);
+  l.top_p = take(b * 4);
+  l.min_p = take(b * 4);
+  l.top_k = take(b * 4);
+  l.seed = take(b * 8);
+  l.step = take(b * 4);
+  l.repetition = take(b * 4);
+  l.frequency = take(b * 4);
+  l.presence = take(b * 4);
+  l.update_data = take(size_t(updates) * 12);
+  l.item_data = take(size_t(items) * sizeof(prefill_item));
+  l.bytes = align16(off);
+  return l;
+}
+
+cuda_engine::step_views cuda_engine::views(const layout& l) const {
+  auto* base = inputs_.get<unsigned char>();
+  auto i32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
+  auto f32 = [&](size_t off) { return reinterpret_cast<const float*>(base + off); };
+  step_views v;
+  v.batch.num_tokens = l.tokens;
+  v.batch.num_seqs = l.seqs;
+  v.batch.positions = i32(l.positions);
+  v.batch.token_seq = i32(l.token_seq);
+  v.batch.seq_slot = i32(l.seq_slot);
+  v.batch.seq_q_start = i32(l.seq_q_start);
+  v.batch.seq_len = i32(l.seq_len);
+  v.ids = i32(l.ids);
+  v.sample_src = i32(l.sample_src);
+  v.header = i32(l.header);
+  v.updates = i32(l.update_data);
+  v.items = reinterpret_cast<const prefill_item*>(base + l.item_data);
+  v.sampling.temperature = f32(l.temperature);
+  v.sampling.top_p = f32(l.top_p);
+  v.sampling.min_p = f32(l.min_p);
+  v.sampling.top_k = i32(l.top_k);
+  v.sampling.seed = reinterpret_cast<const uint64_t*>(base + l.seed);
+  v.sampling.step = i32(l.step);
+  v.repetition = f32(l.repetition);
+  v.frequency = f32(l.frequency);
+  v.presence = f32(l.presence);
+  v.penalties = penalties_dev_.get<penalty_entry>();
+  return v;
+}
+
+void cuda_engine::pack(const layout& l, std::span<const engine_chunk> chunks,
+                       std::span<const page_update> updates, std::span<const prefill_item> items,
+                       int32_t num_penalties) {
+  auto* base = staging_.get<unsigned char>();
+  auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+  auto f32 = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
+  int32_t* header = i32(l.header);
+  header[0] = int32_t(updates.size());
+  header[1] = num_penalties;
+  int32_t* ids = i32(l.ids);
+  int32_t* positions = i32(l.positions);
+  int32_t* token_seq = i32(l.token_seq);
+  int32_t* seq_slot = i32(l.seq_slot);
+  int32_t* q_start = i32(l.seq_q_start);
+  int32_t* seq_len = i32(l.seq_len);
+  int32_t* sample_src = i32(l.sample_src);
+  float* temperature = f32(l.temperature);
+  float* top_p = f32(l.top_p);
+  float* min_p = f32(l.min_p);
+  int32_t* top_k = i32(l.top_k);
+  auto* seed = reinterpret_cast<uint64_t*>(base + l.seed);
+  int32_t* step = i32(l.step);
+  float* repetition = f32(l.repetition);
+  float* frequency = f32(l.frequency);
+  float* presence = f32(l.presence);
+
+  int32_t row = 0, sampled = 0;
+  for (int32_t c = 0; c < l.seqs; ++c) {
+    q_start[c] = row;
+    if (size_t(c) < chunks.size()) {
+      const auto& ch = chunks[size_t(c)];
+      const int32_t n = int32_t(ch.tokens.size());
+      for (int32_t i = 0; i < n; ++i, ++row) {
+        ids[row] = ch.tokens[size_t(i)];
+        positions[row] = ch.start_pos + i;
+        token_seq[row] = c;
+      }
+      seq_slot[c] = ch.slot;
+      seq_len[c] = ch.start_pos + n;
+      if (ch.sample) {
+        const int32_t r = sampled++;
+        sample_src[r] = row - 1;
+        temperature[r] = ch.temperature;
+        top_p[r] = ch.top_p;
+        min_p[r] = ch.min_p;
+        top_k[r] = ch.top_k;
+        seed[r] = ch.seed;
+        step[r] = ch.sample_step;
+        repetition[r] = ch.repetition_penalty;
+        frequency[r] = ch.frequency_penalty;
+        presence[r] = ch.presence_penalty;
+      }
+    } else {
+      // A padding row: token 0 at position 0 of the scratch slot, greedy.
+      ids[row] = 0;
+      positions[row] = 0;
+      token_seq[row] = c;
+      ++row;
+      seq_slot[c] = max_seqs_;
+      seq_len[c] = 1;
+      const int32_t r = sampled++;
+      sample_src[r] = row - 1;
+      temperature[r] = 0.0f;
+      top_p[r] = 1.0f;
+      min_p[r] = 0.0f;
+      top_k[r] = 0;
+      seed[r] = 0;
+      step[r] = 0;
+      repetition[r] = 1.0f;
+      frequency[r] = 0.0f;
+      presence[r] = 0.0f;
+    }
+  }
+  q_start[l.seqs] = row;
+  int32_t* upd = i32(l.update_data);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    upd[3 * i] = updates[i].slot;
+    upd[3 * i + 1] = updates[i].index;
+    upd[3 * i + 2] = updates[i].page;
+  }
+  if (!items.empty())
+    std::memcpy(base + l.item_data, items.data(), items.size() * sizeof(prefill_item));
+}
+
+void cuda_engine::fill_pad_inputs(int32_t batch) {
+  const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
+  pack(l, {}, {}, {}, 0);
+}
+
+// -- views of the model ------------------------------------------------------------------
+
+kv_view cuda_engine::kv_of(int32_t layer_index) const {
+  const auto& c = model_->config;
+  kv_view kv;
+  auto* base = kv_pool_.get<unsigned char>() + size_t(layer_index) * kv_layer_bytes_;
+  kv.k = reinterpret_cast<bf16*>(base);
+  kv.v = reinterpret_cast<bf16*>(base + kv_layer_bytes_ / 2);
+  kv.page_table = page_table_.get<int32_t>();
+  kv.page_table_stride = page_stride_;
+  kv.page_size = options_.page_size;
+  kv.kv_heads = c.num_kv_heads;
+  kv.head_dim = c.head_dim;
+  return kv;
+}
+
+attention_shape cuda_engine::attention_of(int32_t layer_index) const {
+  const auto& c = model_->config;
+  attention_shape sh;
+  sh.num_heads = c.num_heads;
+  sh.kv_heads = c.num_kv_heads;
+  sh.head_dim = c.head_dim;
+  sh.window = c.is_sliding(layer_index) ? *c.sliding_window : 0;
+  sh.scale = 1.0f / std::sqrt(float(c.head_dim));
+  return sh;
+}
+
+void cuda_engine::gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y,
+                       bool y_f32, float beta) {
+  tuner_->run(x, m, w, n, k, y, y_f32, beta, stream_);
+}
+
+// -- forward passes ----------------------------------------------------------------------
+
+void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int32_t penalties) {
+  const auto& c = model_->config;
+  const step_views sv = views(l);
+  const int32_t h = c.hidden_size, q = c.q_size(), qkv = q + 2 * c.kv_size();
+  const int32_t f = c.intermediate_size, v = c.vocab_size;
+  const float eps = float(c.rms_norm_eps);
+  float* x = x_.get<float>();
+  bf16* xn = xn_.get<bf16>();
+  launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
+                      stream_);
+  launch_embed(embed_, sv.ids, batch, h, x, stream_);
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const layer& L = layers_[size_t(i)];
+    const kv_view kv = kv_of(i);
+    const attention_shape sh = attention_of(i);
+    if (small) {
+      gemv_args a;
+      a.w = L.qkv;
+      a.n = qkv;
+      a.k = h;
+      a.m = batch;
+      a.bias = L.qkv_bias;
+      a.residual_in = x;
+      a.norm_weight = L.attn_norm;
+      a.eps = eps;
+      a.out_bf16 = q_.get<bf16>();
+      a.inv_freq = inv_freq_.get<float>();
+      a.batch = sv.batch;
+      a.kv = kv;
+      a.num_heads = c.num_heads;
+      launch_gemv(gemv_epilogue::qkv_rope, a, stream_);
+    } else {
+      launch_rms_norm(x, nullptr, L.attn_norm, eps, batch, h, xn, stream_);
+      gemm(xn, batch, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
+      launch_rope_kv_write(qkv_.get<bf16>(), L.qkv_bias, inv_freq_.get<float>(), sv.batch, kv,
+                           c.num_heads, q_.get<bf16>(), stream_);
+    }
+    const int32_t splits = decode_attention_splits(sh, batch, num_sms_);
+    launch_decode_attention(sh, q_.get<bf16>(), kv, sv.batch, splits, part_o_.get<float>(),
+                            part_ml_.get<float>(), split_counters_.get<int32_t>(),
+                            attn_.get<bf16>(), stream_);
+    if (small) {
+      gemv_args a;
+      a.w = L.o;
+      a.n = h;
+      a.k = q;
+      a.m = batch;
+      a.bias = L.o_bias;
+      a.x = attn_.get<bf16>();
+      a.out_f32 = x;
+      launch_gemv(gemv_epilogue::residual_add, a, stream_);
+      gemv_args g;
+      g.w = L.gate_up;
+      g.n = 2 * f;
+      g.k = h;
+      g.m = batch;
+      g.residual_in = x;
+      g.norm_weight = L.mlp_norm;
+      g.eps = eps;
+      g.out_bf16 = act_.get<bf16>();
+      launch_gemv(gemv_epilogue::swiglu, g, stream_);
+      gemv_args d;
+      d.w = L.down;
+      d.n = h;
+      d.k = f;
+      d.m = batch;
+      d.x = act_.get<bf16>();
+      d.out_f32 = x;
+      launch_gemv(gemv_epilogue::residual_add, d, stream_);
+    } else {
+      gemm(attn_.get<bf16>(), batch, L.o, h, q, x, true, 1.0f);
+      if (L.o_bias)
+        launch_add_bias(x, L.o_bias, batch, h, stream_);
+      launch_rms_norm(x, nullptr, L.mlp_norm, eps, batch, h, xn, stream_);
+      gemm(xn, batch, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
+      launch_swiglu(gate_up_.get<bf16>(), batch, f, act_.get<bf16>(), stream_);
+      gemm(act_.get<bf16>(), batch, L.down, h, f, x, true, 1.0f);
+    }
+  }
+  if (small) {
+    gemv_args a;
+    a.w = lm_head_;
+    a.n = v;
+    a.k = h;
+    a.m = batch;
+    a.residual_in = x;
+    a.norm_weight = final_norm_;
+    a.eps = eps;
+    a.out_f32 = logits_.get<float>();
+    launch_gemv(gemv_epilogue::store_f32, a, stream_);
+  } else {
+    launch_rms_norm(x, nullptr, final_norm_, eps, batch, h, xn, stream_);
+    gemm(xn, batch, lm_head_, v, h, logits_.get(), true, 0.0f);
+  }
+  enqueue_sampling(l, batch, penalties);
+}
+
+void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_single,
+                                  int32_t penalties) {
+  const auto& c = model_->config;
+  const step_views sv = views(l);
+  const int32_t t = l.tokens;
+  const int32_t h = c.hidden_size, q = c.q_size(), qkv = q + 2 * c.kv_size();
+  const int32_t f = c.intermediate_size, v = c.vocab_size;
+  const float eps = float(c.rms_norm_eps);
+  float* x = x_.get<float>();
+  bf16* xn = xn_.get<bf16>();
+  launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
+                      stream_);
+  launch_embed(embed_, sv.ids, t, h, x, stream_);
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const layer& L = layers_[size_t(i)];
+    const kv_view kv = kv_of(i);
+    const attention_shape sh = attention_of(i);
+    launch_rms_norm(x, nullptr, L.attn_norm, eps, t, h, xn, stream_);
+    gemm(xn, t, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
+    launch_rope_kv_write(qkv_.get<bf16>(), L.qkv_bias, inv_freq_.get<float>(), sv.batch, kv,
+                         c.num_heads, q_.get<bf16>(), stream_);
+    if (all_single) {
+      const int32_t splits = decode_attention_splits(sh, l.seqs, num_sms_);
+      launch_decode_attention(sh, q_.get<bf16>(), kv, sv.batch, splits, part_o_.get<float>(),
+                              part_ml_.get<float>(), split_counters_.get<int32_t>(),
+                            attn_.get<bf16>(), stream_);
+    } else {
+      launch_prefill_attention(sh, q_.get<bf16>(), kv, sv.batch, sv.items, l.items,
+                               attn_.get<bf16>(), stream_);
+    }
+    gemm(attn_.get<bf16>(), t, L.o, h, q, x, true, 1.0f);
+    if (L.o_bias)
+      launch_add_bias(x, L.o_bias, t, h, stream_);
+    launch_rms_norm(x, nullptr, L.mlp_norm, eps, t, h, xn, stream_);
+    gemm(xn, t, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
+    launch_swiglu(gate_up_.get<bf16>(), t, f, act_.get<bf16>(), stream_);
+    gemm(act_.get<bf16>(), t, L.down, h, f, x, true, 1.0f);
+  }
+  if (sampled > 0) {
+    // LM head on the last position of each sampled sequence only.
+    launch_rms_norm(x, sv.sample_src, final_norm_, eps, sampled, h, xn, stream_);
+    gemm(xn, sampled, lm_head_, v, h, logits_.get(), true, 0.0f);
+    enqueue_sampling(l, sampled, penalties);
+  }
+}
+
+void cuda_engine::enqueue_sampling(const layout& l, int32_t rows, int32_t penalties) {
+  const auto& c = model_->config;
+  const step_views sv = views(l);
+  if (penalties > 0)
+    launch_penalties(logits_.get<float>(), c.vocab_size, sv.penalties, sv.header + 1, penalties,
+                     sv.repetition, sv.frequency, sv.presence, stream_);
+  auto* out = outputs_.get<unsigned char>();
+  launch_sample(logits_.get<float>(), rows, c.vocab_size, sv.sampling,
+                reinterpret_cast<int32_t*>(out),
+                reinterpret_cast<float*>(out + size_t(max_batch_) * 4), sample_ws_.get(),
+                stream_);
+}
+
+// -- a step ------------------------------------------------------------------------------
+
+engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
+                               std::span<const page_update> updates) {
+  engine_result result;
+  const int32_t n = int32_t(chunks.size());
+  int64_t tokens = 0;
+  int32_t sampled = 0, penalties = 0;
+  bool all_single = true;
+  for (const auto& ch : chunks) {
+    tokens += int64_t(ch.tokens.size());
+    all_single = all_single && ch.tokens.size() == 1;
+    if (ch.sample) {
+      ++sampled;
+      penalties += int32_t(ch.penalties.size());
+    }
+  }
+  if (n > max_batch_)
+    throw std::invalid_argument("cuda runner: " + std::to_string(n)
+                                + " sequences in one step exceed max_batch_size "
+                                + std::to_string(max_batch_));
+  if (tokens > max_tokens_)
+    throw std::invalid_argument("cuda runner: " + std::to_string(tokens)
+                                + " tokens in one step exceed max_num_batched_tokens "
+                                + std::to_string(max_tokens_));
+  if (int64_t(updates.size()) > update_capacity_)
+    throw std::invalid_argument("cuda runner: " + std::to_string(updates.size())
+                                + " new pages in one step exceed the capacity of "
+                                + std::to_string(update_capacity_));
+  if (n == 0 && updates.empty())
+    return result;
+
+  // Penalty entries travel in their own block (rare; grown on demand).
+  if (penalties > 0) {
+    const size_t bytes = size_t(penalties) * sizeof(penalty_entry);
+    if (penalties_pinned_.bytes() < bytes) {
+      penalties_pinned_ = pinned_buffer(bytes * 2);
+      penalties_dev_ = device_buffer(bytes * 2);
+    }
+    auto* e = penalties_pinned_.get<penalty_entry>();
+    int32_t row = 0;
+    for (const auto& ch : chunks) {
+      if (!ch.sample)
+        continue;
+      for (auto p : ch.penalties) {
+        p.row = row;
+        *e++ = p;
+      }
+      ++row;
+    }
+  }
+
+  const bool all_sampled = sampled == n;
+  const bool decode = all_single && all_sampled && n > 0;
+  int32_t gi = -1;
+  if (graphs_enabled_ && decode && penalties == 0) {
+    gi = graph_index(n);
+    if (gi >= 0 && int64_t(updates.size()) > updates_capacity(graph_sizes_[size_t(gi)]))
+      gi = -1;
+  }
+  if (gi >= 0) {
+    const int32_t b = graph_sizes_[size_t(gi)];
+    const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
+    pack(l, chunks, updates, {}, 0);
+    METRONOME_CUDA(cudaGraphLaunch(graphs_[size_t(gi)].get(), stream_));
+    result.graph = true;
+  } else {
+    items_.clear();
+    if (!all_single) {
+      for (int32_t c = 0; c < n; ++c) {
+        const int32_t len = int32_t(chunks[size_t(c)].tokens.size());
+        for (int32_t r = 0; r < len; r += prefill_tile)
+          items_.push_back({c, r});
+      }
+      // Longest first: the tile's last key position decides its work.
+      std::stable_sort(items_.begin(), items_.end(), [&](const auto& a, const auto& b) {
+        auto end = [&](const prefill_item& it) {
+          const auto& ch = chunks[size_t(it.seq)];
+          return ch.start_pos + std::min<int32_t>(it.row + prefill_tile, int32_t(ch.tokens.size()));
+        };
+        return end(a) > end(b);
+      });
+    }
+    const layout l = make_layout(int32_t(tokens), n, int32_t(updates.size()), penalties,
+                                 int32_t(items_.size()));
+    pack(l, chunks, updates, items_, penalties);
+    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_.get(), l.bytes,
+                                   cudaMemcpyHostToDevice, stream_));
+    if (penalties > 0)
+      METRONOME_CUDA(cudaMemcpyAsync(penalties_dev_.get(), penalties_pinned_.get(),
+                                     size_t(penalties) * sizeof(penalty_entry),
+                                     cudaMemcpyHostToDevice, stream_));
+    if (decode)
+      enqueue_decode(l, n, n <= gemv_max_m && small_gemv_eager_, penalties);
+    else
+      enqueue_general(l, sampled, all_single, penalties);
+    if (sampled > 0)
+      METRONOME_CUDA(cudaMemcpyAsync(results_.get(), outputs_.get(), outputs_.bytes(),
+                                     cudaMemcpyDeviceToHost, stream_));
+  }
+  METRONOME_CUDA(cudaEventRecord(done_, stream_));
+  wait_event(done_, options_.step_timeout_s, "cuda runner step");
+
+  const auto* out = results_.get<unsigned char>();
+  const auto* ids = reinterpret_cast<const int32_t*>(out);
+  const auto* lp = reinterpret_cast<const float*>(out + size_t(max_batch_) * 4);
+  result.tokens.assign(ids, ids + sampled);
+  result.logprobs.assign(lp, lp + sampled);
+  return result;
+}
+
+} // namespace metronome::gpu
+
+namespace metronome::gpu {
+
+std::vector<float> cuda_engine::logits(int32_t rows) {
+  rows = std::max(0, std::min(rows, max_batch_));
+  std::vector<float> out(size_t(rows) * size_t(model_->config.vocab_size));
+  METRONOME_CUDA(cudaMemcpyAsync(out.data(), logits_.get(), out.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream_));
+  METRONOME_CUDA(cudaEventRecord(done_, stream_));
+  wait_event(done_, options_.step_timeout_s, "logits copy");
+  return out;
+}
+
+} // namespace metronome::gpu

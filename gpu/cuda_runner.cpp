@@ -1,0 +1,295 @@
+// The CUDA executor as a model_runner: step plans in, sampled ids out.
+//
+// Design note. The runner keeps the host-side truth about sequences (the
+// shared sequence_table: tokens, computed count, pages) plus, per sequence,
+// the device slot that indexes its page table and what penalties need (the
+// distinct prompt tokens, output counts). A plan is checked completely before
+// anything changes: a plan_error leaves the runner as it was. The engine gets
+// each chunk's tokens, position and slot and the page-table rows that grew.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "gpu/cuda_engine.hpp"
+#include "gpu/cuda_runner.hpp"
+#include "model/model_weights.hpp"
+
+namespace metronome {
+
+namespace {
+
+using gpu::engine_chunk;
+using gpu::page_update;
+using gpu::penalty_entry;
+
+/// What the runner keeps per sequence beyond the shared table.
+struct gpu_sequence {
+  int32_t slot = 0;
+  int32_t pages = 0;
+  uint64_t seed = 0;
+  sampling_params params;
+  std::vector<int32_t> prompt_distinct; // sorted, only with a repetition penalty
+  std::unordered_map<int32_t, int32_t> output_counts;
+
+  bool penalised() const {
+    return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f
+           || params.presence_penalty != 0.0f;
+  }
+};
+
+class cuda_runner final : public model_runner {
+public:
+  cuda_runner(std::shared_ptr<const model_folder> model, const cuda_runner_options& options)
+    : model_(std::move(model)), engine_(model_, options) {
+    for (int32_t s = engine_.max_seqs() - 1; s >= 0; --s)
+      free_slots_.push_back(s);
+  }
+
+  step_output execute(const step_plan& plan) override {
+    const auto start = std::chrono::steady_clock::now();
+    check(plan);
+    table_.apply(plan, page_size(), num_pages());
+    for (auto id : plan.released)
+      if (auto i = seqs_.find(id); i != seqs_.end()) {
+        free_slots_.push_back(i->second.slot);
+        seqs_.erase(i);
+      }
+    for (const auto& n : plan.added) {
+      gpu_sequence g;
+      g.slot = free_slots_.back();
+      free_slots_.pop_back();
+      g.seed = n.seed;
+      g.params = n.params;
+      if (g.params.repetition_penalty != 1.0f) {
+        g.prompt_distinct = n.prompt;
+        std::sort(g.prompt_distinct.begin(), g.prompt_distinct.end());
+        g.prompt_distinct.erase(std::unique(g.prompt_distinct.begin(), g.prompt_distinct.end()),
+                                g.prompt_distinct.end());
+      }
+      seqs_.emplace(n.id, std::move(g));
+    }
+
+    chunks_.clear();
+    updates_.clear();
+    entries_.clear();
+    std::vector<std::pair<size_t, size_t>> entry_ranges;
+    for (const auto& c : plan.chunks) {
+      auto& s = table_.at(c.id);
+      auto& g = seqs_.at(c.id);
+      for (size_t i = 0; i < c.new_pages.size(); ++i)
+        updates_.push_back({g.slot, g.pages + int32_t(i), c.new_pages[i]});
+      g.pages += int32_t(c.new_pages.size());
+      engine_chunk e;
+      e.slot = g.slot;
+      e.start_pos = s.num_computed;
+      e.tokens = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed),
+                                                           size_t(c.num_tokens));
+      e.sample = s.num_computed + c.num_tokens == int32_t(s.tokens.size());
+      const auto& p = g.params;
+      e.temperature = p.temperature;
+      e.top_p = p.top_p;
+      e.min_p = p.min_p;
+      e.top_k = p.top_k;
+      e.repetition_penalty = p.repetition_penalty;
+      e.frequency_penalty = p.frequency_penalty;
+      e.presence_penalty = p.presence_penalty;
+      e.seed = g.seed;
+      e.sample_step = int32_t(s.tokens.size()) - s.prompt_len;
+      const size_t first = entries_.size();
+      if (e.sample && g.penalised())
+        add_penalties(g);
+      entry_ranges.emplace_back(first, entries_.size());
+      chunks_.push_back(e);
+    }
+    for (size_t i = 0; i < chunks_.size(); ++i)
+      chunks_[i].penalties = std::span<const penalty_entry>(entries_).subspan(
+        entry_ranges[i].first, entry_ranges[i].second - entry_ranges[i].first);
+
+    auto result = engine_.run(chunks_, updates_);
+
+    step_output out;
+    out.step = plan.step;
+    out.num_seqs = int32_t(plan.chunks.size());
+    size_t r = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const auto& c = plan.chunks[i];
+      auto& s = table_.at(c.id);
+      s.num_computed += c.num_tokens;
+      out.num_tokens += c.num_tokens;
+      if (!chunks_[i].sample)
+        continue;
+      const int32_t token = result.tokens.at(r);
+      const float logprob = result.logprobs.at(r);
+      ++r;
+      s.tokens.push_back(token);
+      ++seqs_.at(c.id).output_counts[token];
+      out.tokens.push_back({c.id, token, logprob});
+    }
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
+  }
+
+  const model_config& config() const override {
+    return engine_.config();
+  }
+
+  int32_t num_pages() const override {
+    return engine_.num_pages();
+  }
+
+  int32_t page_size() const override {
+    return engine_.page_size();
+  }
+
+  std::string device() const override {
+    return "cuda:" + std::to_string(engine_.options().device);
+  }
+
+  std::vector<memory_plan_entry> memory_plan() const override {
+    return engine_.memory_plan();
+  }
+
+  gpu::cuda_engine& engine() {
+    return engine_;
+  }
+
+  const gpu::cuda_engine& engine_view() const {
+    return engine_;
+  }
+
+private:
+  /// Everything the engine would reject, checked before the table changes.
+  void check(const step_plan& plan) const {
+    const int32_t vocab = config().vocab_size;
+    std::unordered_set<uint64_t> released(plan.released.begin(), plan.released.end());
+    int64_t live = int64_t(seqs_.size());
+    for (auto id : released)
+      live -= seqs_.contains(id);
+    live += int64_t(plan.added.size());
+    if (live > engine_.max_seqs())
+      throw plan_error("cuda runner: " + std::to_string(live)
+                       + " sequences would be held, more than max_seqs "
+                       + std::to_string(engine_.max_seqs()));
+    for (const auto& n : plan.added)
+      for (auto t : n.prompt)
+        if (t < 0 || t >= vocab)
+          throw plan_error("sequence " + std::to_string(n.id) + ": token id " + std::to_string(t)
+                           + " outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
+    if (int64_t(plan.chunks.size()) > engine_.options().max_batch_size)
+      throw plan_error("cuda runner: " + std::to_string(plan.chunks.size())
+                       + " sequences in one step exceed max_batch_size "
+                       + std::to_string(engine_.options().max_batch_size));
+    int64_t tokens = 0;
+    for (const auto& c : plan.chunks) {
+      tokens += c.num_tokens;
+      int64_t pages = int64_t(c.new_pages.size());
+      if (auto i = seqs_.find(c.id); i != seqs_.end() && !released.contains(c.id))
+        pages += i->second.pages;
+      if (pages > engine_.max_pages_per_seq())
+        throw plan_error("sequence " + std::to_string(c.id) + ": " + std::to_string(pages)
+                         + " pages exceed the longest sequence ("
+                         + std::to_string(engine_.max_pages_per_seq()) + " pages)");
+    }
+    const int64_t max_tokens =
+      std::max(engine_.options().max_num_batched_tokens, engine_.options().max_batch_size);
+    if (tokens > max_tokens)
+      throw plan_error("cuda runner: " + std::to_string(tokens)
+                       + " tokens in one step exceed max_num_batched_tokens "
+                       + std::to_string(max_tokens));
+  }
+
+  void add_penalties(const gpu_sequence& g) {
+    const bool rep = g.params.repetition_penalty != 1.0f;
+    if (rep)
+      for (auto t : g.prompt_distinct) {
+        auto i = g.output_counts.find(t);
+        entries_.push_back({0, t, i == g.output_counts.end() ? 0 : i->second, 1});
+      }
+    for (const auto& [t, count] : g.output_counts)
+      if (!rep || !std::binary_search(g.prompt_distinct.begin(), g.prompt_distinct.end(), t))
+        entries_.push_back({0, t, count, rep ? 1 : 0});
+  }
+
+  std::shared_ptr<const model_folder> model_;
+  gpu::cuda_engine engine_;
+  sequence_table table_;
+  std::unordered_map<uint64_t, gpu_sequence> seqs_;
+  std::vector<int32_t> free_slots_;
+  std::vector<engine_chunk> chunks_;
+  std::vector<page_update> updates_;
+  std::vector<penalty_entry> entries_;
+};
+
+} // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+int parse_cuda_device(const std::string& device) {
+  if (device == "cuda")
+    return 0;
+  if (device.rfind("cuda:", 0) != 0 || device.size() == 5)
+    return -1;
+  int n = 0;
+  for (size_t i = 5; i < device.size(); ++i) {
+    if (device[i] < '0' || device[i] > '9' || n > 100000)
+      return -1;
+    n = n * 10 + (device[i] - '0');
+  }
+  return n;
+}
+
+std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
+                                               const cuda_runner_options& options) {
+  if (!model)
+    throw std::invalid_argument("make_cuda_runner: no model");
+  if (cuda_device_count() == 0)
+    throw std::runtime_error("make_cuda_runner: no CUDA device is available");
+  return std::make_unique<cuda_runner>(std::move(model), options);
+}
+
+std::string describe_cuda_runner(const model_runner& runner) {
+  auto* r = dynamic_cast<const cuda_runner*>(&runner);
+  if (!r)
+    return {};
+  return "small-batch decode path " + r->engine_view().small_batch_choice();
+}
+
+std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows) {
+  auto* r = dynamic_cast<cuda_runner*>(&runner);
+  if (!r)
+    return {};
+  return r->engine().logits(rows);
+}
+
+bool set_cuda_graphs(model_runner& runner, bool enabled) {
+  auto* r = dynamic_cast<cuda_runner*>(&runner);
+  if (!r)
+    return false;
+  r->engine().set_graphs(enabled);
+  return true;
+}
+
+std::string format_memory_plan(const std::vector<memory_plan_entry>& plan) {
+  std::string out;
+  char line[160];
+  for (const auto& e : plan) {
+    std::snprintf(line, sizeof line, "  %-18s %10.1f MiB\n", e.name.c_str(),
+                  double(e.bytes) / (1024.0 * 1024.0));
+    out += line;
+  }
+  return out;
+}
+
+} // namespace metronome

@@ -1,0 +1,80 @@
+#pragma once
+// The CUDA executor behind the model_runner interface. This header needs no
+// CUDA headers: the CLI and the executor actor include it whether or not the
+// build has CUDA (without it, cuda_device_count() is 0 and make_cuda_runner
+// throws).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model_runner.hpp"
+
+namespace metronome {
+
+struct model_folder;
+
+/// Settings of one CUDA runner.
+struct cuda_runner_options {
+  /// CUDA device ordinal ("cuda:N").
+  int device = 0;
+  /// Share of the device's memory the runner may hold in all (weights,
+  /// activations, graphs, KV pool).
+  double gpu_memory_fraction = 0.9;
+  /// Most sequences in one step (decode graphs are captured up to this size).
+  int32_t max_batch_size = 64;
+  /// Most tokens in one step (prefill chunks plus decodes).
+  int32_t max_num_batched_tokens = 2048;
+  /// Tokens per KV page.
+  int32_t page_size = 16;
+  /// KV pool size in tokens; 0 = whatever the memory plan leaves.
+  int64_t kv_cache_tokens = 0;
+  /// Capture decode steps as CUDA graphs (one per padded batch size).
+  bool cuda_graphs = true;
+  /// Sequences the runner can hold at once (admitted and not yet released);
+  /// 0 = 4 x max_batch_size.
+  int32_t max_seqs = 0;
+  /// Longest sequence (prompt + output) in tokens; 0 = the model's
+  /// max_position_embeddings, capped by the KV pool.
+  int32_t max_model_len = 0;
+  /// Decode steps of 1..4 sequences: "auto" times the fused GEMV path against
+  /// cuBLAS at start-up and keeps the faster; "gemv" or "cublas" force one.
+  std::string small_batch_path = "auto";
+  /// Longest a step may take before the runner gives up on the device (a
+  /// hung kernel becomes an exception, never an endless wait).
+  double step_timeout_s = 120.0;
+};
+
+/// Number of CUDA devices; 0 when there is no GPU, no driver or no CUDA in
+/// this build (GPU tests skip then).
+int cuda_device_count();
+
+/// Loads `model` onto the device, plans its memory, captures the decode
+/// graphs and returns the runner. Call it on the thread that will call
+/// execute(): the runner is used by that one thread only. Throws
+/// std::runtime_error (cuda_error) with the failing CUDA call and its site,
+/// or std::invalid_argument for a model or option the runner cannot serve.
+std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
+                                               const cuda_runner_options& options);
+
+/// Parses "cuda", "cuda:N" into N; nullopt-like -1 for anything else.
+int parse_cuda_device(const std::string& device);
+
+/// Turns graph replay of a CUDA runner on or off (benchmarks compare both);
+/// returns false when `runner` is not a CUDA runner.
+bool set_cuda_graphs(model_runner& runner, bool enabled);
+
+/// A line on the runner's start-up choices (which path small decode batches
+/// take); empty when `runner` is not a CUDA runner.
+std::string describe_cuda_runner(const model_runner& runner);
+
+/// For tests: the logits of the last step's first `rows` sampled sequences
+/// ([rows][vocab], after penalties; scaled by 1/temperature where sampled
+/// with a temperature). Synchronises with the device.
+std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows);
+
+/// The memory plan as a few lines of text, for logs and start-up output.
+std::string format_memory_plan(const std::vector<memory_plan_entry>& plan);
+
+} // namespace metronome

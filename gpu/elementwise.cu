@@ -1,0 +1,254 @@
+// Small kernels of the forward pass: embedding gather, RMSNorm, RoPE fused
+// with the KV-cache write, SwiGLU, bias, page-table updates, conversions.
+//
+// Design note. These run on the general path (prefill and batches past the
+// GEMV's reach), between cuBLAS GEMMs; each reads its inputs once and writes
+// its outputs once. The decode path of small batches folds them into the GEMV
+// (gemv.cu). Numerics follow the CPU reference (model/cpu_ops.cpp): norms and
+// RoPE in fp32 with precise sin/cos of the fp32 angle, results rounded to bf16
+// only where a GEMM consumes them.
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernel_util.cuh"
+#include "gpu/kernels.hpp"
+#include "gpu/launch.cuh"
+
+namespace metronome::gpu {
+
+using namespace dev;
+
+namespace {
+
+// -- kernels ------------------------------------------------------------------------
+
+__global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ ids,
+                             int32_t hidden, float* __restrict__ x) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t row = blockIdx.x;
+  const bf16* src = table + int64_t(ids[row]) * hidden;
+  float* dst = x + row * hidden;
+  for (int32_t i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
+    float f[8];
+    unpack(load_ro(src + i), f);
+    reinterpret_cast<float4*>(dst + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(dst + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+}
+
+__global__ void rms_norm_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_map,
+                                const bf16* __restrict__ weight, float eps, int32_t n,
+                                bf16* __restrict__ out) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t src = row_map ? row_map[row] : row;
+  const float* xr = x + src * n;
+  float ss = 0;
+  for (int32_t i = threadIdx.x * 4; i < n; i += blockDim.x * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(xr + i);
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / float(n) + eps);
+  bf16* o = out + row * n;
+  for (int32_t i = threadIdx.x * 4; i < n; i += blockDim.x * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(xr + i);
+    const uint2 wv = *reinterpret_cast<const uint2*>(weight + i);
+    uint2 r;
+    r.x = pack_bf16x2(bf16_lo(wv.x) * (v.x * inv), bf16_hi(wv.x) * (v.y * inv));
+    r.y = pack_bf16x2(bf16_lo(wv.y) * (v.z * inv), bf16_hi(wv.y) * (v.w * inv));
+    *reinterpret_cast<uint2*>(o + i) = r;
+  }
+}
+
+/// One block per token; one thread per rotation pair (i, i + head_dim / 2) of
+/// every q, k and v head (v pairs are copied, not rotated).
+__global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
+                                     const float* __restrict__ inv_freq, batch_view batch,
+                                     kv_view kv, int32_t num_heads, bf16* __restrict__ q_out) {
+  pdl_trigger();
+  pdl_wait();
+  const int32_t t = blockIdx.x;
+  const int32_t d = kv.head_dim, half = d / 2;
+  const int32_t heads = num_heads + 2 * kv.kv_heads;
+  const int32_t width = heads * d;
+  const int32_t pos = batch.positions[t];
+  const int32_t seq = batch.token_seq[t];
+  const int32_t slot = batch.seq_slot[seq];
+  const int32_t page = kv.page_table[int64_t(slot) * kv.page_table_stride + pos / kv.page_size];
+  const int32_t in_page = pos % kv.page_size;
+  const bf16* row = qkv + int64_t(t) * width;
+  for (int32_t p = threadIdx.x; p < heads * half; p += blockDim.x) {
+    const int32_t head = p / half, i = p % half;
+    const int32_t c0 = head * d + i, c1 = c0 + half;
+    float a = to_float(row[c0]), b = to_float(row[c1]);
+    if (bias) {
+      a += to_float(bias[c0]);
+      b += to_float(bias[c1]);
+    }
+    if (head < num_heads + kv.kv_heads) {
+      const float angle = float(pos) * inv_freq[i];
+      float s, c;
+      sincosf(angle, &s, &c);
+      const float ra = a * c - b * s, rb = b * c + a * s;
+      a = ra;
+      b = rb;
+    }
+    if (head < num_heads) {
+      bf16* q = q_out + int64_t(t) * num_heads * d + head * d;
+      q[i] = __float2bfloat16_rn(a);
+      q[i + half] = __float2bfloat16_rn(b);
+    } else {
+      const bool is_k = head < num_heads + kv.kv_heads;
+      const int32_t h = is_k ? head - num_heads : head - num_heads - kv.kv_heads;
+      bf16* base = is_k ? kv.k : kv.v;
+      bf16* dst = base + ((int64_t(page) * kv.kv_heads + h) * kv.page_size + in_page) * d;
+      dst[i] = __float2bfloat16_rn(a);
+      dst[i + half] = __float2bfloat16_rn(b);
+    }
+  }
+}
+
+__global__ void swiglu_kernel(const bf16* __restrict__ gu, int32_t inter, int64_t total,
+                              bf16* __restrict__ act) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i8 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i8 >= total)
+    return;
+  const int64_t row = i8 / inter, j = i8 % inter;
+  const bf16* g = gu + row * 2 * inter + j;
+  float gf[8], uf[8];
+  unpack(load_global(g), gf);
+  unpack(load_global(g + inter), uf);
+  bf16x8 r;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float g0 = gf[2 * e], g1 = gf[2 * e + 1];
+    r.w[e] = pack_bf16x2(g0 / (1.0f + expf(-g0)) * uf[2 * e], g1 / (1.0f + expf(-g1)) * uf[2 * e + 1]);
+  }
+  store16(act + i8, r);
+}
+
+__global__ void add_bias_kernel(float* __restrict__ x, const bf16* __restrict__ bias, int32_t n,
+                                int64_t total) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < total)
+    x[i] += to_float(bias[i % n]);
+}
+
+__global__ void page_updates_kernel(int32_t* __restrict__ table, int32_t stride,
+                                    const int32_t* __restrict__ updates,
+                                    const int32_t* __restrict__ count, int32_t capacity) {
+  pdl_trigger();
+  pdl_wait();
+  const int32_t n = min(*count, capacity);
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    table[int64_t(updates[3 * i]) * stride + updates[3 * i + 1]] = updates[3 * i + 2];
+}
+
+__global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+__global__ void to_bf16_kernel(const void* src, bool is_f16, int64_t n, bf16* dst) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float f = is_f16 ? __half2float(reinterpret_cast<const __half*>(src)[i])
+                           : reinterpret_cast<const float*>(src)[i];
+    dst[i] = __float2bfloat16_rn(f);
+  }
+}
+
+int32_t grid_for(int64_t n, int32_t block) {
+  const int64_t g = (n + block - 1) / block;
+  return int32_t(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
+}
+
+} // namespace
+
+// -- launchers ------------------------------------------------------------------------
+
+void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden, float* x,
+                  cudaStream_t stream) {
+  if (rows <= 0)
+    return;
+  launch_kernel("embed_kernel", embed_kernel, dim3(rows), dim3(128), 0,
+                stream, table, ids, hidden, x);
+}
+
+void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight, float eps,
+                     int32_t rows, int32_t n, bf16* out, cudaStream_t stream) {
+  if (rows <= 0)
+    return;
+  const int32_t threads = n >= 4096 ? 512 : n >= 1024 ? 256 : 64;
+  launch_kernel("rms_norm_kernel", rms_norm_kernel, dim3(rows), dim3(threads), 0,
+                stream, x, row_map, weight, eps, n, out);
+}
+
+void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_freq,
+                          const batch_view& batch, const kv_view& kv, int32_t num_heads,
+                          bf16* q_out, cudaStream_t stream) {
+  if (batch.num_tokens <= 0)
+    return;
+  launch_kernel("rope_kv_write_kernel", rope_kv_write_kernel, dim3(batch.num_tokens), dim3(256), 0,
+                stream, qkv, bias, inv_freq, batch, kv, num_heads, q_out);
+}
+
+void launch_swiglu(const bf16* gate_up, int32_t rows, int32_t inter, bf16* act,
+                   cudaStream_t stream) {
+  const int64_t total = int64_t(rows) * inter;
+  if (total <= 0)
+    return;
+  launch_kernel("swiglu_kernel", swiglu_kernel, dim3(grid_for(total / 8, 256)), dim3(256), 0,
+                stream, gate_up, inter, total, act);
+}
+
+void launch_add_bias(float* x, const bf16* bias, int32_t rows, int32_t n, cudaStream_t stream) {
+  const int64_t total = int64_t(rows) * n;
+  if (total <= 0)
+    return;
+  launch_kernel("add_bias_kernel", add_bias_kernel, dim3(grid_for(total, 256)), dim3(256), 0,
+                stream, x, bias, n, total);
+}
+
+void launch_page_updates(int32_t* page_table, int32_t stride, const int32_t* updates,
+                         const int32_t* count, int32_t capacity, cudaStream_t stream) {
+  if (capacity <= 0)
+    return;
+  page_updates_kernel<<<(capacity + 255) / 256, 256, 0, stream>>>(page_table, stride, updates,
+                                                                   count, capacity);
+  METRONOME_CUDA_LAUNCHED("page_updates_kernel");
+}
+
+void launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream) {
+  if (n <= 0)
+    return;
+  // Start-up work after memsets: a plain launch.
+  fill_i32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(p, n, value);
+  METRONOME_CUDA_LAUNCHED("fill_i32_kernel");
+}
+
+void launch_to_bf16(const void* src, bool src_is_f16, int64_t n, bf16* dst, cudaStream_t stream) {
+  if (n <= 0)
+    return;
+  to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(src, src_is_f16, n, dst);
+  METRONOME_CUDA_LAUNCHED("to_bf16_kernel");
+}
+
+void launch_poison(void* p, size_t bytes, cudaStream_t stream) {
+  // 0xff bytes: NaN as fp32 and as bf16, -1 as int32.
+  METRONOME_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
+}
+
+} // namespace metronome::gpu

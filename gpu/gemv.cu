@@ -1,0 +1,331 @@
+// Matrix-vector products for decode steps of up to eight sequences, with the
+// neighbouring elementwise work fused in.
+//
+// Design note. At batch 1 to 4 a decode step is bound by reading the weights
+// once, so the GEMV streams each weight row exactly once with 16-byte loads
+// (several in flight per lane) and keeps the few input vectors in shared
+// memory, staged once per block as bf16. Each warp owns a PAIR of output rows,
+// which lets the epilogue combine them: RoPE rotates the pair (i, i + d/2) of
+// one head, SwiGLU multiplies silu(gate_j) by up_j. The prologue can compute
+// RMSNorm of the fp32 residual on the fly (each block recomputes the row's
+// inverse RMS from L2, cheaper than a separate launch), and the epilogue can
+// add into the residual, so a decoder layer needs four GEMVs and the
+// attention kernel, with no other launches. The grid is persistent (blocks =
+// SMs x occupancy), so staging is paid once per block.
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernel_util.cuh"
+#include "gpu/kernels.hpp"
+#include "gpu/launch.cuh"
+
+namespace metronome::gpu {
+
+using namespace dev;
+
+namespace {
+
+constexpr int warps_per_block = 8;
+constexpr int threads_per_block = warps_per_block * 32;
+constexpr int unroll = 4;
+constexpr int32_t smem_budget = 64 * 1024;
+/// Bytes of each of a warp's first two rows prefetched before the PDL wait.
+constexpr int32_t prefetch_bytes = 4096;
+
+struct pair_rows {
+  int32_t r0, r1;
+  bool has_r1;
+};
+
+template <gemv_epilogue Ep>
+__device__ __forceinline__ pair_rows rows_of(const gemv_args& a, int32_t p) {
+  if constexpr (Ep == gemv_epilogue::swiglu) {
+    return {p, a.n / 2 + p, true};
+  } else if constexpr (Ep == gemv_epilogue::qkv_rope) {
+    const int32_t half = a.kv.head_dim / 2;
+    const int32_t head = p / half, i = p % half;
+    const int32_t r0 = head * a.kv.head_dim + i;
+    return {r0, r0 + half, true};
+  } else {
+    return {2 * p, 2 * p + 1, 2 * p + 1 < a.n};
+  }
+}
+
+template <gemv_epilogue Ep>
+__host__ __device__ int32_t num_pairs(const gemv_args& a) {
+  if constexpr (Ep == gemv_epilogue::swiglu || Ep == gemv_epilogue::qkv_rope)
+    return a.n / 2;
+  else
+    return (a.n + 1) / 2;
+}
+
+/// Stages x[:, k0 : k0 + kc) into xs [M][kc] as bf16 (normalised if the
+/// input is the residual).
+template <int M>
+__device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, int32_t kc,
+                        bf16* xs) {
+  const int32_t vecs = kc / 8;
+  for (int32_t v = threadIdx.x; v < M * vecs; v += blockDim.x) {
+    const int32_t m = v / vecs, kk = (v % vecs) * 8;
+    const int32_t k = k0 + kk;
+    bf16x8 out;
+    if (m >= a.m) {
+      out = bf16x8{{0, 0, 0, 0}};
+    } else if (a.residual_in) {
+      const float* xr = a.residual_in + int64_t(m) * a.k + k;
+      const float4 lo = *reinterpret_cast<const float4*>(xr);
+      const float4 hi = *reinterpret_cast<const float4*>(xr + 4);
+      float w[8];
+      unpack(load_ro(a.norm_weight + k), w);
+      const float inv = inv_rms[m];
+      out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
+      out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
+      out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
+      out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
+    } else {
+      out = load_global(a.x + int64_t(m) * a.k + k);
+    }
+    store16(xs + m * kc + kk, out);
+  }
+}
+
+template <int M, gemv_epilogue Ep>
+__device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
+                                         int32_t m, float y0, float y1) {
+  if (a.bias) {
+    y0 += to_float(a.bias[rows.r0]);
+    if (rows.has_r1)
+      y1 += to_float(a.bias[rows.r1]);
+  }
+  if constexpr (Ep == gemv_epilogue::store_f32) {
+    a.out_f32[int64_t(m) * a.n + rows.r0] = y0;
+    if (rows.has_r1)
+      a.out_f32[int64_t(m) * a.n + rows.r1] = y1;
+  } else if constexpr (Ep == gemv_epilogue::residual_add) {
+    a.out_f32[int64_t(m) * a.n + rows.r0] += y0;
+    if (rows.has_r1)
+      a.out_f32[int64_t(m) * a.n + rows.r1] += y1;
+  } else if constexpr (Ep == gemv_epilogue::swiglu) {
+    a.out_bf16[int64_t(m) * (a.n / 2) + p] = __float2bfloat16_rn(y0 / (1.0f + expf(-y0)) * y1);
+  } else {
+    const int32_t d = a.kv.head_dim, half = d / 2;
+    const int32_t head = p / half, i = p % half;
+    const int32_t kvh = a.kv.kv_heads;
+    const int32_t pos = a.batch.positions[m];
+    if (head < a.num_heads + kvh) {
+      float s, c;
+      sincosf(float(pos) * a.inv_freq[i], &s, &c);
+      const float r0 = y0 * c - y1 * s, r1 = y1 * c + y0 * s;
+      y0 = r0;
+      y1 = r1;
+    }
+    if (head < a.num_heads) {
+      bf16* q = a.out_bf16 + int64_t(m) * a.num_heads * d + head * d;
+      q[i] = __float2bfloat16_rn(y0);
+      q[i + half] = __float2bfloat16_rn(y1);
+    } else {
+      const bool is_k = head < a.num_heads + kvh;
+      const int32_t h = head - a.num_heads - (is_k ? 0 : kvh);
+      const int32_t seq = a.batch.token_seq[m];
+      const int32_t slot = a.batch.seq_slot[seq];
+      const int32_t page =
+        a.kv.page_table[int64_t(slot) * a.kv.page_table_stride + pos / a.kv.page_size];
+      bf16* dst = (is_k ? a.kv.k : a.kv.v)
+                  + ((int64_t(page) * kvh + h) * a.kv.page_size + pos % a.kv.page_size) * d;
+      dst[i] = __float2bfloat16_rn(y0);
+      dst[i + half] = __float2bfloat16_rn(y1);
+    }
+  }
+}
+
+template <int M, gemv_epilogue Ep>
+__global__ void __launch_bounds__(threads_per_block)
+  gemv_kernel(const gemv_args a, int32_t kc) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* xs = reinterpret_cast<bf16*>(smem_raw);
+  __shared__ float inv_rms[M];
+  __shared__ float scratch[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // Weights are never written: start pulling this warp's first rows into L2
+  // while the previous kernel drains, then wait for its outputs.
+  pdl_trigger();
+  {
+    const int32_t p0 = blockIdx.x * warps_per_block + warp;
+    if (p0 < num_pairs<Ep>(a)) {
+      const pair_rows r = rows_of<Ep>(a, p0);
+      const char* w0 = reinterpret_cast<const char*>(a.w + int64_t(r.r0) * a.k);
+      const char* w1 = reinterpret_cast<const char*>(a.w + int64_t(r.has_r1 ? r.r1 : r.r0) * a.k);
+      const int32_t bytes = min(a.k * 2, prefetch_bytes);
+      for (int32_t off = lane * 128; off < bytes; off += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w0 + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w1 + off));
+      }
+    }
+  }
+  pdl_wait();
+
+  if (a.residual_in) {
+    for (int m = 0; m < M; ++m) {
+      float ss = 0;
+      if (m < a.m) {
+        const float* xr = a.residual_in + int64_t(m) * a.k;
+        for (int32_t k = threadIdx.x * 4; k < a.k; k += blockDim.x * 4) {
+          const float4 v = *reinterpret_cast<const float4*>(xr + k);
+          ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+      }
+      ss = block_sum(ss, scratch);
+      if (threadIdx.x == 0)
+        inv_rms[m] = rsqrtf(ss / float(a.k) + a.eps);
+    }
+    __syncthreads();
+  }
+
+  const int32_t pairs = num_pairs<Ep>(a);
+  const bool single_chunk = kc >= a.k;
+  if (single_chunk) {
+    stage_x<M>(a, inv_rms, 0, a.k, xs);
+    __syncthreads();
+  }
+  for (int32_t base = blockIdx.x * warps_per_block; base < pairs;
+       base += gridDim.x * warps_per_block) {
+    const int32_t p = base + warp;
+    const bool active = p < pairs;
+    const pair_rows rows = active ? rows_of<Ep>(a, p) : pair_rows{0, 0, false};
+    const bf16* w0 = a.w + int64_t(rows.r0) * a.k;
+    const bf16* w1 = a.w + int64_t(rows.has_r1 ? rows.r1 : rows.r0) * a.k;
+    float acc0[M], acc1[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      acc0[m] = acc1[m] = 0.0f;
+
+    for (int32_t k0 = 0; k0 < a.k; k0 += kc) {
+      const int32_t len = min(kc, a.k - k0);
+      if (!single_chunk) {
+        __syncthreads();
+        stage_x<M>(a, inv_rms, k0, len, xs);
+        __syncthreads();
+      }
+      if (!active)
+        continue;
+      for (int32_t kk = lane * 8; kk < len; kk += 32 * 8 * unroll) {
+        bf16x8 wa[unroll], wb[unroll];
+#pragma unroll
+        for (int u = 0; u < unroll; ++u) {
+          const int32_t k = kk + u * 256;
+          if (k < len) {
+            wa[u] = load_stream(w0 + k0 + k);
+            wb[u] = load_stream(w1 + k0 + k);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < unroll; ++u) {
+          const int32_t k = kk + u * 256;
+          if (k < len) {
+            float fa[8], fb[8];
+            unpack(wa[u], fa);
+            unpack(wb[u], fb);
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+              float xv[8];
+              unpack(*reinterpret_cast<const bf16x8*>(xs + m * len + k), xv);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) {
+                acc0[m] = fmaf(fa[e], xv[e], acc0[m]);
+                acc1[m] = fmaf(fb[e], xv[e], acc1[m]);
+              }
+            }
+          }
+        }
+      }
+    }
+    if (!active)
+      continue;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      acc0[m] = warp_sum(acc0[m]);
+      acc1[m] = warp_sum(acc1[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (lane == m && m < a.m)
+        epilogue<M, Ep>(a, p, rows, m, acc0[m], acc1[m]);
+  }
+}
+
+// -- launch ----------------------------------------------------------------------------
+
+struct launch_info {
+  int32_t blocks_per_sm = 0;
+  int32_t num_sms = 0;
+};
+
+template <int M, gemv_epilogue Ep>
+void launch(const gemv_args& a, cudaStream_t stream) {
+  int32_t kc = a.k;
+  if (int64_t(M) * a.k * 2 > smem_budget)
+    kc = (smem_budget / (M * 2)) / 256 * 256;
+  const size_t smem = size_t(M) * size_t(kc) * 2;
+  // Occupancy per (instantiation, shared memory size): computed once each.
+  static std::mutex mtx;
+  static std::map<size_t, launch_info> cache;
+  launch_info info;
+  {
+    std::lock_guard guard{mtx};
+    auto it = cache.find(smem);
+    if (it == cache.end()) {
+      METRONOME_CUDA(cudaFuncSetAttribute(gemv_kernel<M, Ep>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem_budget)));
+      int device = 0, sms = 0, blocks = 0;
+      METRONOME_CUDA(cudaGetDevice(&device));
+      METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, gemv_kernel<M, Ep>, threads_per_block, smem));
+      it = cache.emplace(smem, launch_info{std::max(blocks, 1), sms}).first;
+    }
+    info = it->second;
+  }
+  const int32_t pairs = num_pairs<Ep>(a);
+  const int32_t wanted = (pairs + warps_per_block - 1) / warps_per_block;
+  const int32_t grid = std::max(1, std::min(wanted, info.blocks_per_sm * info.num_sms));
+  launch_kernel("gemv_kernel", gemv_kernel<M, Ep>, dim3(grid), dim3(threads_per_block), smem,
+                stream, a, kc);
+}
+
+template <gemv_epilogue Ep>
+void launch_m(const gemv_args& a, cudaStream_t stream) {
+  switch (a.m) {
+    case 1: return launch<1, Ep>(a, stream);
+    case 2: return launch<2, Ep>(a, stream);
+    case 3:
+    case 4: return launch<4, Ep>(a, stream);
+    case 5:
+    case 6:
+    case 7:
+    case 8: return launch<8, Ep>(a, stream);
+    default: throw cuda_error("launch_gemv: m = " + std::to_string(a.m) + " is not in 1..8");
+  }
+}
+
+} // namespace
+
+void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream) {
+  if (a.k % 8 != 0)
+    throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
+  if (a.residual_in && !a.norm_weight)
+    throw cuda_error("launch_gemv: a residual input needs its norm weight");
+  switch (epilogue) {
+    case gemv_epilogue::store_f32: return launch_m<gemv_epilogue::store_f32>(a, stream);
+    case gemv_epilogue::residual_add: return launch_m<gemv_epilogue::residual_add>(a, stream);
+    case gemv_epilogue::swiglu: return launch_m<gemv_epilogue::swiglu>(a, stream);
+    case gemv_epilogue::qkv_rope: return launch_m<gemv_epilogue::qkv_rope>(a, stream);
+  }
+}
+
+} // namespace metronome::gpu

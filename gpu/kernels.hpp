@@ -1,0 +1,206 @@
+#pragma once
+// Launchers of the GPU executor's kernels, callable from host C++ (the engine
+// and the kernel tests). Every launcher enqueues on `stream`, checks the launch
+// and throws cuda_error on failure; none synchronises.
+//
+// Layouts (row-major throughout):
+// - weights W [n][k] bf16 as Hugging Face stores them (y = x W^T);
+// - the residual stream x [tokens][hidden] fp32; GEMM inputs bf16;
+// - the KV cache of one layer: K and V pools [pages][kv_heads][page_size][head_dim] bf16,
+//   so one (page, kv head) is a contiguous block of page_size * head_dim values;
+// - a page table [slots][stride] int32 per sequence slot.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace metronome::gpu {
+
+using bf16 = __nv_bfloat16;
+
+// -- views passed to kernels by value ----------------------------------------------
+
+/// One layer's KV pools and the page tables that index them.
+struct kv_view {
+  bf16* k = nullptr;
+  bf16* v = nullptr;
+  const int32_t* page_table = nullptr; // [slots][page_table_stride]
+  int32_t page_table_stride = 0;
+  int32_t page_size = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+/// The tokens and sequences of one step (device arrays).
+struct batch_view {
+  int32_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  const int32_t* positions = nullptr;   // [num_tokens] position of each token
+  const int32_t* token_seq = nullptr;   // [num_tokens] batch index of each token
+  const int32_t* seq_slot = nullptr;    // [num_seqs] page-table row of each sequence
+  const int32_t* seq_q_start = nullptr; // [num_seqs + 1] first token row of each sequence
+  const int32_t* seq_len = nullptr;     // [num_seqs] KV length after this step
+};
+
+/// Attention shapes shared by the decode and prefill kernels.
+struct attention_shape {
+  int32_t num_heads = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  /// Sliding window (keys j with pos - window < j <= pos); 0 = none.
+  int32_t window = 0;
+  float scale = 1.0f;
+};
+
+// -- elementwise -----------------------------------------------------------------------
+
+/// x[t] = float(table[ids[t]]) for t < rows.
+void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden, float* x,
+                  cudaStream_t stream);
+
+/// out[r] = bf16(x[src] * rsqrt(mean(x[src]^2) + eps) * weight) with
+/// src = row_map ? row_map[r] : r.
+void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight, float eps,
+                     int32_t rows, int32_t n, bf16* out, cudaStream_t stream);
+
+/// Splits qkv [tokens][q + 2 kv] (plus bias), rotates q and k (Hugging Face
+/// half-split RoPE with inv_freq [head_dim / 2]) and writes q to q_out
+/// [tokens][q] and k, v into the paged cache at each token's position.
+void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_freq,
+                          const batch_view& batch, const kv_view& kv, int32_t num_heads,
+                          bf16* q_out, cudaStream_t stream);
+
+/// act[t][j] = bf16(silu(gu[t][j]) * gu[t][inter + j]).
+void launch_swiglu(const bf16* gate_up, int32_t rows, int32_t inter, bf16* act,
+                   cudaStream_t stream);
+
+/// x[t][i] += bias[i].
+void launch_add_bias(float* x, const bf16* bias, int32_t rows, int32_t n, cudaStream_t stream);
+
+/// Applies page-table updates (slot, index, page) triples; the count is read
+/// from device memory (*count), at most `capacity` are applied.
+void launch_page_updates(int32_t* page_table, int32_t stride, const int32_t* updates,
+                         const int32_t* count, int32_t capacity, cudaStream_t stream);
+
+/// Fills n int32 with value.
+void launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
+
+/// Converts n elements of fp16 (src_is_f16) or fp32 to bf16.
+void launch_to_bf16(const void* src, bool src_is_f16, int64_t n, bf16* dst, cudaStream_t stream);
+
+/// Fills n bf16 with a NaN pattern / n floats with NaN (tests poison outputs).
+void launch_poison(void* p, size_t bytes, cudaStream_t stream);
+
+// -- matrix-vector products for small batches (m <= 8) ----------------------------------
+
+/// What a GEMV does with the two output rows each warp computes.
+enum class gemv_epilogue : uint8_t {
+  /// out_f32[t][r] = y (+ bias).
+  store_f32,
+  /// residual[t][r] += y (+ bias).
+  residual_add,
+  /// rows (j, inter + j): out_bf16[t][j] = silu(y_j) * y_{inter + j}.
+  swiglu,
+  /// rows of the fused qkv projection: bias, RoPE, q to q_out, k/v into the cache.
+  qkv_rope,
+};
+
+/// A GEMV y[t] = W x[t] over m <= 8 tokens with a fused prologue/epilogue.
+struct gemv_args {
+  const bf16* w = nullptr; // [n][k]
+  int32_t n = 0;
+  int32_t k = 0;
+  int32_t m = 1; // tokens: 1 to 8
+  const bf16* bias = nullptr; // [n] or null
+  // Input: bf16 x [m][k], or the fp32 residual [m][k] normalised on the fly.
+  const bf16* x = nullptr;
+  const float* residual_in = nullptr;
+  const bf16* norm_weight = nullptr;
+  float eps = 1e-6f;
+  // Outputs.
+  float* out_f32 = nullptr;  // store_f32 [m][n], residual_add [m][n]
+  bf16* out_bf16 = nullptr;  // swiglu [m][n / 2], qkv_rope: q [m][num_heads * head_dim]
+  // qkv_rope only.
+  const float* inv_freq = nullptr;
+  batch_view batch;
+  kv_view kv;
+  int32_t num_heads = 0;
+};
+
+void launch_gemv(gemv_epilogue epilogue, const gemv_args& args, cudaStream_t stream);
+
+/// Largest m the GEMV supports.
+constexpr int32_t gemv_max_m = 8;
+
+// -- attention ---------------------------------------------------------------------------
+
+/// Splits along the context the decode kernel will use for `num_seqs` sequences.
+int32_t decode_attention_splits(const attention_shape& shape, int32_t num_seqs,
+                                int32_t num_sms);
+
+/// Paged decode attention: one query token per sequence (the token at
+/// position seq_len - 1, row seq_q_start of q) into out [tokens][heads * head_dim].
+/// Up to `splits` parts of the context are computed in parallel (partials in
+/// part_o [seqs][heads][splits][head_dim] and part_ml [seqs][heads][splits][2])
+/// and merged by the last part to finish; counters (one int32 per sequence and
+/// kv-head block, at least seqs * num_heads) must start at zero and are left
+/// at zero.
+void launch_decode_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
+                             const batch_view& batch, int32_t splits, float* part_o,
+                             float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream);
+
+/// Work item of the prefill kernel: sequence and first query row of a tile.
+struct prefill_item {
+  int32_t seq = 0;
+  int32_t row = 0; // offset of the tile within the sequence's rows
+};
+
+/// Query rows per prefill tile.
+constexpr int32_t prefill_tile = 64;
+
+/// Flash-style causal attention of every token of the step over its
+/// sequence's cached keys (chunked prefill continues from cached pages).
+void launch_prefill_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
+                              const batch_view& batch, const prefill_item* items,
+                              int32_t num_items, bf16* out, cudaStream_t stream);
+
+/// Whether the attention kernels support this head_dim.
+bool attention_supports_head_dim(int32_t head_dim);
+
+// -- sampling ----------------------------------------------------------------------------
+
+/// Per-row sampling settings (device arrays of `rows` entries).
+struct sample_rows {
+  const float* temperature = nullptr;
+  const float* top_p = nullptr;
+  const float* min_p = nullptr;
+  const int32_t* top_k = nullptr;
+  const uint64_t* seed = nullptr;
+  const int32_t* step = nullptr; // index in the sequence's random stream
+};
+
+/// One penalty entry: a distinct token of one row's prompt or output.
+struct penalty_entry {
+  int32_t row = 0;
+  int32_t token = 0;
+  int32_t output_count = 0; // times sampled so far
+  int32_t repetition = 0;   // 1: apply the repetition penalty
+};
+
+/// Applies repetition, frequency and presence penalties in place (count read
+/// from device memory, at most `capacity` entries).
+void launch_penalties(float* logits, int32_t vocab, const penalty_entry* entries,
+                      const int32_t* count, int32_t capacity, const float* repetition,
+                      const float* frequency, const float* presence, cudaStream_t stream);
+
+/// Device scratch launch_sample needs for `rows` rows.
+size_t sample_workspace_bytes(int32_t rows);
+
+/// Samples one token per row of logits [rows][vocab] (modified in place) with
+/// the semantics of sequence_sampler; writes token ids and log-probabilities.
+void launch_sample(float* logits, int32_t rows, int32_t vocab, const sample_rows& params,
+                   int32_t* tokens, float* logprobs, void* workspace, cudaStream_t stream);
+
+} // namespace metronome::gpu

@@ -1,0 +1,512 @@
+// Sampling on the GPU with the semantics of model/sampling.cpp, so that only
+// token ids and log-probabilities travel back to the host.
+//
+// Design note. Two kernels per step. stats_kernel splits each row of logits
+// into 32 parts: it applies the temperature (in place, as the CPU does),
+// finds each part's maximum and first argmax and the part's sum of
+// exp(l - part max). select_kernel (one block per row) combines the parts:
+// greedy rows are done (argmax, -log(sum)); unfiltered rows find the part
+// whose running mass crosses u * sum, then the token inside it by a block
+// scan, in index order as the CPU's inverse CDF. Rows with top-k, top-p or
+// min-p never sort the vocabulary: the kept set is always a prefix of the
+// order (logit descending, index ascending), so each boundary is found by a
+// radix select over the 32-bit order key of the logit (four 8-bit passes of
+// counts, or of probability mass for top-p and the final draw), with ties at
+// the boundary resolved by index. Random numbers come from the sequence's
+// counter-based stream (model/random.hpp), the same values as on the CPU.
+
+#include <algorithm>
+#include <cfloat>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernel_util.cuh"
+#include "gpu/kernels.hpp"
+#include "gpu/launch.cuh"
+#include "model/random.hpp"
+
+namespace metronome::gpu {
+
+using namespace dev;
+
+namespace {
+
+constexpr int parts = 32;
+constexpr int stats_threads = 256;
+constexpr int select_threads = 1024;
+constexpr float greedy_below = 1e-5f;
+
+struct part_stats {
+  float max;
+  int32_t argmax;
+  double sum; // of exp(l - max) over the part
+};
+
+/// A 32-bit key that orders floats as they compare; -0.0 maps to +0.0's key
+/// (they compare equal, so the CPU breaks their tie by index as for any other).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ int32_t part_size(int32_t vocab) {
+  return ((vocab + parts - 1) / parts + 3) / 4 * 4;
+}
+
+// -- penalties -------------------------------------------------------------------------
+
+__global__ void penalties_kernel(float* __restrict__ logits, int32_t vocab,
+                                 const penalty_entry* __restrict__ entries,
+                                 const int32_t* __restrict__ count, int32_t capacity,
+                                 const float* __restrict__ repetition,
+                                 const float* __restrict__ frequency,
+                                 const float* __restrict__ presence) {
+  pdl_trigger();
+  pdl_wait();
+  const int32_t n = min(*count, capacity);
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const penalty_entry e = entries[i];
+    if (e.token < 0 || e.token >= vocab)
+      continue;
+    float& l = logits[int64_t(e.row) * vocab + e.token];
+    if (e.repetition) {
+      const float r = repetition[e.row];
+      l = l > 0 ? l / r : l * r;
+    }
+    if (e.output_count > 0)
+      l -= frequency[e.row] * float(e.output_count) + presence[e.row];
+  }
+}
+
+// -- per-part statistics ---------------------------------------------------------------
+
+__global__ void __launch_bounds__(stats_threads)
+  stats_kernel(float* __restrict__ logits, int32_t vocab, sample_rows params,
+               part_stats* __restrict__ stats) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float s_max[stats_threads / 32];
+  __shared__ int32_t s_idx[stats_threads / 32];
+  __shared__ double s_sum[stats_threads / 32];
+  const int row = blockIdx.y, part = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* l = logits + int64_t(row) * vocab;
+  const int32_t size = part_size(vocab);
+  const int32_t lo = part * size, hi = min(vocab, lo + size);
+  const float temp = params.temperature[row];
+  const bool scale = !(temp < greedy_below);
+  const float inv_t = scale ? 1.0f / temp : 1.0f;
+
+  float best = -INFINITY;
+  int32_t best_i = INT32_MAX;
+  for (int32_t i = lo + threadIdx.x; i < hi; i += stats_threads) {
+    float v = l[i];
+    if (scale) {
+      v *= inv_t;
+      l[i] = v;
+    }
+    if (v > best || (v == best && i < best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (ob > best || (ob == best && oi < best_i)) {
+      best = ob;
+      best_i = oi;
+    }
+  }
+  if (lane == 0) {
+    s_max[warp] = best;
+    s_idx[warp] = best_i;
+  }
+  __syncthreads();
+  best = s_max[0];
+  best_i = s_idx[0];
+  for (int w = 1; w < stats_threads / 32; ++w)
+    if (s_max[w] > best || (s_max[w] == best && s_idx[w] < best_i)) {
+      best = s_max[w];
+      best_i = s_idx[w];
+    }
+  double sum = 0;
+  if (best > -INFINITY)
+    for (int32_t i = lo + threadIdx.x; i < hi; i += stats_threads)
+      sum += exp(double(l[i] - best));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0)
+    s_sum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < stats_threads / 32; ++w)
+      total += s_sum[w];
+    stats[int64_t(row) * parts + part] = part_stats{best, best_i, total};
+  }
+}
+
+// -- block primitives of select_kernel (1024 threads) ------------------------------------
+
+struct select_shared {
+  int32_t hist_count[256];
+  double hist_mass[256];
+  double scan_d[select_threads / 32];
+  int32_t scan_i[select_threads / 32];
+  int32_t digit;
+  int32_t above_count;
+  double above_mass;
+  int32_t found;
+  int32_t result_i;
+  double result_d;
+};
+
+__device__ double block_sum_d(double v, select_shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0)
+    sh.scan_d[warp] = v;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < select_threads / 32; ++w)
+    total += sh.scan_d[w];
+  return total;
+}
+
+__device__ int32_t block_sum_i(int32_t v, select_shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0)
+    sh.scan_i[warp] = v;
+  __syncthreads();
+  int32_t total = 0;
+  for (int w = 0; w < select_threads / 32; ++w)
+    total += sh.scan_i[w];
+  return total;
+}
+
+/// Exclusive prefix sum over threads in thread order.
+template <class T>
+__device__ T block_exclusive_scan(T v, T* warp_totals) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o)
+      inc += n;
+  }
+  __syncthreads();
+  if (lane == 31)
+    warp_totals[warp] = inc;
+  __syncthreads();
+  T before = 0;
+  for (int w = 0; w < warp; ++w)
+    before += warp_totals[w];
+  return before + inc - v;
+}
+
+/// Index (in index order) of the need-th (1-based) element whose key equals `key`.
+__device__ int32_t nth_tie(const float* v, int32_t vocab, uint32_t key, int32_t need,
+                           select_shared& sh) {
+  const int32_t per = (vocab + select_threads - 1) / select_threads;
+  const int32_t lo = threadIdx.x * per, hi = min(vocab, lo + per);
+  int32_t count = 0;
+  for (int32_t i = lo; i < hi; ++i)
+    count += order_key(v[i]) == key;
+  const int32_t before = block_exclusive_scan<int32_t>(count, sh.scan_i);
+  if (threadIdx.x == 0)
+    sh.result_i = -1;
+  __syncthreads();
+  if (before < need && need <= before + count) {
+    int32_t seen = before;
+    for (int32_t i = lo; i < hi; ++i)
+      if (order_key(v[i]) == key && ++seen == need) {
+        sh.result_i = i;
+        break;
+      }
+  }
+  __syncthreads();
+  return sh.result_i;
+}
+
+/// A boundary in the order (logit desc, index asc): all keys above `key`,
+/// plus the ties at `key` up to index `cut`. `count` elements in all.
+struct boundary {
+  uint32_t key;
+  int32_t cut;
+  int32_t count;
+};
+
+__device__ __forceinline__ bool inside(const boundary& b, uint32_t key, int32_t i) {
+  return key > b.key || (key == b.key && i <= b.cut);
+}
+
+/// Picks the digit of one radix pass: scanning bins from the top, the first
+/// bin where the running count reaches `need` (by_mass: the running mass
+/// reaches `target`, strictly past it if strict). Thread 0 decides.
+__device__ void pick_digit(select_shared& sh, bool by_mass, int32_t need, double target,
+                           bool strict) {
+  if (threadIdx.x == 0) {
+    int32_t c = 0;
+    double m = 0;
+    int d = 255;
+    int last_nonempty = -1;
+    for (; d >= 0; --d) {
+      if (sh.hist_count[d] == 0)
+        continue;
+      last_nonempty = d;
+      const bool hit = by_mass ? (strict ? m + sh.hist_mass[d] > target
+                                         : m + sh.hist_mass[d] >= target)
+                               : c + sh.hist_count[d] >= need;
+      if (hit)
+        break;
+      c += sh.hist_count[d];
+      m += sh.hist_mass[d];
+    }
+    if (d < 0) { // rounding: the target lies past the last element
+      d = last_nonempty;
+      c -= sh.hist_count[d];
+      m -= sh.hist_mass[d];
+    }
+    sh.digit = d;
+    sh.above_count = c;
+    sh.above_mass = m;
+  }
+  __syncthreads();
+}
+
+/// The boundary holding the first `need` elements of the order.
+__device__ boundary select_count(const float* v, int32_t vocab, int32_t need, select_shared& sh) {
+  uint32_t prefix = 0, mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += select_threads)
+      sh.hist_count[i] = 0;
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < vocab; i += select_threads) {
+      const uint32_t k = order_key(v[i]);
+      if ((k & mask) == prefix)
+        atomicAdd(&sh.hist_count[(k >> shift) & 255], 1);
+    }
+    __syncthreads();
+    pick_digit(sh, false, need, 0, false);
+    need -= sh.above_count;
+    prefix |= uint32_t(sh.digit) << shift;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  const int32_t cut = nth_tie(v, vocab, prefix, need, sh);
+  return boundary{prefix, cut, 0};
+}
+
+/// The shortest prefix of the order whose mass (of exp(l - m)) reaches
+/// `target` (strict: exceeds it); returns its boundary, the last element's
+/// index in `last` and the prefix length in count.
+__device__ boundary select_mass(const float* v, int32_t vocab, float m, double target, bool strict,
+                                select_shared& sh) {
+  uint32_t prefix = 0, mask = 0;
+  int32_t above = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += select_threads) {
+      sh.hist_count[i] = 0;
+      sh.hist_mass[i] = 0;
+    }
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < vocab; i += select_threads) {
+      const float x = v[i];
+      const uint32_t k = order_key(x);
+      if ((k & mask) == prefix) {
+        const int d = (k >> shift) & 255;
+        atomicAdd(&sh.hist_count[d], 1);
+        atomicAdd(&sh.hist_mass[d], exp(double(x - m)));
+      }
+    }
+    __syncthreads();
+    pick_digit(sh, true, 0, target, strict);
+    target -= sh.above_mass;
+    above += sh.above_count;
+    prefix |= uint32_t(sh.digit) << shift;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  // Ties at the boundary share one probability: take as many as needed.
+  const int32_t ties = sh.hist_count[prefix & 255];
+  __syncthreads();
+  const float x = prefix & 0x80000000u ? __uint_as_float(prefix & 0x7fffffffu)
+                                       : __uint_as_float(~prefix);
+  const double e = exp(double(x - m));
+  int32_t j = strict ? int32_t(floor(target / e)) + 1 : int32_t(ceil(target / e));
+  j = max(1, min(j, ties));
+  const int32_t cut = nth_tie(v, vocab, prefix, j, sh);
+  return boundary{prefix, cut, above + j};
+}
+
+// -- selection ---------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(select_threads)
+  select_kernel(const float* __restrict__ logits, int32_t vocab, sample_rows params,
+                const part_stats* __restrict__ stats, int32_t* __restrict__ tokens,
+                float* __restrict__ logprobs) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ select_shared sh;
+  const int row = blockIdx.x;
+  const float* v = logits + int64_t(row) * vocab;
+  const part_stats* st = stats + int64_t(row) * parts;
+
+  // Combine the parts (every thread, same order: deterministic).
+  float m = -INFINITY;
+  int32_t argmax = 0;
+  for (int p = 0; p < parts; ++p)
+    if (st[p].max > m) { // strict: an earlier part wins ties
+      m = st[p].max;
+      argmax = st[p].argmax;
+    }
+  double total = 0;
+  for (int p = 0; p < parts; ++p)
+    if (st[p].sum > 0)
+      total += st[p].sum * exp(double(st[p].max - m));
+
+  const float temp = params.temperature[row];
+  if (temp < greedy_below) {
+    if (threadIdx.x == 0) {
+      tokens[row] = argmax;
+      logprobs[row] = float(-log(total));
+    }
+    return;
+  }
+  const float u = random_unit(params.seed[row], uint64_t(params.step[row]));
+  const int32_t top_k = params.top_k[row];
+  const float top_p = params.top_p[row], min_p = params.min_p[row];
+  const bool has_k = top_k > 0 && top_k < vocab;
+  const bool filtered = has_k || top_p < 1.0f || min_p > 0.0f;
+
+  if (!filtered) {
+    // Inverse CDF in index order: the part, then the element.
+    const double target = double(u) * total;
+    double before = 0;
+    int part = parts - 1;
+    for (int p = 0; p < parts; ++p) {
+      const double s = st[p].sum > 0 ? st[p].sum * exp(double(st[p].max - m)) : 0.0;
+      if (before + s > target) {
+        part = p;
+        break;
+      }
+      before += s;
+    }
+    const int32_t size = part_size(vocab);
+    const int32_t lo = part * size, hi = min(vocab, lo + size);
+    const int32_t per = (size + select_threads - 1) / select_threads;
+    const int32_t t_lo = lo + threadIdx.x * per, t_hi = min(hi, t_lo + per);
+    double local = 0;
+    for (int32_t i = t_lo; i < t_hi; ++i)
+      local += exp(double(v[i] - m));
+    const double prefix = before + block_exclusive_scan<double>(local, sh.scan_d);
+    if (threadIdx.x == 0)
+      sh.found = vocab - 1;
+    __syncthreads();
+    if (prefix <= target && prefix + local > target) {
+      double acc = prefix;
+      for (int32_t i = t_lo; i < t_hi; ++i) {
+        acc += exp(double(v[i] - m));
+        if (acc > target) {
+          sh.found = i;
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int32_t tok = sh.found;
+      tokens[row] = tok;
+      logprobs[row] = float(double(v[tok] - m) - log(total));
+    }
+    return;
+  }
+
+  // Filtered: top-k, then top-p, then min-p, each a prefix of the order.
+  const int32_t k = has_k ? top_k : vocab;
+  double mass_k = total;
+  boundary set_k{0, vocab - 1, vocab}; // everything
+  if (has_k) {
+    set_k = select_count(v, vocab, k, sh);
+    set_k.count = k;
+    double local = 0;
+    for (int32_t i = threadIdx.x; i < vocab; i += select_threads) {
+      const uint32_t key = order_key(v[i]);
+      if (inside(set_k, key, i))
+        local += exp(double(v[i] - m));
+    }
+    mass_k = block_sum_d(local, sh);
+  }
+  int32_t keep = k;
+  if (top_p < 1.0f) {
+    const boundary b = select_mass(v, vocab, m, double(top_p) * mass_k, false, sh);
+    keep = min(keep, b.count);
+  }
+  if (min_p > 0.0f) {
+    int32_t local = 0;
+    for (int32_t i = threadIdx.x; i < vocab; i += select_threads)
+      local += exp(double(v[i] - m)) >= double(min_p);
+    keep = min(keep, max(1, block_sum_i(local, sh)));
+  }
+  boundary kept_set = set_k;
+  double kept = mass_k;
+  if (keep < k || !has_k) {
+    if (keep < vocab) {
+      kept_set = select_count(v, vocab, keep, sh);
+      double local = 0;
+      for (int32_t i = threadIdx.x; i < vocab; i += select_threads)
+        if (inside(kept_set, order_key(v[i]), i))
+          local += exp(double(v[i] - m));
+      kept = block_sum_d(local, sh);
+    }
+    kept_set.count = keep;
+  }
+  boundary pick = select_mass(v, vocab, m, double(u) * kept, true, sh);
+  int32_t token = pick.cut;
+  if (pick.count > keep) // rounding past the kept set: its last element
+    token = kept_set.cut >= 0 ? kept_set.cut : token;
+  if (threadIdx.x == 0) {
+    tokens[row] = token;
+    logprobs[row] = float(log(exp(double(v[token] - m)) / kept));
+  }
+}
+
+} // namespace
+
+void launch_penalties(float* logits, int32_t vocab, const penalty_entry* entries,
+                      const int32_t* count, int32_t capacity, const float* repetition,
+                      const float* frequency, const float* presence, cudaStream_t stream) {
+  if (capacity <= 0)
+    return;
+  const int32_t blocks = std::min<int32_t>((capacity + 255) / 256, 256);
+  launch_kernel("penalties_kernel", penalties_kernel, dim3(blocks), dim3(256), 0, stream, logits,
+                vocab, entries, count, capacity, repetition, frequency, presence);
+}
+
+/// Scratch bytes launch_sample needs per row (part statistics).
+size_t sample_workspace_bytes(int32_t rows) {
+  return size_t(rows) * parts * sizeof(part_stats);
+}
+
+void launch_sample(float* logits, int32_t rows, int32_t vocab, const sample_rows& params,
+                   int32_t* tokens, float* logprobs, void* workspace, cudaStream_t stream) {
+  if (rows <= 0)
+    return;
+  auto* stats = static_cast<part_stats*>(workspace);
+  launch_kernel("stats_kernel", stats_kernel, dim3(parts, unsigned(rows)), dim3(stats_threads), 0,
+                stream, logits, vocab, params, stats);
+  launch_kernel("select_kernel", select_kernel, dim3(unsigned(rows)), dim3(select_threads), 0,
+                stream, logits, vocab, params, stats, tokens, logprobs);
+}
+
+} // namespace metronome::gpu

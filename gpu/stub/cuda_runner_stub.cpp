@@ -1,0 +1,50 @@
+// gpu/cuda_runner.hpp for builds without CUDA: no devices, and a clear error
+// for anyone who asks for one, so callers need no #ifdef.
+
+#include <stdexcept>
+
+#include "gpu/cuda_runner.hpp"
+
+namespace metronome {
+
+int cuda_device_count() {
+  return 0;
+}
+
+int parse_cuda_device(const std::string& device) {
+  if (device == "cuda")
+    return 0;
+  if (device.rfind("cuda:", 0) != 0 || device.size() == 5)
+    return -1;
+  int n = 0;
+  for (size_t i = 5; i < device.size(); ++i) {
+    if (device[i] < '0' || device[i] > '9' || n > 100000)
+      return -1;
+    n = n * 10 + (device[i] - '0');
+  }
+  return n;
+}
+
+std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder>,
+                                               const cuda_runner_options&) {
+  throw std::runtime_error("this build of metronome has no CUDA support (configure with "
+                           "nvcc available, or -DMETRONOME_CUDA=ON)");
+}
+
+bool set_cuda_graphs(model_runner&, bool) {
+  return false;
+}
+
+std::string describe_cuda_runner(const model_runner&) {
+  return {};
+}
+
+std::vector<float> cuda_runner_logits(model_runner&, int32_t) {
+  return {};
+}
+
+std::string format_memory_plan(const std::vector<memory_plan_entry>&) {
+  return {};
+}
+
+} // namespace metronome

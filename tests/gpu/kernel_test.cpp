@@ -1,0 +1,361 @@
+// The elementwise kernels and the fused GEMV against the CPU reference ops
+// (model/cpu_ops.hpp) on fresh random inputs, outputs poisoned before each
+// run, every launch checked.
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/cpu_ops.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/paged_kv.hpp"
+
+namespace metronome {
+namespace {
+
+using gpu::bf16;
+using test::dev_array;
+
+/// A tensor_view over host bf16 bits (for the reference ops).
+tensor_view bf16_view(const std::vector<uint16_t>& bits, std::vector<int64_t> shape) {
+  tensor_view v;
+  v.name = "test";
+  v.type = dtype::bf16;
+  v.shape = std::move(shape);
+  v.data = reinterpret_cast<const std::byte*>(bits.data());
+  v.nbytes = bits.size() * 2;
+  return v;
+}
+
+TEST(gpu_kernels, embed_gathers_rows_exactly) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("embed");
+  for (int32_t hidden : {64, 2048, 4104}) {
+    const int32_t vocab = 1000, rows = 37;
+    auto table = test::random_floats(rng, size_t(vocab) * hidden, -1, 1);
+    auto bits = test::to_bf16(table);
+    std::vector<int32_t> ids(rows);
+    for (auto& id : ids)
+      id = int32_t(rng() % vocab);
+    auto d_table = test::upload_bf16(table);
+    dev_array<int32_t> d_ids(ids);
+    dev_array<float> d_x(size_t(rows) * hidden);
+    gpu::launch_embed(d_table.get(), d_ids.get(), rows, hidden, d_x.get(), nullptr);
+    test::sync_check();
+    std::vector<float> ref(size_t(rows) * hidden);
+    ref::embed(bf16_view(bits, {vocab, hidden}), ids, ref.data());
+    EXPECT_EQ(d_x.download(), ref) << "hidden " << hidden;
+  }
+}
+
+TEST(gpu_kernels, rms_norm_matches_reference_with_and_without_row_map) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("rms_norm");
+  for (int32_t n : {64, 2048, 4096, 5120}) {
+    const int32_t rows = 19;
+    auto x = test::random_floats(rng, size_t(rows) * n, -3, 3);
+    auto w = test::random_floats(rng, size_t(n), 0.5f, 1.5f);
+    auto wb = test::to_bf16(w);
+    dev_array<float> d_x(x);
+    auto d_w = test::upload_bf16(w);
+    std::vector<int32_t> map = {18, 0, 7, 7, 3};
+    dev_array<int32_t> d_map(map);
+    dev_array<bf16> d_out(size_t(rows) * n), d_gathered(map.size() * size_t(n));
+    gpu::launch_rms_norm(d_x.get(), nullptr, d_w.get(), 1e-5f, rows, n, d_out.get(), nullptr);
+    gpu::launch_rms_norm(d_x.get(), d_map.get(), d_w.get(), 1e-5f, int32_t(map.size()), n,
+                         d_gathered.get(), nullptr);
+    test::sync_check();
+    std::vector<float> ref(x.size());
+    ref::rms_norm(x.data(), bf16_view(wb, {n}), 1e-5, rows, n, ref.data());
+    for (auto& r : ref)
+      r = test::round_bf16(r);
+    auto got = test::download_bf16(d_out);
+    EXPECT_LT(test::relative_error(got, ref), 2e-3) << "n " << n;
+    std::vector<float> ref_g;
+    for (auto r : map)
+      ref_g.insert(ref_g.end(), ref.begin() + int64_t(r) * n, ref.begin() + int64_t(r + 1) * n);
+    EXPECT_LT(test::relative_error(test::download_bf16(d_gathered), ref_g), 2e-3) << "n " << n;
+  }
+}
+
+TEST(gpu_kernels, swiglu_matches_reference) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("swiglu");
+  for (int32_t inter : {8, 192, 8192, 14336}) {
+    const int32_t rows = 5;
+    auto gu = test::random_floats(rng, size_t(rows) * 2 * inter, -4, 4);
+    auto d_gu = test::upload_bf16(gu);
+    auto gub = test::from_bf16(test::to_bf16(gu));
+    dev_array<bf16> d_act(size_t(rows) * inter);
+    gpu::launch_swiglu(d_gu.get(), rows, inter, d_act.get(), nullptr);
+    test::sync_check();
+    std::vector<float> ref(size_t(rows) * inter);
+    for (int32_t r = 0; r < rows; ++r)
+      ref::silu_mul(gub.data() + size_t(r) * 2 * inter, gub.data() + size_t(r) * 2 * inter + inter,
+                    inter, ref.data() + size_t(r) * inter);
+    for (auto& v : ref)
+      v = test::round_bf16(v);
+    EXPECT_LT(test::relative_error(test::download_bf16(d_act), ref), 2e-3) << "inter " << inter;
+  }
+}
+
+// -- RoPE + KV write ---------------------------------------------------------------------
+
+struct rope_case {
+  int32_t heads, kv_heads, head_dim, page_size;
+  std::vector<std::pair<int32_t, int32_t>> seqs; // (start_pos, tokens)
+  bool bias;
+};
+
+/// The expected q, k, v of one token: bias, then RoPE on q and k, then bf16.
+void reference_qkv(const std::vector<float>& row, const std::vector<float>* bias,
+                   const std::vector<float>& inv_freq, const rope_case& c, int32_t pos,
+                   std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
+  const int32_t d = c.head_dim, qs = c.heads * d, kvs = c.kv_heads * d;
+  std::vector<float> r = row;
+  if (bias)
+    for (size_t i = 0; i < r.size(); ++i)
+      r[i] += (*bias)[i];
+  q.assign(r.begin(), r.begin() + qs);
+  k.assign(r.begin() + qs, r.begin() + qs + kvs);
+  v.assign(r.begin() + qs + kvs, r.end());
+  ref::rope(q.data(), c.heads, d, pos, inv_freq.data());
+  ref::rope(k.data(), c.kv_heads, d, pos, inv_freq.data());
+  for (auto* vec : {&q, &k, &v})
+    for (auto& x : *vec)
+      x = test::round_bf16(x);
+}
+
+TEST(gpu_kernels, rope_kv_write_matches_reference_and_writes_only_its_slots) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("rope_kv_write");
+  const std::vector<rope_case> cases = {
+    {4, 2, 16, 16, {{0, 5}, {13, 29}}, false},
+    {32, 8, 64, 16, {{0, 17}, {15, 1}, {100, 33}}, false},
+    {32, 8, 128, 16, {{4095, 1}, {0, 64}}, true},
+    {28, 4, 128, 7, {{6, 9}, {21, 1}}, true},
+    {8, 8, 32, 16, {{1, 31}}, false},
+    {16, 2, 256, 16, {{3, 5}}, false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d "
+                 + std::to_string(c.head_dim) + " page " + std::to_string(c.page_size));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 2, /*fill=*/false);
+    const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    const int32_t tokens = kv.num_tokens();
+    auto qkv = test::random_floats(rng, size_t(tokens) * width, -2, 2);
+    auto qkvb = test::from_bf16(test::to_bf16(qkv));
+    auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
+    auto biasb = test::from_bf16(test::to_bf16(bias));
+    std::vector<float> inv(size_t(c.head_dim / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = float(std::pow(10000.0, -2.0 * double(i) / c.head_dim));
+    auto d_qkv = test::upload_bf16(qkv);
+    auto d_bias = test::upload_bf16(bias);
+    dev_array<float> d_inv(inv);
+    dev_array<bf16> d_q(size_t(tokens) * c.heads * c.head_dim);
+    gpu::launch_rope_kv_write(d_qkv.get(), c.bias ? d_bias.get() : nullptr, d_inv.get(),
+                              kv.batch(), kv.view(), c.heads, d_q.get(), nullptr);
+    test::sync_check();
+    auto got_q = test::download_bf16(d_q);
+    kv.download();
+    std::vector<float> ref_q, got_k, ref_k, got_v, ref_v;
+    for (int32_t t = 0; t < tokens; ++t) {
+      std::vector<float> row(qkvb.begin() + int64_t(t) * width, qkvb.begin() + int64_t(t + 1) * width);
+      std::vector<float> q, k, v;
+      reference_qkv(row, c.bias ? &biasb : nullptr, inv, c, kv.position(t), q, k, v);
+      ref_q.insert(ref_q.end(), q.begin(), q.end());
+      ref_k.insert(ref_k.end(), k.begin(), k.end());
+      ref_v.insert(ref_v.end(), v.begin(), v.end());
+      for (int32_t h = 0; h < c.kv_heads; ++h)
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          got_k.push_back(kv.k_at(kv.seq_of(t), kv.position(t), h, d));
+          got_v.push_back(kv.v_at(kv.seq_of(t), kv.position(t), h, d));
+        }
+    }
+    EXPECT_LT(test::relative_error(got_q, ref_q), 3e-3);
+    EXPECT_LT(test::relative_error(got_k, ref_k), 3e-3);
+    EXPECT_EQ(got_v, ref_v);
+    // Every slot not written this step is still poison.
+    EXPECT_EQ(kv.count_written(), size_t(tokens) * 2 * c.kv_heads * c.head_dim);
+  }
+}
+
+// -- GEMV ----------------------------------------------------------------------------------
+
+struct gemv_case {
+  int32_t n, k, m;
+};
+
+TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("gemv");
+  std::vector<gemv_case> cases = {{128, 64, 1},   {127, 64, 3},    {4096, 4096, 1},
+                                  {4096, 4096, 4}, {2048, 8192, 2}, {1000, 14336, 4},
+                                  {130, 520, 2}};
+  if (test::quick_mode())
+    cases.resize(3);
+  for (const auto& c : cases) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
+                 + std::to_string(c.m));
+    auto w = test::random_floats(rng, size_t(c.n) * c.k, -0.05f, 0.05f);
+    auto wb = test::to_bf16(w);
+    auto x = test::random_floats(rng, size_t(c.m) * c.k, -1, 1);
+    auto xb = test::from_bf16(test::to_bf16(x));
+    auto bias = test::random_floats(rng, size_t(c.n), -1, 1);
+    auto biasb = test::to_bf16(bias);
+    auto d_w = test::upload_bf16(w);
+    auto d_x = test::upload_bf16(x);
+    auto d_bias = test::upload_bf16(bias);
+    tensor_view wv = bf16_view(wb, {c.n, c.k}), bv = bf16_view(biasb, {c.n});
+    std::vector<float> ref(size_t(c.m) * c.n);
+    ref::linear(wv, &bv, xb.data(), c.m, ref.data());
+
+    dev_array<float> d_y(size_t(c.m) * c.n);
+    gpu::gemv_args a;
+    a.w = d_w.get();
+    a.n = c.n;
+    a.k = c.k;
+    a.m = c.m;
+    a.bias = d_bias.get();
+    a.x = d_x.get();
+    a.out_f32 = d_y.get();
+    gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
+    test::sync_check();
+    EXPECT_LT(test::relative_error(d_y.download(), ref), 1e-5);
+
+    auto res = test::random_floats(rng, size_t(c.m) * c.n, -1, 1);
+    dev_array<float> d_res(res);
+    a.out_f32 = d_res.get();
+    gpu::launch_gemv(gpu::gemv_epilogue::residual_add, a, nullptr);
+    test::sync_check();
+    for (size_t i = 0; i < res.size(); ++i)
+      res[i] += ref[i];
+    EXPECT_LT(test::relative_error(d_res.download(), res), 1e-5);
+  }
+}
+
+TEST(gpu_kernels, gemv_with_norm_prologue_and_swiglu_matches_reference) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("gemv_swiglu");
+  std::vector<gemv_case> cases = {{2 * 192, 64, 1}, {2 * 8192, 2048, 2}, {2 * 1000, 4096, 4},
+                                  {2 * 24, 64, 3}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
+                 + std::to_string(c.m));
+    auto w = test::random_floats(rng, size_t(c.n) * c.k, -0.05f, 0.05f);
+    auto wb = test::to_bf16(w);
+    auto x = test::random_floats(rng, size_t(c.m) * c.k, -2, 2);
+    auto g = test::random_floats(rng, size_t(c.k), 0.8f, 1.2f);
+    auto gb = test::to_bf16(g);
+    auto d_w = test::upload_bf16(w);
+    auto d_g = test::upload_bf16(g);
+    dev_array<float> d_x(x);
+    // Reference: norm in fp32, rounded to bf16 (what the GEMM sees), linear, SwiGLU.
+    std::vector<float> xn(x.size());
+    ref::rms_norm(x.data(), bf16_view(gb, {c.k}), 1e-5, c.m, c.k, xn.data());
+    for (auto& v : xn)
+      v = test::round_bf16(v);
+    std::vector<float> y(size_t(c.m) * c.n);
+    ref::linear(bf16_view(wb, {c.n, c.k}), nullptr, xn.data(), c.m, y.data());
+    const int32_t inter = c.n / 2;
+    std::vector<float> ref(size_t(c.m) * inter);
+    for (int32_t t = 0; t < c.m; ++t)
+      ref::silu_mul(y.data() + size_t(t) * c.n, y.data() + size_t(t) * c.n + inter, inter,
+                    ref.data() + size_t(t) * inter);
+    for (auto& v : ref)
+      v = test::round_bf16(v);
+    dev_array<bf16> d_act(size_t(c.m) * inter);
+    gpu::gemv_args a;
+    a.w = d_w.get();
+    a.n = c.n;
+    a.k = c.k;
+    a.m = c.m;
+    a.residual_in = d_x.get();
+    a.norm_weight = d_g.get();
+    a.eps = 1e-5f;
+    a.out_bf16 = d_act.get();
+    gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, nullptr);
+    test::sync_check();
+    EXPECT_LT(test::relative_error(test::download_bf16(d_act), ref), 5e-3);
+  }
+}
+
+TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_write) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("gemv_qkv");
+  const std::vector<rope_case> cases = {
+    {4, 2, 16, 16, {{0, 1}, {20, 1}, {33, 1}}, true},
+    {32, 8, 64, 16, {{127, 1}}, false},
+    {32, 8, 128, 16, {{15, 1}, {16, 1}, {4000, 1}, {1, 1}}, true},
+    {4, 1, 16, 8, {{7, 1}, {8, 1}}, false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d "
+                 + std::to_string(c.head_dim));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 1, false);
+    const int32_t m = kv.num_tokens();
+    const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    const int32_t hidden = c.heads * c.head_dim;
+    auto w = test::random_floats(rng, size_t(width) * hidden, -0.05f, 0.05f);
+    auto wb = test::to_bf16(w);
+    auto x = test::random_floats(rng, size_t(m) * hidden, -2, 2);
+    auto g = test::random_floats(rng, size_t(hidden), 0.8f, 1.2f);
+    auto gb = test::to_bf16(g);
+    auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
+    auto biasb = test::from_bf16(test::to_bf16(bias));
+    std::vector<float> inv(size_t(c.head_dim / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+    auto d_w = test::upload_bf16(w);
+    auto d_g = test::upload_bf16(g);
+    auto d_bias = test::upload_bf16(bias);
+    dev_array<float> d_x(x), d_inv(inv);
+    dev_array<bf16> d_q(size_t(m) * hidden);
+    gpu::gemv_args a;
+    a.w = d_w.get();
+    a.n = width;
+    a.k = hidden;
+    a.m = m;
+    a.bias = c.bias ? d_bias.get() : nullptr;
+    a.residual_in = d_x.get();
+    a.norm_weight = d_g.get();
+    a.eps = 1e-5f;
+    a.out_bf16 = d_q.get();
+    a.inv_freq = d_inv.get();
+    a.batch = kv.batch();
+    a.kv = kv.view();
+    a.num_heads = c.heads;
+    gpu::launch_gemv(gpu::gemv_epilogue::qkv_rope, a, nullptr);
+    test::sync_check();
+    auto got_q = test::download_bf16(d_q);
+    kv.download();
+
+    std::vector<float> xn(x.size());
+    ref::rms_norm(x.data(), bf16_view(gb, {hidden}), 1e-5, m, hidden, xn.data());
+    for (auto& v : xn)
+      v = test::round_bf16(v);
+    std::vector<float> y(size_t(m) * width);
+    ref::linear(bf16_view(wb, {width, hidden}), nullptr, xn.data(), m, y.data());
+    std::vector<float> ref_q, got_k, ref_k, got_v, ref_v;
+    for (int32_t t = 0; t < m; ++t) {
+      std::vector<float> row(y.begin() + int64_t(t) * width, y.begin() + int64_t(t + 1) * width);
+      std::vector<float> q, k, v;
+      reference_qkv(row, c.bias ? &biasb : nullptr, inv, c, kv.position(t), q, k, v);
+      ref_q.insert(ref_q.end(), q.begin(), q.end());
+      ref_k.insert(ref_k.end(), k.begin(), k.end());
+      ref_v.insert(ref_v.end(), v.begin(), v.end());
+      for (int32_t h = 0; h < c.kv_heads; ++h)
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          got_k.push_back(kv.k_at(kv.seq_of(t), kv.position(t), h, d));
+          got_v.push_back(kv.v_at(kv.seq_of(t), kv.position(t), h, d));
+        }
+    }
+    EXPECT_LT(test::relative_error(got_q, ref_q), 5e-3);
+    EXPECT_LT(test::relative_error(got_k, ref_k), 5e-3);
+    EXPECT_LT(test::relative_error(got_v, ref_v), 5e-3);
+    EXPECT_EQ(kv.count_written(), size_t(m) * 2 * c.kv_heads * c.head_dim);
+  }
+}
+
+} // namespace
+} // namespace metronome

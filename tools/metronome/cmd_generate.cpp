@@ -2,13 +2,16 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "model/model_runner.hpp"
 #include "model/model_weights.hpp"
+#include "model/tokenizer/tokenizer.hpp"
 #include "tools/metronome/command.hpp"
 
 namespace metronome::cli {
@@ -18,6 +21,7 @@ namespace {
 struct generate_args {
   std::string model;
   std::string prompt_ids;
+  std::optional<std::string> prompt;
   std::string device = "cpu";
   int32_t max_tokens = 32;
   float temperature = 1.0f;
@@ -55,12 +59,27 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 void run(const generate_args& a) {
   if (a.device != "cpu")
     throw command_error("--device: '" + a.device + "' is not available in this build");
+  if (a.prompt.has_value() == !a.prompt_ids.empty())
+    throw command_error("give exactly one of --prompt and --prompt-ids");
   auto model = model_folder::open(a.model);
   const auto& cfg = model->config;
-  auto prompt = parse_ids(a.prompt_ids);
+  // The model folder's tokenizer: required for --prompt, used for printing
+  // text whenever the folder has one.
+  std::shared_ptr<const tokenizer> tok;
+  if (a.prompt || std::filesystem::exists(model->dir / "tokenizer.json"))
+    tok = tokenizer::load(model->dir);
+  std::vector<int32_t> prompt;
+  if (a.prompt) {
+    prompt = tok->encode(*a.prompt);
+    if (prompt.empty())
+      throw command_error("--prompt: the text encodes to no tokens");
+  } else {
+    prompt = parse_ids(a.prompt_ids);
+  }
   for (auto id : prompt)
     if (id < 0 || id >= cfg.vocab_size)
-      throw command_error("--prompt-ids: id " + std::to_string(id) + " outside the vocabulary (0.."
+      throw command_error(std::string(a.prompt ? "--prompt" : "--prompt-ids") + ": id "
+                          + std::to_string(id) + " outside the model's vocabulary (0.."
                           + std::to_string(cfg.vocab_size - 1) + ")");
   sampling_params params;
   params.temperature = a.temperature;
@@ -89,6 +108,10 @@ void run(const generate_args& a) {
   const auto start = clock::now();
   double ttft = 0;
   std::vector<int32_t> out;
+  std::string text;
+  std::optional<incremental_decoder> stream;
+  if (tok)
+    stream.emplace(tok);
   std::string finish = "length";
   for (uint64_t step = 0; int32_t(out.size()) < a.max_tokens; ++step) {
     plan.step = step;
@@ -107,12 +130,25 @@ void run(const generate_args& a) {
       break;
     }
     out.push_back(token);
-    if (!a.json) {
+    if (stream) {
+      const auto piece = stream->push(token);
+      text += piece;
+      if (!a.json && !piece.empty()) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    } else if (!a.json) {
       std::printf("%s%d", out.size() == 1 ? "" : " ", token);
       std::fflush(stdout);
     }
     plan = step_plan{};
     plan.chunks.push_back({1, 1, {}});
+  }
+  if (stream) {
+    const auto rest = stream->finish();
+    text += rest;
+    if (!a.json)
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
   }
   const double total_s = std::chrono::duration<double>(clock::now() - start).count();
   const double decode_s = total_s - ttft;
@@ -126,7 +162,9 @@ void run(const generate_args& a) {
                         {"ttft_ms", ttft * 1e3},
                         {"total_ms", total_s * 1e3},
                         {"tokens_per_s", tps}};
-    std::printf("%s\n", j.dump().c_str());
+    if (tok)
+      j["text"] = text;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
     std::fprintf(stderr, "[%zu tokens, finish %s, TTFT %.1f ms, %.1f tokens/s]\n", out.size(),
@@ -138,8 +176,9 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<generate_args>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of one prompt");
   cmd->add_option("--model", a->model, "Hugging Face model folder")->required();
-  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids")
-    ->required();
+  cmd->add_option("--prompt", a->prompt,
+                  "Prompt text, encoded with the model folder's tokenizer");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "Most tokens to generate")
     ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--temperature", a->temperature, "0 = greedy (default 1)");

@@ -1,0 +1,156 @@
+// Chat templates: output equal to what the Jinja templates of the model
+// folders render (expected strings worked out from the template text, and
+// the Llama 2 example of the transformers chat-template documentation).
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_error.hpp"
+#include "model/tokenizer/chat_template.hpp"
+#include "tests/tokenizer/tokenizer_test_util.hpp"
+
+namespace metronome::test {
+namespace {
+
+using msgs = std::vector<chat_message>;
+
+std::filesystem::path scratch(const std::string& name) {
+  auto dir = work_dir() / "chat_template_test" / name;
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::filesystem::path folder_with_template(const std::string& name, const std::string& tmpl) {
+  auto dir = scratch(name);
+  nlohmann::json cfg = {{"chat_template", tmpl}, {"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+  return dir;
+}
+
+TEST(chat_template, llama3_folder) {
+  auto t = chat_template::from_folder(tokenizer_dir("llama3"));
+  EXPECT_EQ(t.name(), "llama3");
+  const msgs m = {{"system", "You are a bot."},
+                  {"user", " Hi there \n"},
+                  {"assistant", "Hello!"},
+                  {"user", "Bye"}};
+  const std::string expected =
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a bot.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(t.apply(m, true), expected);
+  // This release of the template prints the assistant header unconditionally.
+  EXPECT_EQ(t.apply(m, false), expected);
+
+  // Encoding the prompt: BOS comes from the text, exactly once.
+  auto tok = load_tokenizer("llama3");
+  const auto ids = tok->encode(expected, {.add_special_tokens = false, .parse_special = true});
+  EXPECT_EQ(ids.front(), 128000);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 128000), 1);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 128009), 4);
+  EXPECT_EQ(tok->decode(ids, false), expected);
+}
+
+TEST(chat_template, qwen3_folder) {
+  auto t = chat_template::from_folder(tokenizer_dir("qwen3"));
+  EXPECT_EQ(t.name(), "qwen3");
+  const msgs m = {{"system", "S"},
+                  {"user", "Q1"},
+                  {"assistant", "<think>\nr1\n</think>\n\nA1"},
+                  {"user", "Q2"}};
+  EXPECT_EQ(t.apply(m, true),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n"
+            "<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  // A final assistant turn after the last question gets the think block.
+  EXPECT_EQ(t.apply({{"user", "Q"}, {"assistant", "A"}}, false),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA"
+            "<|im_end|>\n");
+  chat_template::render_options no_think;
+  no_think.enable_thinking = false;
+  EXPECT_EQ(t.apply({{"user", "Q"}}, true, no_think),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(chat_template, llama2_documentation_example) {
+  auto t = chat_template::from_folder(tokenizer_dir("llama2"), "llama2");
+  EXPECT_EQ(t.name(), "llama2");
+  const msgs m = {
+    {"system", "You are a friendly chatbot who always responds in the style of a pirate"},
+    {"user", "Hello, how are you?"},
+    {"assistant", "I'm doing great. How can I help you today?"},
+    {"user", "I'd like to show off how chat templating works!"}};
+  EXPECT_EQ(t.apply(m, true),
+            "<s>[INST] <<SYS>>\nYou are a friendly chatbot who always responds in the style of "
+            "a pirate\n<</SYS>>\n\nHello, how are you? [/INST] I'm doing great. How can I help "
+            "you today? </s><s>[INST] I'd like to show off how chat templating works! [/INST]");
+  EXPECT_THROW(t.apply({{"assistant", "first"}}, true), std::invalid_argument);
+  EXPECT_THROW(t.apply({{"user", "a"}, {"user", "b"}}, true), std::invalid_argument);
+}
+
+TEST(chat_template, mistral_forced) {
+  // The Mistral folder ships no template: an error unless one is configured.
+  try {
+    chat_template::from_folder(tokenizer_dir("mistral"));
+    FAIL() << "expected model_error";
+  } catch (const model_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos);
+  }
+  auto t = chat_template::from_folder(tokenizer_dir("mistral"), "mistral");
+  const msgs m = {{"user", "Hello, how are you?"},
+                  {"assistant", "I'm doing great. How can I help you today?"},
+                  {"user", "I'd like to show off how chat templating works!"}};
+  EXPECT_EQ(t.apply(m, true),
+            "<s> [INST] Hello, how are you? [/INST] I'm doing great. How can I help you "
+            "today?</s> [INST] I'd like to show off how chat templating works! [/INST]");
+  EXPECT_EQ(t.apply({{"system", "Be brief."}, {"user", "Hi"}}, true),
+            "<s> [INST] Be brief.\n\nHi [/INST]");
+  EXPECT_THROW(t.apply({{"system", "a"}, {"assistant", "b"}}, true), std::invalid_argument);
+  // Encoding: BOS from the text, not added twice.
+  auto tok = load_tokenizer("mistral");
+  const auto ids = tok->encode(t.apply(m, true), {.add_special_tokens = false});
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 1);
+  EXPECT_EQ(ids.front(), 1);
+}
+
+TEST(chat_template, llama31_system_block) {
+  chat_template t(chat_template::format::llama31, "<|begin_of_text|>", "<|eot_id|>");
+  EXPECT_EQ(t.apply({{"system", " Sys \n"}, {"user", "Hi"}}, true),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+            "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+            "Sys<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(t.apply({{"user", "Hi"}}, false),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+            "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+}
+
+TEST(chat_template, chatml_from_template_text) {
+  auto dir = folder_with_template(
+    "chatml",
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}");
+  auto t = chat_template::from_folder(dir);
+  EXPECT_EQ(t.name(), "chatml");
+  EXPECT_EQ(t.apply({{"user", "Hi"}}, true),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.apply({{"user", "Hi"}}, false), "<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(chat_template, invalid_conversations_and_templates) {
+  auto t = chat_template::from_folder(tokenizer_dir("llama3"));
+  EXPECT_THROW(t.apply({}, true), std::invalid_argument);
+  EXPECT_THROW(t.apply({{"tool", "x"}}, true), std::invalid_argument);
+  auto dir = folder_with_template("unknown", "{{ messages[0]['content'] }}");
+  EXPECT_THROW(chat_template::from_folder(dir), model_error);
+  EXPECT_NO_THROW(chat_template::from_folder(dir, "chatml"));
+  EXPECT_THROW(chat_template::from_folder(dir, "vicuna"), model_error);
+}
+
+} // namespace
+} // namespace metronome::test

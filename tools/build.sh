@@ -11,6 +11,7 @@ packages=(
   cmake ninja-build g++ pkg-config git
   libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev
+  python3 python3-prometheus-client
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -122,3 +122,38 @@ INSTANTIATE_TEST_SUITE_P(presets, cpu_engine_test,
 
 } // namespace
 } // namespace metronome
+
+namespace metronome {
+namespace {
+
+TEST(make_model, activations_stay_in_range_through_32_layers) {
+  // The depth of Llama-3.1-8B with a tiny width: the init scales must keep
+  // the residual stream and the logits finite and unsaturated.
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3");
+  o.config.num_layers = 32;
+  o.config.layer_sliding.assign(32, false);
+  o.seed = 3;
+  o.out_dir = test::scratch_dir("deep-model");
+  make_model(o);
+  auto model = model_folder::open(o.out_dir);
+  cpu_engine engine(model, 8, 16);
+  std::vector<int32_t> tokens(100);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = int32_t((i * 7919) % 32000);
+  std::vector<int32_t> pages = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<float> logits(size_t(model->config.vocab_size));
+  forward_input in{tokens, 0, pages};
+  engine.forward(std::span(&in, 1), logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1.0f);
+  EXPECT_LT(std::max(std::abs(lo), std::abs(hi)), 50.0f);
+}
+
+} // namespace
+} // namespace metronome

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/cuda_runner.hpp"
 #include "model/model_runner.hpp"
 #include "model/model_weights.hpp"
 #include "model/tokenizer/tokenizer.hpp"
@@ -57,8 +58,8 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 void run(const generate_args& a) {
-  if (a.device != "cpu")
-    throw command_error("--device: '" + a.device + "' is not available in this build");
+  if (a.device != "cpu" && parse_cuda_device(a.device) < 0)
+    throw command_error("--device: expected cpu or cuda:N, got '" + a.device + "'");
   if (a.prompt.has_value() == !a.prompt_ids.empty())
     throw command_error("give exactly one of --prompt and --prompt-ids");
   auto model = model_folder::open(a.model);
@@ -95,7 +96,23 @@ void run(const generate_args& a) {
   constexpr int32_t page_size = 16;
   const int32_t total = int32_t(prompt.size()) + a.max_tokens;
   const int32_t pages = (total + page_size - 1) / page_size;
-  auto runner = make_cpu_runner(model, pages, page_size);
+  std::unique_ptr<model_runner> runner;
+  if (a.device == "cpu") {
+    runner = make_cpu_runner(model, pages, page_size);
+  } else {
+    cuda_runner_options g;
+    g.device = parse_cuda_device(a.device);
+    g.max_batch_size = 1;
+    g.max_seqs = 1;
+    g.page_size = page_size;
+    g.kv_cache_tokens = int64_t(pages) * page_size;
+    g.max_model_len = total;
+    runner = make_cuda_runner(model, g);
+    if (runner->num_pages() < pages)
+      throw command_error("--device " + a.device + ": the KV cache holds "
+                          + std::to_string(runner->num_pages()) + " pages, "
+                          + std::to_string(pages) + " needed");
+  }
 
   step_plan plan;
   plan.added.push_back({1, prompt, params, params.seed.value_or(fresh_seed())});

@@ -1,0 +1,196 @@
+// Tier 2: the scheduler actor with its real KV cache actor and a scripted
+// executor under CAF's deterministic test coordinator: no threads, virtual
+// time, every message delivered when the test says so.
+
+#include <deque>
+
+#include <gtest/gtest.h>
+
+#include "actors/engine.hpp"
+#include "actors/kv_cache_actor.hpp"
+#include "actors/scheduler_actor.hpp"
+
+namespace metronome {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct test_config : caf::actor_system_config {
+  test_config() {
+    register_message_types(*this);
+    set("scheduler.policy", caf::atom("testing"));
+  }
+};
+
+/// An executor whose steps finish only when the test sends `tick_atom`.
+struct scripted_executor_state {
+  std::deque<std::pair<caf::response_promise, step_plan>> pending;
+  std::vector<step_plan> seen;
+  std::vector<std::string> crashes;
+};
+
+caf::behavior scripted_executor(caf::stateful_actor<scripted_executor_state>* self) {
+  return {
+    [=](step_plan& plan) -> caf::result<step_output> {
+      auto rp = self->make_response_promise();
+      self->state.seen.push_back(plan);
+      self->state.pending.emplace_back(rp, std::move(plan));
+      return caf::delegated<step_output>{};
+    },
+    [=](tick_atom, int32_t token) {
+      auto [rp, plan] = std::move(self->state.pending.front());
+      self->state.pending.pop_front();
+      step_output out;
+      out.step = plan.step;
+      out.num_seqs = int32_t(plan.chunks.size());
+      for (const auto& c : plan.chunks)
+        out.tokens.push_back({c.id, token, 0}); // every chunk samples here
+      rp.deliver(std::move(out));
+    },
+    [=](crash_atom, std::string& why) { self->state.crashes.push_back(why); },
+  };
+}
+
+/// A request actor stand-in: admits one request, records what comes back.
+struct fake_request_state {
+  std::vector<token_msg> tokens;
+  std::vector<generation_error> errors;
+};
+
+caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, caf::actor scheduler,
+                           uint64_t id, int32_t prompt_len, int32_t max_tokens) {
+  admit_msg m;
+  m.seq_id = id;
+  m.prompt.assign(size_t(prompt_len), 5);
+  m.params.max_tokens = max_tokens;
+  m.params.ignore_eos = true;
+  self->send(scheduler, std::move(m));
+  return {
+    [=](token_msg& t) { self->state.tokens.push_back(std::move(t)); },
+    [=](generation_error& e) { self->state.errors.push_back(std::move(e)); },
+  };
+}
+
+class scheduler_actor_test : public ::testing::Test {
+protected:
+  test_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched
+    = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
+  kv_cache_actor kv = spawn_kv_cache(sys, 0, status);
+  caf::actor scheduler;
+  caf::actor executor = sys.spawn(scripted_executor);
+  std::vector<caf::actor> spawned;
+
+  scheduler_actor_test() {
+    sys.await_actors_before_shutdown(false);
+    scheduler_actor_config sc;
+    sc.limits.max_model_len = 1024;
+    sc.step_timeout = 1s;
+    scheduler = spawn_scheduler(sys, sc, kv, status, nullptr);
+    sched.run();
+    executor_up_msg up{executor, 64, 16, "test", ""};
+    caf::anon_send(scheduler, up);
+    sched.run();
+  }
+
+  ~scheduler_actor_test() override {
+    for (auto& a : spawned)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (const auto& a : {scheduler, executor})
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  caf::actor request(uint64_t id, int32_t prompt_len, int32_t max_tokens) {
+    auto a = sys.spawn(fake_request, scheduler, id, prompt_len, max_tokens);
+    spawned.push_back(a);
+    sched.run();
+    return a;
+  }
+
+  scripted_executor_state& exec() {
+    return deref<scripted_executor_state>(executor);
+  }
+
+  template <class State>
+  State& deref(const caf::actor& a) {
+    auto* ptr = caf::actor_cast<caf::abstract_actor*>(a);
+    return dynamic_cast<caf::stateful_actor<State>&>(*ptr).state;
+  }
+
+  void finish_step(int32_t token = 9) {
+    caf::anon_send(executor, tick_atom::value, token);
+    sched.run();
+  }
+};
+
+TEST_F(scheduler_actor_test, keeps_two_plans_queued_at_the_executor) {
+  auto r = request(1, 20, 5);
+  ASSERT_EQ(exec().seen.size(), 2u) << "the next plan is ready before the first step ends";
+  EXPECT_EQ(exec().seen[0].chunks.at(0).num_tokens, 20);
+  EXPECT_EQ(exec().seen[0].chunks.at(0).new_pages.size(), 2u);
+  EXPECT_EQ(exec().seen[1].chunks.at(0).num_tokens, 1);
+  EXPECT_EQ(status->kv_used_pages, 2);
+  finish_step();
+  EXPECT_EQ(exec().seen.size(), 3u);
+  auto& got = deref<fake_request_state>(r).tokens;
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].batch_size, 1);
+  // Virtual time stands still: scheduled at the instant it arrived.
+  EXPECT_EQ(got[0].first_scheduled_ns,
+            std::chrono::duration_cast<std::chrono::nanoseconds>(
+              sys.clock().now().time_since_epoch()).count());
+}
+
+TEST_F(scheduler_actor_test, a_finished_request_frees_its_pages_after_its_last_plan) {
+  request(1, 10, 2);
+  finish_step();
+  finish_step(); // second token: length reached; plan 3 may still hold it
+  while (!exec().pending.empty())
+    finish_step();
+  EXPECT_EQ(status->kv_used_pages, 0);
+  EXPECT_EQ(status->running, 0);
+}
+
+TEST_F(scheduler_actor_test, a_dead_request_actor_is_cancelled_and_its_pages_freed) {
+  auto r = request(1, 40, 100);
+  EXPECT_EQ(status->kv_used_pages, 3);
+  finish_step();
+  caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  sched.run();
+  while (!exec().pending.empty())
+    finish_step();
+  EXPECT_EQ(status->kv_used_pages, 0);
+  EXPECT_EQ(status->running, 0);
+  // The runner is told to forget it with the next plan.
+  request(2, 4, 1);
+  EXPECT_EQ(exec().seen.back().released, std::vector<uint64_t>{1});
+}
+
+TEST_F(scheduler_actor_test, a_hung_step_has_the_executor_crashed_for_a_restart) {
+  request(1, 10, 5);
+  sched.advance_time(999ms);
+  sched.run();
+  EXPECT_TRUE(exec().crashes.empty());
+  sched.advance_time(2ms);
+  sched.run();
+  ASSERT_FALSE(exec().crashes.empty());
+  EXPECT_EQ(exec().crashes[0], "engine step timed out");
+}
+
+TEST_F(scheduler_actor_test, executor_loss_fails_running_requests_with_an_engine_error) {
+  auto r = request(1, 10, 50);
+  finish_step();
+  caf::anon_send(scheduler, executor_down_msg{"boom", false});
+  sched.run();
+  auto& errs = deref<fake_request_state>(r).errors;
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0].code, request_errc::engine_failure);
+  EXPECT_NE(errs[0].message.find("boom"), std::string::npos);
+}
+
+} // namespace
+} // namespace metronome

@@ -14,9 +14,7 @@
 #include "model/model_weights.hpp"
 #include "model/tokenizer/chat_template.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#ifdef METRONOME_HAVE_GPU_RUNNER
 #include "gpu/cuda_runner.hpp"
-#endif
 
 namespace metronome {
 
@@ -67,26 +65,27 @@ std::vector<int32_t> eos_ids(const model_folder& model, const tokenizer& tok) {
 }
 
 runner_factory device_runner(const engine_options& o, std::shared_ptr<const model_folder> model,
-                             int32_t cpu_pages) {
+                             int32_t cpu_pages, int32_t max_model_len) {
   if (o.runner_factory)
     return o.runner_factory;
   if (o.device == "cpu")
     return [=] { return make_cpu_runner(model, cpu_pages, o.page_size); };
-  if (o.device.starts_with("cuda:")) {
-#ifdef METRONOME_HAVE_GPU_RUNNER
+  if (o.device.starts_with("cuda")) {
     cuda_runner_options g;
-    g.device = std::stoi(o.device.substr(5));
+    g.device = parse_cuda_device(o.device);
+    if (g.device < 0)
+      throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
     g.gpu_memory_fraction = o.gpu_memory_fraction;
     g.max_batch_size = o.max_batch_size;
     g.max_num_batched_tokens = o.max_num_batched_tokens;
     g.page_size = o.page_size;
     g.kv_cache_tokens = o.kv_cache_tokens;
     g.cuda_graphs = o.cuda_graphs;
+    g.max_model_len = max_model_len;
+    // Sequences the runner may hold: the running ones, plus as many finished
+    // ones waiting to be released with the next plan.
+    g.max_seqs = 2 * o.max_batch_size;
     return [=] { return make_cuda_runner(model, g); };
-#else
-    throw std::invalid_argument("device '" + o.device
-                                + "': this build of metronome has no CUDA support");
-#endif
   }
   throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
 }
@@ -136,7 +135,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   st.kv_cache_strategy = "paged;page_size=" + std::to_string(o.page_size)
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=bf16");
 
-  auto factory = device_runner(o, model, cpu_pages);
+  auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
   e.kv_cache = spawn_kv_cache(sys, 0, e.status);
   scheduler_actor_config sc;
   sc.limits.max_batch_size = o.max_batch_size;

@@ -27,11 +27,13 @@ using kv_cache_actor = caf::typed_actor<
 // Untyped contracts:
 //
 // frontend:       generate_request (sender = the client's sink actor)
-//                 stats_atom -> scheduler_stats (forwarded)
 // request actor:  token_msg, generation_error (from the scheduler),
 //                 timeout_atom (its own timer), DOWN of its sink (cancel)
 // scheduler:      admit_msg (sender = request actor, monitored),
 //                 cancel_atom + seq_id, executor_up_msg, executor_down_msg,
-//                 policy_atom + name, stats_atom -> scheduler_stats
+//                 policy_atom + name -> bool, stats_atom -> scheduler_stats,
+//                 watch_atom (the sender then gets std::vector<drift_sample>
+//                 after each step), recalibrate_atom + window
+// drift supervisor: std::vector<drift_sample>; orders policy switches
 
 } // namespace metronome

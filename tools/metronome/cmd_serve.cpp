@@ -14,6 +14,7 @@
 #include "config/config_error.hpp"
 #include "config/config_loader.hpp"
 #include "net/http_server.hpp"
+#include "sim/settings.hpp"
 #include "tools/metronome/command.hpp"
 
 namespace metronome::cli {
@@ -64,6 +65,11 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.restart_window = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
   o.gpu_memory_fraction = c.engine.gpu_memory_fraction;
   o.cuda_graphs = c.engine.cuda_graphs;
+  auto s = sim::settings_from_config(c); // batching, predictor, router, drift sections
+  o.predictor = s.predictor;
+  o.ladb = s.ladb;
+  o.srpt = s.srpt;
+  o.drift = s.drift;
   return o;
 }
 

@@ -1,0 +1,51 @@
+#pragma once
+// The server's routes, and the answers of those that need no engine round
+// trip: GET /v1/models, /v1/models/{model}, /health, /metrics, and the
+// error answers of the router itself (404, 405, 426). Called on a
+// connection's strand; reads only atomics and immutable state of the engine.
+
+#include <string>
+#include <string_view>
+
+#include <boost/beast/http.hpp>
+
+#include "net/server_context.hpp"
+
+namespace metronome::net {
+
+/// What a request's path names.
+enum class route {
+  chat,
+  completions,
+  models,
+  model,
+  health,
+  metrics,
+  websocket,
+  unknown,
+};
+
+/// The route of a path (without its query string).
+route route_of(std::string_view path);
+
+/// The one method a route accepts (POST for generation, GET otherwise).
+boost::beast::http::verb method_of(route r);
+
+/// Percent-decodes a path segment ("%2F" -> "/"); invalid escapes stay.
+std::string percent_decode(std::string_view s);
+
+using info_response = boost::beast::http::response<boost::beast::http::string_body>;
+
+/// The answer of a GET route that needs no engine round trip (models, model,
+/// health, metrics) for `path`. Keep-alive is left to the caller.
+info_response answer_info_route(route r, std::string_view path, unsigned version,
+                                const server_context& ctx);
+
+/// 405 with Allow, for a route asked with the wrong method.
+info_response method_not_allowed_response(route r, std::string_view method,
+                                          std::string_view path, unsigned version);
+
+/// 426 for a plain GET on the WebSocket route.
+info_response upgrade_required_response(unsigned version);
+
+} // namespace metronome::net

@@ -1,0 +1,549 @@
+#include "net/http_session.hpp"
+
+#include <chrono>
+#include <sstream>
+
+#include <boost/asio/write.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
+#include <spdlog/spdlog.h>
+
+#include "net/http_routes.hpp"
+#include "net/ws_session.hpp"
+
+namespace metronome::net {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using error_code = boost::system::error_code;
+
+namespace {
+
+constexpr std::string_view server_name = "metronome/" METRONOME_VERSION;
+
+/// How long a closing connection keeps discarding what the client sends.
+constexpr auto linger_time = std::chrono::seconds(2);
+
+/// Writes gathered into one async_write.
+constexpr size_t max_gather = 64;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+template <class Fields>
+std::string header_text(const http::header<false, Fields>& h) {
+  std::ostringstream os;
+  os << h;
+  return std::move(os).str();
+}
+
+bool expects_continue(const http_session::request_type& req) {
+  return beast::iequals(req[http::field::expect], "100-continue");
+}
+
+} // namespace
+
+// -- construction -------------------------------------------------------------------
+
+http_session::http_session(asio::ip::tcp::socket socket, strand_type strand,
+                           std::shared_ptr<server_context> ctx)
+  : socket_(std::move(socket)),
+    strand_(std::move(strand)),
+    ctx_(std::move(ctx)),
+    idle_timer_(strand_),
+    write_timer_(strand_) {}
+
+http_session::~http_session() {
+  if (active_ && active_->sink)
+    cancel_request_sink(active_->sink);
+  if (port_)
+    port_->close();
+}
+
+void http_session::start() {
+  asio::dispatch(strand_, [self = shared_from_this()] {
+    self->port_ = std::make_shared<strand_port>(self->strand_, self->weak_from_this());
+    self->ctx_->ports.add(self->port_);
+    self->read_header();
+  });
+}
+
+// -- reading ------------------------------------------------------------------------
+
+void http_session::read_header() {
+  if (closed_ || reading_)
+    return;
+  reading_ = true;
+  parser_.emplace();
+  parser_->header_limit(uint32_t(std::min<size_t>(ctx_->opts.max_header_bytes, UINT32_MAX)));
+  parser_->body_limit(ctx_->opts.max_body_bytes);
+  if (!busy_)
+    arm_idle_timer();
+  http::async_read_header(socket_, buffer_, *parser_,
+                          [self = shared_from_this()](error_code ec, size_t) {
+                            self->on_header(ec);
+                          });
+}
+
+void http_session::on_header(error_code ec) {
+  if (closed_)
+    return;
+  if (ec) {
+    on_read_error(ec);
+    return;
+  }
+  if (parser_->is_done()) {
+    finish_read();
+    return;
+  }
+  // The client waits for our go before sending the body; only when no
+  // response is being written (a 100 inside a response would corrupt it).
+  if (!busy_ && !lingering_ && expects_continue(parser_->get()))
+    queue("HTTP/1.1 100 Continue\r\n\r\n", false);
+  http::async_read(socket_, buffer_, *parser_,
+                   [self = shared_from_this()](error_code ec, size_t) { self->on_body(ec); });
+}
+
+void http_session::on_body(error_code ec) {
+  if (closed_)
+    return;
+  if (ec) {
+    on_read_error(ec);
+    return;
+  }
+  finish_read();
+}
+
+void http_session::finish_read() {
+  reading_ = false;
+  if (lingering_) {
+    drain();
+    return;
+  }
+  ++idle_generation_;
+  idle_timer_.cancel();
+  auto req = parser_->release();
+  parser_.reset();
+  if (busy_) {
+    pending_ = std::move(req); // answered once the response in progress is out
+    return;
+  }
+  dispatch(std::move(req));
+}
+
+void http_session::on_read_error(error_code ec) {
+  reading_ = false;
+  parser_.reset();
+  if (closed_)
+    return;
+  if (lingering_) {
+    close();
+    return;
+  }
+  std::optional<api_error> answer;
+  if (ec == http::error::body_limit)
+    answer = api_error::payload_too_large(ctx_->opts.max_body_bytes);
+  else if (ec == http::error::header_limit)
+    answer = api_error{431, "request header fields too large", "invalid_request_error", "",
+                       "header_too_large"};
+  else if (ec.category() == http::make_error_code(http::error::bad_target).category()
+           && ec != http::error::end_of_stream && ec != http::error::partial_message)
+    answer = api_error::bad_request("malformed HTTP request: " + ec.message(), "",
+                                    "invalid_http");
+  if (!answer) {
+    // End of stream, reset, timeout: the client is gone. Whatever it asked
+    // for is cancelled.
+    close();
+    return;
+  }
+  if (busy_) {
+    pending_error_ = std::move(answer);
+    return;
+  }
+  busy_ = true;
+  send_error(*answer, 11, false, true);
+}
+
+// -- routing ------------------------------------------------------------------------
+
+void http_session::dispatch(request_type req) {
+  busy_ = true;
+  auto target = std::string_view(req.target());
+  auto path = target.substr(0, target.find('?'));
+  auto r = route_of(path);
+  auto version = req.version();
+  bool keep_alive = req.keep_alive();
+  bool upgraded = false;
+
+  if (r == route::unknown) {
+    send_error(api_error::not_found(fmt::format("no route for {}", path)), version, keep_alive);
+  } else if (req.method() != method_of(r)) {
+    auto res = method_not_allowed_response(r, req.method_string(), path, version);
+    res.keep_alive(keep_alive);
+    send_response(std::move(res));
+  } else if (r == route::chat || r == route::completions) {
+    start_generation(r == route::chat ? api_kind::chat : api_kind::completion, req);
+  } else if (r == route::websocket && beast::websocket::is_upgrade(req)) {
+    upgraded = true;
+    upgrade(std::move(req));
+  } else {
+    auto res = r == route::websocket ? upgrade_required_response(version)
+                                     : answer_info_route(r, path, version, *ctx_);
+    res.keep_alive(keep_alive);
+    send_response(std::move(res));
+  }
+  // Read on: a pipelined request is parked, and an end of stream while the
+  // response is in progress means the client went away.
+  if (!upgraded && !closed_ && !reading_ && !pending_ && !pending_error_ && !lingering_)
+    read_header();
+}
+
+void http_session::start_generation(api_kind kind, request_type& req) {
+  auto version = req.version();
+  bool keep_alive = req.keep_alive();
+  auto parsed = parse_openai_body(kind, req.body(), ctx_->defaults());
+  if (!parsed) {
+    send_error(parsed.error(), version, keep_alive);
+    return;
+  }
+  if (!ctx_->eng.frontend) {
+    send_error(api_error{503, "no engine is running", "service_unavailable_error", "",
+                         "unavailable"},
+               version, keep_alive);
+    return;
+  }
+  auto& p = *parsed;
+  p.request.request_id = ctx_->new_request_id(kind);
+  active_request a;
+  a.tag = next_tag_++;
+  a.meta.kind = kind;
+  a.meta.id = p.request.request_id;
+  a.meta.model = p.model;
+  a.meta.created = unix_now();
+  a.meta.include_usage = p.include_usage;
+  a.stream = p.stream;
+  a.version = version;
+  a.chunked = version >= 11;
+  a.keep_alive = keep_alive && version >= 11;
+  spdlog::debug("{} {} stream={} max_tokens={}", a.meta.id, std::string_view(req.target()), a.stream,
+               p.request.params.max_tokens);
+  active_ = std::move(a);
+  // While the engine works, possibly no I/O is in flight (a pipelined
+  // request is parked): the request keeps its session alive.
+  self_ = shared_from_this();
+  active_->sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(p.request), port_,
+                                     active_->tag);
+}
+
+void http_session::upgrade(request_type req) {
+  if (writing_ || !outbox_.empty()) {
+    send_error(api_error::bad_request("cannot upgrade while a response is being written", "",
+                                      "invalid_http"),
+               req.version(), false, true);
+    return;
+  }
+  // From here on the socket belongs to the WebSocket session.
+  closed_ = true;
+  ++idle_generation_;
+  ++write_generation_;
+  idle_timer_.cancel();
+  write_timer_.cancel();
+  if (port_)
+    port_->close();
+  auto ws = std::make_shared<ws_session>(std::move(socket_), strand_, ctx_);
+  ws->start(std::move(req));
+}
+
+// -- sink events --------------------------------------------------------------------
+
+void http_session::on_delta(uint64_t tag, text_delta& d) {
+  if (closed_ || !active_ || active_->tag != tag)
+    return;
+  auto& a = *active_;
+  if (a.first_token_batch_size == 0)
+    a.first_token_batch_size = d.first_token_batch_size;
+  if (!a.stream) {
+    a.text += d.text;
+    return;
+  }
+  if (!a.headers_sent)
+    send_stream_headers(a.first_token_batch_size);
+  if (!d.text.empty())
+    send_stream_event(sse_event(delta_chunk(a.meta, d.text)), false);
+}
+
+void http_session::on_done(uint64_t tag, generation_done& done) {
+  if (closed_ || !active_ || active_->tag != tag)
+    return;
+  auto& a = *active_;
+  a.sink = nullptr; // it quits on its own
+  if (a.first_token_batch_size == 0)
+    a.first_token_batch_size = done.first_token_batch_size;
+  spdlog::debug("{} done: {} prompt={} completion={} e2e={:.3f}s", a.meta.id, done.finish_reason,
+               done.prompt_tokens, done.completion_tokens, done.e2e_s);
+  if (!a.stream) {
+    response_type res{http::status::ok, a.version};
+    res.set(http::field::content_type, "application/json");
+    add_generation_headers(res, a.first_token_batch_size);
+    res.body() = dump_json(completion_body(a.meta, a.text, done));
+    res.keep_alive(a.keep_alive);
+    send_response(std::move(res));
+    return;
+  }
+  if (!a.headers_sent)
+    send_stream_headers(a.first_token_batch_size);
+  std::string tail = sse_event(finish_chunk(a.meta, done.finish_reason));
+  if (a.meta.include_usage)
+    tail += sse_event(usage_chunk(a.meta, done));
+  tail += sse_done;
+  send_stream_event(std::move(tail), true);
+}
+
+void http_session::on_error(uint64_t tag, generation_error& e) {
+  if (closed_ || !active_ || active_->tag != tag)
+    return;
+  auto& a = *active_;
+  a.sink = nullptr;
+  auto err = api_error::from(e);
+  spdlog::debug("{} failed: {} ({})", a.meta.id, err.message, err.status);
+  if (a.stream && a.headers_sent) {
+    // Too late for a status code: an error event, as OpenAI's streams do.
+    send_stream_event(sse_event(err.to_json()) + std::string(sse_done), true);
+    return;
+  }
+  send_error(err, a.version, a.keep_alive);
+}
+
+void http_session::close_now() {
+  close();
+}
+
+// -- answers ------------------------------------------------------------------------
+
+template <class Message>
+void http_session::add_generation_headers(Message& res, int32_t batch_size) const {
+  if (batch_size > 0)
+    res.set("X-Batch-Size", std::to_string(batch_size));
+  res.set("X-Inference-Version", METRONOME_VERSION);
+  res.set("X-KV-Cache-Strategy", ctx_->kv_cache_strategy());
+  if (active_)
+    res.set("X-Request-Id", active_->meta.id);
+}
+
+void http_session::send_response(response_type res, bool close) {
+  if (closed_)
+    return;
+  if (close)
+    res.keep_alive(false);
+  if (!res.keep_alive())
+    close_after_ = true;
+  res.set(http::field::server, server_name);
+  res.prepare_payload();
+  std::string out = header_text(res.base());
+  out += res.body();
+  queue(std::move(out), true);
+}
+
+void http_session::send_error(const api_error& err, unsigned version, bool keep_alive,
+                              bool close_after) {
+  response_type res{static_cast<http::status>(err.status), version};
+  res.set(http::field::content_type, "application/json");
+  if (err.status == 429)
+    res.set(http::field::retry_after, std::to_string(ctx_->opts.retry_after.count()));
+  if (active_)
+    add_generation_headers(res, 0);
+  res.body() = err.body();
+  res.keep_alive(keep_alive && !close_after);
+  send_response(std::move(res), close_after);
+}
+
+void http_session::send_stream_headers(int32_t batch_size) {
+  auto& a = *active_;
+  http::response<http::empty_body> res{http::status::ok, a.version};
+  res.set(http::field::server, server_name);
+  res.set(http::field::content_type, "text/event-stream");
+  res.set(http::field::cache_control, "no-cache");
+  add_generation_headers(res, batch_size);
+  if (a.chunked)
+    res.chunked(true);
+  res.keep_alive(a.keep_alive);
+  if (!a.keep_alive)
+    close_after_ = true;
+  a.headers_sent = true;
+  queue(header_text(res.base()), false);
+  if (a.meta.kind == api_kind::chat)
+    send_stream_event(sse_event(role_chunk(a.meta)), false);
+}
+
+void http_session::send_stream_event(std::string event, bool ends_response) {
+  const auto& a = *active_;
+  if (!a.chunked) {
+    queue(std::move(event), ends_response);
+    return;
+  }
+  auto framed = http_chunk(event);
+  if (ends_response)
+    framed += http_last_chunk;
+  queue(std::move(framed), ends_response);
+}
+
+// -- writing ------------------------------------------------------------------------
+
+void http_session::queue(std::string data, bool ends_response) {
+  if (closed_ || overflowed_)
+    return;
+  outbox_bytes_ += data.size();
+  outbox_.push_back({std::move(data), ends_response});
+  if (outbox_bytes_ > ctx_->opts.max_pending_write_bytes) {
+    // Closed from a fresh handler: callers still hold references into
+    // active_.
+    spdlog::warn("closing a connection whose client does not read ({} bytes queued)",
+                 outbox_bytes_);
+    overflowed_ = true;
+    asio::post(strand_, [self = shared_from_this()] { self->close(); });
+    return;
+  }
+  if (!writing_)
+    write_next();
+}
+
+void http_session::write_next() {
+  writing_ = true;
+  std::vector<asio::const_buffer> buffers;
+  auto n = std::min(outbox_.size(), max_gather);
+  buffers.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    buffers.emplace_back(asio::buffer(outbox_[i].data));
+  auto gen = ++write_generation_;
+  write_timer_.expires_after(ctx_->opts.write_timeout);
+  write_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
+    if (!ec && gen == self->write_generation_ && !self->closed_) {
+      spdlog::warn("closing a connection: a write made no progress for {}s",
+                   self->ctx_->opts.write_timeout.count());
+      self->close();
+    }
+  });
+  asio::async_write(socket_, buffers,
+                    [self = shared_from_this(), n](error_code ec, size_t) {
+                      self->writing_ = false;
+                      ++self->write_generation_;
+                      self->write_timer_.cancel();
+                      if (self->closed_)
+                        return;
+                      if (ec) {
+                        self->close();
+                        return;
+                      }
+                      size_t responses = 0;
+                      for (size_t i = 0; i < n; ++i) {
+                        self->outbox_bytes_ -= self->outbox_.front().data.size();
+                        responses += self->outbox_.front().ends_response ? 1 : 0;
+                        self->outbox_.pop_front();
+                      }
+                      if (!self->outbox_.empty())
+                        self->write_next();
+                      for (size_t i = 0; i < responses && !self->closed_; ++i)
+                        self->on_response_complete();
+                    });
+}
+
+void http_session::on_response_complete() {
+  busy_ = false;
+  active_.reset();
+  auto self = std::move(self_);
+  if (close_after_) {
+    linger_close();
+    return;
+  }
+  if (pending_error_) {
+    auto err = std::move(*pending_error_);
+    pending_error_.reset();
+    busy_ = true;
+    send_error(err, 11, false, true);
+    return;
+  }
+  if (pending_) {
+    auto req = std::move(*pending_);
+    pending_.reset();
+    dispatch(std::move(req));
+    return;
+  }
+  if (reading_)
+    arm_idle_timer();
+  else
+    read_header();
+}
+
+// -- closing ------------------------------------------------------------------------
+
+void http_session::close() {
+  if (closed_)
+    return;
+  closed_ = true;
+  auto self = std::move(self_); // destroyed at the end of this function at the earliest
+  if (active_ && active_->sink) {
+    spdlog::debug("{} cancelled: the client went away", active_->meta.id);
+    cancel_request_sink(active_->sink);
+  }
+  active_.reset();
+  pending_.reset();
+  ++idle_generation_;
+  ++write_generation_;
+  idle_timer_.cancel();
+  write_timer_.cancel();
+  error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  if (port_)
+    port_->close();
+}
+
+void http_session::linger_close() {
+  if (closed_ || lingering_)
+    return;
+  lingering_ = true;
+  error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+  auto gen = ++idle_generation_;
+  idle_timer_.expires_after(linger_time);
+  idle_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
+    if (!ec && gen == self->idle_generation_)
+      self->close();
+  });
+  if (!reading_)
+    drain();
+}
+
+void http_session::drain() {
+  if (closed_)
+    return;
+  reading_ = true;
+  drain_buffer_.resize(16 * 1024);
+  // What the parser already buffered is dropped with the connection.
+  buffer_.consume(buffer_.size());
+  socket_.async_read_some(asio::buffer(drain_buffer_),
+                          [self = shared_from_this()](error_code ec, size_t) {
+                            self->reading_ = false;
+                            if (self->closed_)
+                              return;
+                            if (ec) {
+                              self->close();
+                              return;
+                            }
+                            self->drain();
+                          });
+}
+
+void http_session::arm_idle_timer() {
+  auto gen = ++idle_generation_;
+  idle_timer_.expires_after(ctx_->opts.idle_timeout);
+  idle_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
+    if (!ec && gen == self->idle_generation_ && !self->busy_ && !self->closed_)
+      self->close();
+  });
+}
+
+} // namespace metronome::net

@@ -1,0 +1,163 @@
+#pragma once
+// One HTTP/1.1 connection: reads requests, routes them, answers the simple
+// routes at once and bridges generation requests to the engine through a
+// request sink actor; upgrades /v1/ws to a ws_session.
+//
+// Design note. Everything runs on the connection's strand and nothing
+// blocks. Requests are answered strictly in order (pipelining-safe): while a
+// response is in progress the session already reads the next request, which
+// serves two purposes: a pipelined request is parsed and parked until the
+// current response is written, and an end of stream or a reset tells that
+// the client went away, which cancels the request in progress (the sink is
+// killed, the engine frees its KV pages). A streaming response sends its
+// status line and headers when the first delta (or the end, or an error)
+// arrives, so X-Batch-Size can report the batch of the request's first
+// token and an error before the first token still gets its real status.
+// Output goes through one queue with one write in flight; a write that makes
+// no progress for write_timeout, or a queue above max_pending_write_bytes,
+// closes the connection.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+
+#include "net/api_error.hpp"
+#include "net/openai_response.hpp"
+#include "net/request_sink.hpp"
+#include "net/server_context.hpp"
+
+namespace metronome::net {
+
+class http_session : public sink_listener, public std::enable_shared_from_this<http_session> {
+public:
+  using request_type = boost::beast::http::request<boost::beast::http::string_body>;
+  using response_type = boost::beast::http::response<boost::beast::http::string_body>;
+
+  /// `socket` must use `strand` as its executor.
+  http_session(boost::asio::ip::tcp::socket socket, strand_type strand,
+               std::shared_ptr<server_context> ctx);
+
+  ~http_session() override;
+
+  /// Starts reading. Called once, from any thread (hops to the strand).
+  void start();
+
+  // -- sink_listener (strand) ------------------------------------------------------
+
+  void on_delta(uint64_t tag, text_delta& delta) override;
+
+  void on_done(uint64_t tag, generation_done& done) override;
+
+  void on_error(uint64_t tag, generation_error& error) override;
+
+  void close_now() override;
+
+private:
+  /// The generation request in progress.
+  struct active_request {
+    uint64_t tag = 0;
+    caf::actor sink;
+    response_meta meta;
+    bool stream = false;
+    /// The status line and headers are out (streaming).
+    bool headers_sent = false;
+    /// Chunked framing (HTTP/1.1) or raw until close (HTTP/1.0).
+    bool chunked = true;
+    /// The text so far (non-streaming).
+    std::string text;
+    int32_t first_token_batch_size = 0;
+    unsigned version = 11;
+    bool keep_alive = true;
+  };
+
+  /// One queued write.
+  struct out_entry {
+    std::string data;
+    /// The last bytes of a response.
+    bool ends_response = false;
+  };
+
+  // -- reading ---------------------------------------------------------------------
+
+  void read_header();
+  void on_header(boost::system::error_code ec);
+  void on_body(boost::system::error_code ec);
+  void finish_read();
+  void on_read_error(boost::system::error_code ec);
+
+  // -- routing ---------------------------------------------------------------------
+
+  void dispatch(request_type req);
+  void start_generation(api_kind kind, request_type& req);
+  void upgrade(request_type req);
+
+  // -- answers ---------------------------------------------------------------------
+
+  /// A complete response; `close` adds Connection: close and closes after it.
+  void send_response(response_type res, bool close = false);
+  void send_error(const api_error& err, unsigned version, bool keep_alive,
+                  bool close_after = false);
+  void send_stream_headers(int32_t batch_size);
+  /// Adds the generation headers (X-Batch-Size if > 0, X-Inference-Version,
+  /// X-KV-Cache-Strategy, X-Request-Id).
+  template <class Message>
+  void add_generation_headers(Message& res, int32_t batch_size) const;
+  void send_stream_event(std::string event, bool ends_response);
+
+  // -- writing ---------------------------------------------------------------------
+
+  void queue(std::string data, bool ends_response);
+  void write_next();
+  void on_response_complete();
+
+  // -- closing ---------------------------------------------------------------------
+
+  /// Cancels the request in progress and closes the socket now.
+  void close();
+  /// After a final response with Connection: close: stop sending, discard
+  /// what the client still sends for a moment (so it reads our answer
+  /// instead of a reset), then close.
+  void linger_close();
+  void drain();
+  void arm_idle_timer();
+
+  boost::asio::ip::tcp::socket socket_;
+  strand_type strand_;
+  std::shared_ptr<server_context> ctx_;
+  std::shared_ptr<strand_port> port_;
+  boost::beast::flat_buffer buffer_;
+  std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
+  boost::asio::steady_timer idle_timer_;
+  boost::asio::steady_timer write_timer_;
+  uint64_t idle_generation_ = 0;
+  uint64_t write_generation_ = 0;
+  std::deque<out_entry> outbox_;
+  size_t outbox_bytes_ = 0;
+  bool writing_ = false;
+  bool reading_ = false;
+  /// A response is in progress (from dispatch until its last byte is out).
+  bool busy_ = false;
+  /// Close once the response in progress is written.
+  bool close_after_ = false;
+  bool closed_ = false;
+  bool lingering_ = false;
+  /// The client stopped reading: close() is posted, queue() drops output.
+  bool overflowed_ = false;
+  /// A pipelined request, or the error answering an unreadable one.
+  std::optional<request_type> pending_;
+  std::optional<api_error> pending_error_;
+  std::optional<active_request> active_;
+  /// Set while a generation request is in progress (see start_generation).
+  std::shared_ptr<http_session> self_;
+  uint64_t next_tag_ = 1;
+  std::string drain_buffer_;
+};
+
+} // namespace metronome::net

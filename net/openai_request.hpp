@@ -1,0 +1,81 @@
+#pragma once
+// Parsing OpenAI request bodies (POST /v1/chat/completions, /v1/completions
+// and the WebSocket `chat` message) into the engine's generate_request.
+//
+// Design note. The edge checks everything it can without the model: JSON
+// well-formedness (with a nesting limit, so no input can exhaust the stack),
+// the type of every known field, the ranges of the sampling parameters as
+// OpenAI documents them, and the features Metronome does not implement
+// (n > 1, logprobs, echo, best_of, tools, response formats), which get a 400
+// naming the field instead of being silently ignored. Fields nobody knows are
+// ignored. `null` counts as absent for every optional field. What needs the
+// model (chat template, tokenization, context length, vocabulary range of
+// token ids, queue capacity) is the engine's job; it answers with
+// generation_error. Pure functions: no I/O, no CAF, any thread.
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/messages.hpp"
+#include "net/api_error.hpp"
+
+namespace metronome::net {
+
+/// Which OpenAI endpoint a body belongs to.
+enum class api_kind : uint8_t {
+  /// /v1/chat/completions (and the WebSocket `chat` message).
+  chat,
+  /// /v1/completions.
+  completion,
+};
+
+/// Where the body came from: the WebSocket protocol has no `stream` flag.
+enum class request_source : uint8_t { http, websocket };
+
+/// Server facts the parser needs.
+struct parse_defaults {
+  /// The served model; a request naming another model gets 404.
+  std::string model_name;
+  /// generate_request::timeout of every request (0: the engine's default).
+  std::chrono::milliseconds timeout{0};
+};
+
+/// A parsed request: what the engine gets and what the edge needs to format
+/// the answer.
+struct openai_request {
+  api_kind kind = api_kind::chat;
+  generate_request request;
+  /// The model name to echo in responses.
+  std::string model;
+  bool stream = false;
+  /// stream_options.include_usage.
+  bool include_usage = false;
+};
+
+/// Deepest nesting of arrays/objects a body may have.
+inline constexpr int max_json_depth = 64;
+
+/// Parses `text` as one JSON value; 400 (code "invalid_json") when it is not
+/// JSON or nests deeper than `max_depth`. Never throws.
+std::expected<nlohmann::json, api_error> parse_json(std::string_view text,
+                                                    int max_depth = max_json_depth);
+
+/// Validates a request object and builds the engine's request. The caller
+/// fills request.request_id. A chat request without max_tokens gets
+/// params.max_tokens = 0, which the engine reads as "up to the end of the
+/// context" (OpenAI's default); a completion request gets 16 (OpenAI's
+/// default for /v1/completions). Never throws.
+std::expected<openai_request, api_error>
+parse_openai_request(api_kind kind, const nlohmann::json& body, const parse_defaults& defaults,
+                     request_source source = request_source::http);
+
+/// parse_json() then parse_openai_request(): an HTTP request body.
+std::expected<openai_request, api_error>
+parse_openai_body(api_kind kind, std::string_view body, const parse_defaults& defaults);
+
+} // namespace metronome::net

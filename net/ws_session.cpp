@@ -1,0 +1,246 @@
+#include "net/ws_session.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
+#include <boost/beast/websocket.hpp>
+#include <spdlog/spdlog.h>
+
+namespace metronome::net {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+using error_code = boost::system::error_code;
+
+ws_session::ws_session(asio::ip::tcp::socket socket, strand_type strand,
+                       std::shared_ptr<server_context> ctx)
+  : ws_(std::move(socket)), strand_(std::move(strand)), ctx_(std::move(ctx)) {}
+
+ws_session::~ws_session() {
+  for (auto& [id, req] : live_)
+    cancel_request_sink(req.sink);
+  if (port_)
+    port_->close();
+}
+
+void ws_session::start(request_type upgrade) {
+  port_ = std::make_shared<strand_port>(strand_, weak_from_this());
+  ctx_->ports.add(port_);
+  upgrade_ = std::move(upgrade);
+  ws_.read_message_max(ctx_->opts.max_ws_message_bytes);
+  ws_.auto_fragment(false);
+  // Idle clients are pinged; one that answers nothing for idle_timeout is
+  // dropped (and its requests cancelled).
+  websocket::stream_base::timeout timeouts;
+  timeouts.handshake_timeout = std::chrono::seconds(30);
+  timeouts.idle_timeout = ctx_->opts.idle_timeout;
+  timeouts.keep_alive_pings = true;
+  ws_.set_option(timeouts);
+  ws_.set_option(websocket::stream_base::decorator([](websocket::response_type& res) {
+    res.set(http::field::server, "metronome/" METRONOME_VERSION);
+  }));
+  ws_.async_accept(upgrade_, [self = shared_from_this()](error_code ec) {
+    if (self->closed_)
+      return;
+    if (ec) {
+      spdlog::debug("websocket handshake failed: {}", ec.message());
+      self->close();
+      return;
+    }
+    self->upgrade_ = {};
+    self->read();
+  });
+}
+
+// -- reading ------------------------------------------------------------------------
+
+void ws_session::read() {
+  ws_.async_read(buffer_, [self = shared_from_this()](error_code ec, size_t n) {
+    self->on_read(ec, n);
+  });
+}
+
+void ws_session::on_read(error_code ec, size_t) {
+  if (closed_)
+    return;
+  if (ec) {
+    // websocket::error::closed: the client closed; message_too_big: Beast
+    // has already failed the connection with 1009. Either way: cancel all.
+    if (ec != websocket::error::closed)
+      spdlog::debug("websocket read failed: {}", ec.message());
+    close();
+    return;
+  }
+  if (!ws_.got_text()) {
+    send(ws_error_event(std::nullopt,
+                        api_error::bad_request("binary messages are not supported; send JSON text",
+                                               "", "invalid_type")));
+  } else {
+    auto text = beast::buffers_to_string(buffer_.data());
+    handle(text);
+  }
+  buffer_.consume(buffer_.size());
+  if (!closed_)
+    read();
+}
+
+void ws_session::handle(std::string_view text) {
+  auto msg = parse_ws_message(text, ctx_->defaults());
+  if (auto* chat = std::get_if<ws_chat>(&msg)) {
+    start_chat(*chat);
+  } else if (auto* c = std::get_if<ws_cancel>(&msg)) {
+    cancel(c->id);
+  } else if (auto* ping = std::get_if<ws_ping>(&msg)) {
+    send(ws_pong_event(ping->id));
+  } else {
+    auto& bad = std::get<ws_bad>(msg);
+    send(ws_error_event(bad.id, bad.error));
+  }
+}
+
+void ws_session::start_chat(ws_chat& chat) {
+  if (live_.contains(chat.id)) {
+    send(ws_error_event(chat.id, api_error::bad_request(
+                                   "a request with this id is still running", "id",
+                                   "duplicate_id")));
+    return;
+  }
+  if (live_.size() >= size_t(ctx_->opts.max_streams_per_connection)) {
+    send(ws_error_event(
+      chat.id, api_error{429,
+                         fmt::format("this connection already runs {} requests, the limit",
+                                     live_.size()),
+                         "rate_limit_error", "", "too_many_requests"}));
+    return;
+  }
+  if (!ctx_->eng.frontend) {
+    send(ws_error_event(chat.id, api_error{503, "no engine is running",
+                                           "service_unavailable_error", "", "unavailable"}));
+    return;
+  }
+  auto tag = next_tag_++;
+  auto& req = chat.request.request;
+  req.request_id = ctx_->new_request_id(api_kind::chat);
+  spdlog::debug("{} websocket id={} max_tokens={}", req.request_id, chat.id,
+               req.params.max_tokens);
+  auto sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(req), port_, tag);
+  ids_.emplace(tag, chat.id);
+  live_.emplace(std::move(chat.id), live_request{tag, std::move(sink)});
+}
+
+void ws_session::cancel(const std::string& id) {
+  auto i = live_.find(id);
+  if (i == live_.end()) {
+    send(ws_error_event(id, api_error::bad_request("no running request has this id", "id",
+                                                   "unknown_id")));
+    return;
+  }
+  cancel_request_sink(i->second.sink);
+  ids_.erase(i->second.tag);
+  live_.erase(i);
+  send(ws_cancelled_event(id));
+}
+
+// -- sink events --------------------------------------------------------------------
+
+const std::string* ws_session::id_of(uint64_t tag) const {
+  auto i = ids_.find(tag);
+  return i == ids_.end() ? nullptr : &i->second;
+}
+
+void ws_session::forget(uint64_t tag) {
+  auto i = ids_.find(tag);
+  if (i == ids_.end())
+    return;
+  live_.erase(i->second);
+  ids_.erase(i);
+}
+
+void ws_session::on_delta(uint64_t tag, text_delta& d) {
+  if (closed_ || d.text.empty())
+    return;
+  if (auto id = id_of(tag))
+    send(ws_delta_event(*id, d.text));
+}
+
+void ws_session::on_done(uint64_t tag, generation_done& done) {
+  if (closed_)
+    return;
+  if (auto id = id_of(tag)) {
+    send(ws_done_event(*id, done));
+    forget(tag);
+  }
+}
+
+void ws_session::on_error(uint64_t tag, generation_error& e) {
+  if (closed_)
+    return;
+  if (auto id = id_of(tag)) {
+    send(ws_error_event(*id, api_error::from(e)));
+    forget(tag);
+  }
+}
+
+void ws_session::close_now() {
+  close();
+}
+
+// -- writing ------------------------------------------------------------------------
+
+void ws_session::send(std::string event) {
+  if (closed_ || overflowed_)
+    return;
+  outbox_bytes_ += event.size();
+  outbox_.push_back(std::move(event));
+  if (outbox_bytes_ > ctx_->opts.max_pending_write_bytes) {
+    spdlog::warn("closing a websocket whose client does not read ({} bytes queued)",
+                 outbox_bytes_);
+    overflowed_ = true;
+    asio::post(strand_, [self = shared_from_this()] { self->close(); });
+    return;
+  }
+  if (!writing_)
+    write_next();
+}
+
+void ws_session::write_next() {
+  writing_ = true;
+  ws_.text(true);
+  ws_.async_write(asio::buffer(outbox_.front()),
+                  [self = shared_from_this()](error_code ec, size_t) {
+                    self->writing_ = false;
+                    if (self->closed_)
+                      return;
+                    if (ec) {
+                      self->close();
+                      return;
+                    }
+                    self->outbox_bytes_ -= self->outbox_.front().size();
+                    self->outbox_.pop_front();
+                    if (!self->outbox_.empty())
+                      self->write_next();
+                  });
+}
+
+// -- closing ------------------------------------------------------------------------
+
+void ws_session::close() {
+  if (closed_)
+    return;
+  closed_ = true;
+  if (!live_.empty())
+    spdlog::debug("websocket closed: cancelling {} requests", live_.size());
+  for (auto& [id, req] : live_)
+    cancel_request_sink(req.sink);
+  live_.clear();
+  ids_.clear();
+  error_code ignored;
+  auto& sock = beast::get_lowest_layer(ws_);
+  sock.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  sock.close(ignored);
+  if (port_)
+    port_->close();
+}
+
+} // namespace metronome::net

@@ -1,0 +1,97 @@
+#pragma once
+// One WebSocket connection at /v1/ws (protocol: ws_protocol.hpp and
+// docs/protocol.md): several concurrent chat requests with client-chosen
+// ids, each bridged to the engine by its own request sink actor.
+//
+// Design note. Like http_session, everything runs on the connection's
+// strand and nothing blocks: one read in flight (the next message), one
+// write in flight (the event queue). A bad message is answered with an error
+// event and the connection stays usable. `cancel` kills the request's sink
+// and answers at once with a `done` event whose finish_reason is
+// "cancelled"; events the sink had already posted for it are dropped (each
+// request has a tag, and ids can be reused right after their done). Closing
+// the socket, a protocol error, an oversized message (1009), a client that
+// stops reading, or the server's stop cancel every request of the
+// connection.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket/stream.hpp>
+
+#include "net/request_sink.hpp"
+#include "net/server_context.hpp"
+#include "net/ws_protocol.hpp"
+
+namespace metronome::net {
+
+class ws_session : public sink_listener, public std::enable_shared_from_this<ws_session> {
+public:
+  using request_type = boost::beast::http::request<boost::beast::http::string_body>;
+
+  /// `socket` must use `strand` as its executor.
+  ws_session(boost::asio::ip::tcp::socket socket, strand_type strand,
+             std::shared_ptr<server_context> ctx);
+
+  ~ws_session() override;
+
+  /// Answers the upgrade request and starts reading. Strand only.
+  void start(request_type upgrade);
+
+  // -- sink_listener (strand) ------------------------------------------------------
+
+  void on_delta(uint64_t tag, text_delta& delta) override;
+
+  void on_done(uint64_t tag, generation_done& done) override;
+
+  void on_error(uint64_t tag, generation_error& error) override;
+
+  void close_now() override;
+
+private:
+  struct live_request {
+    uint64_t tag = 0;
+    caf::actor sink;
+  };
+
+  void read();
+  void on_read(boost::system::error_code ec, size_t bytes);
+  void handle(std::string_view text);
+  void start_chat(ws_chat& chat);
+  void cancel(const std::string& id);
+
+  void send(std::string event);
+  void write_next();
+
+  /// The id of the request with `tag`, or nullptr.
+  const std::string* id_of(uint64_t tag) const;
+  void forget(uint64_t tag);
+
+  /// Cancels every request and closes the socket.
+  void close();
+
+  boost::beast::websocket::stream<boost::asio::ip::tcp::socket> ws_;
+  strand_type strand_;
+  std::shared_ptr<server_context> ctx_;
+  std::shared_ptr<strand_port> port_;
+  request_type upgrade_;
+  boost::beast::flat_buffer buffer_;
+  std::deque<std::string> outbox_;
+  size_t outbox_bytes_ = 0;
+  bool writing_ = false;
+  bool closed_ = false;
+  /// The client stopped reading: close() is posted, send() drops events.
+  bool overflowed_ = false;
+  std::unordered_map<std::string, live_request> live_;
+  std::unordered_map<uint64_t, std::string> ids_;
+  uint64_t next_tag_ = 1;
+};
+
+} // namespace metronome::net

@@ -1,0 +1,194 @@
+// Shared helpers of the end-to-end tests: a tiny model made once by
+// `metronome make-model`, `metronome serve` started on a free 127.0.0.1 port
+// and stopped again, /metrics parsing, and small HTTP utilities.
+//
+// Environment (set by tests/e2e/CMakeLists.txt, overridable):
+//   METRONOME_BIN       the metronome executable
+//   METRONOME_TESTDATA  the shared testdata folder (tokenizers/llama3)
+//   METRONOME_WORK_DIR  a scratch folder for the model and logs
+
+import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+
+export const BIN = process.env.METRONOME_BIN;
+export const TESTDATA = process.env.METRONOME_TESTDATA;
+export const WORK_DIR = process.env.METRONOME_WORK_DIR || path.join(os.tmpdir(), 'metronome-e2e');
+export const MODEL_NAME = 'tiny';
+
+if (!BIN || !TESTDATA)
+  throw new Error('METRONOME_BIN and METRONOME_TESTDATA must be set (ctest sets them)');
+
+/// The tiny-llama3 model folder, made once per work dir. Concurrent test
+/// processes race safely: each writes a private folder and renames it.
+export function tinyModel() {
+  const dir = path.join(WORK_DIR, 'e2e-tiny-llama3');
+  if (fs.existsSync(path.join(dir, 'config.json')))
+    return dir;
+  fs.mkdirSync(WORK_DIR, { recursive: true });
+  const tmp = fs.mkdtempSync(path.join(WORK_DIR, 'e2e-model-'));
+  execFileSync(BIN, ['make-model', '--preset', 'tiny-llama3', '--tokenizer',
+                     path.join(TESTDATA, 'tokenizers', 'llama3'), '--out', tmp],
+               { stdio: ['ignore', 'pipe', 'pipe'], timeout: 120_000 });
+  try {
+    fs.renameSync(tmp, dir);
+  } catch {
+    fs.rmSync(tmp, { recursive: true, force: true }); // another process won
+  }
+  return dir;
+}
+
+/// A port that was free a moment ago.
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/// Starts `metronome serve` on the tiny model; resolves once /health says
+/// 200. `args` are extra command-line arguments (flags, --set key=value).
+export async function startServer(args = [], { readyTimeoutMs = 90_000 } = {}) {
+  const model = tinyModel();
+  let lastError;
+  for (let attempt = 0; attempt < 3; ++attempt) {
+    const port = await freePort();
+    const argv = ['serve', '--model', model, '--host', '127.0.0.1', '--port', String(port),
+                  '--served-model-name', MODEL_NAME, ...args];
+    const proc = spawn(BIN, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let log = '';
+    const keep = (chunk) => {
+      log += chunk.toString();
+      if (log.length > 200_000)
+        log = log.slice(-100_000);
+    };
+    proc.stdout.on('data', keep);
+    proc.stderr.on('data', keep);
+    let exited = null;
+    proc.on('exit', (code, signal) => { exited = { code, signal }; });
+    const url = `http://127.0.0.1:${port}`;
+    const deadline = Date.now() + readyTimeoutMs;
+    while (Date.now() < deadline && !exited) {
+      try {
+        const res = await fetch(`${url}/health`);
+        await res.arrayBuffer();
+        if (res.status === 200) {
+          return {
+            port, url, baseURL: `${url}/v1`, proc,
+            log: () => log,
+            async stop() { await stopProcess(proc); },
+          };
+        }
+      } catch { /* not listening yet */ }
+      await sleep(50);
+    }
+    await stopProcess(proc);
+    lastError = new Error(`metronome serve did not become healthy (${JSON.stringify(exited)}):\n` +
+                          `${BIN} ${argv.join(' ')}\n${log}`);
+    if (!/address already in use|bind/i.test(log))
+      break; // only a lost port race is worth another try
+  }
+  throw lastError;
+}
+
+/// SIGTERM, then SIGKILL after 10 s.
+export async function stopProcess(proc) {
+  if (proc.exitCode !== null || proc.signalCode !== null)
+    return;
+  const done = new Promise((r) => proc.once('exit', r));
+  proc.kill('SIGTERM');
+  const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
+  await done;
+  clearTimeout(timer);
+}
+
+/// Prometheus text -> Map: each name to its value summed over all label
+/// sets, and each series as written ('name{label="v"}') to its own value.
+export function parseMetrics(text) {
+  const out = new Map();
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#'))
+      continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)/.exec(line);
+    if (!m)
+      continue;
+    const value = Number(m[3]);
+    out.set(m[1], (out.get(m[1]) ?? 0) + value);
+    if (m[2])
+      out.set(m[1] + m[2], value);
+  }
+  return out;
+}
+
+export async function metrics(server) {
+  const res = await fetch(`${server.url}/metrics`);
+  if (res.status !== 200)
+    throw new Error(`/metrics answered ${res.status}`);
+  return parseMetrics(await res.text());
+}
+
+/// Polls `fn` until it returns a truthy value or `timeoutMs` passes;
+/// returns the last value.
+export async function eventually(fn, timeoutMs = 15_000, everyMs = 50) {
+  const deadline = Date.now() + timeoutMs;
+  let value;
+  for (;;) {
+    value = await fn();
+    if (value || Date.now() > deadline)
+      return value;
+    await sleep(everyMs);
+  }
+}
+
+/// One HTTP request with node:http (no retries, no pooling): resolves to
+/// { status, headers, body }.
+export function rawRequest(server, { method = 'GET', path: p = '/', headers = {}, body } = {}) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port: server.port, method, path: p,
+                               headers, agent: false }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers,
+                                    body: Buffer.concat(chunks).toString('utf8') }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    if (body !== undefined)
+      req.write(body);
+    req.end();
+  });
+}
+
+/// POSTs JSON; same result shape as rawRequest.
+export function postJson(server, p, obj, headers = {}) {
+  const body = typeof obj === 'string' ? obj : JSON.stringify(obj);
+  return rawRequest(server, { method: 'POST', path: p, body,
+                              headers: { 'content-type': 'application/json', ...headers } });
+}
+
+/// The `data:` payloads of an SSE body.
+export function sseData(body) {
+  return body.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+}
+
+/// A deterministic pseudo-random generator (mulberry32).
+export function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6D2B79F5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -1,0 +1,39 @@
+// The route table and path decoding.
+
+#include <gtest/gtest.h>
+
+#include "net/http_routes.hpp"
+
+namespace metronome::net {
+namespace {
+
+namespace http = boost::beast::http;
+
+TEST(HttpRoutes, Table) {
+  EXPECT_EQ(route_of("/v1/chat/completions"), route::chat);
+  EXPECT_EQ(route_of("/v1/completions"), route::completions);
+  EXPECT_EQ(route_of("/v1/models"), route::models);
+  EXPECT_EQ(route_of("/v1/models/x"), route::model);
+  EXPECT_EQ(route_of("/v1/models/"), route::unknown);
+  EXPECT_EQ(route_of("/health"), route::health);
+  EXPECT_EQ(route_of("/metrics"), route::metrics);
+  EXPECT_EQ(route_of("/v1/ws"), route::websocket);
+  EXPECT_EQ(route_of("/v1/chat/completions/"), route::unknown);
+  EXPECT_EQ(route_of(""), route::unknown);
+  EXPECT_EQ(method_of(route::chat), http::verb::post);
+  EXPECT_EQ(method_of(route::completions), http::verb::post);
+  EXPECT_EQ(method_of(route::models), http::verb::get);
+  EXPECT_EQ(method_of(route::websocket), http::verb::get);
+}
+
+TEST(HttpRoutes, PercentDecoding) {
+  EXPECT_EQ(percent_decode("meta-llama%2FLlama-3-8B"), "meta-llama/Llama-3-8B");
+  EXPECT_EQ(percent_decode("a%20b%2fc"), "a b/c");
+  // Invalid or truncated escapes stay as they are.
+  EXPECT_EQ(percent_decode("100%"), "100%");
+  EXPECT_EQ(percent_decode("%zz%4"), "%zz%4");
+  EXPECT_EQ(percent_decode(""), "");
+}
+
+} // namespace
+} // namespace metronome::net

@@ -1,0 +1,171 @@
+// Formatting of OpenAI answers and their framing: the object shapes the
+// OpenAI API reference documents for chat.completion, chat.completion.chunk
+// and text_completion, SSE events, and HTTP/1.1 chunked framing (RFC 9112
+// section 7.1), checked by decoding them again.
+
+#include <gtest/gtest.h>
+
+#include "net/openai_response.hpp"
+
+namespace metronome::net {
+namespace {
+
+using json = nlohmann::json;
+
+response_meta meta(api_kind kind, bool usage = false) {
+  response_meta m;
+  m.kind = kind;
+  m.id = kind == api_kind::chat ? "chatcmpl-1" : "cmpl-1";
+  m.model = "m";
+  m.created = 1700000000;
+  m.include_usage = usage;
+  return m;
+}
+
+generation_done done(std::string reason) {
+  generation_done d;
+  d.finish_reason = std::move(reason);
+  d.prompt_tokens = 5;
+  d.completion_tokens = 3;
+  return d;
+}
+
+/// Decodes a chunked body (hex size CRLF data CRLF ... 0 CRLF CRLF).
+std::string unchunk(const std::string& framed) {
+  std::string out;
+  size_t pos = 0;
+  for (;;) {
+    auto eol = framed.find("\r\n", pos);
+    EXPECT_NE(eol, std::string::npos);
+    if (eol == std::string::npos)
+      return out;
+    auto size = std::stoul(framed.substr(pos, eol - pos), nullptr, 16);
+    pos = eol + 2;
+    if (size == 0) {
+      EXPECT_EQ(framed.substr(pos), "\r\n");
+      return out;
+    }
+    out += framed.substr(pos, size);
+    pos += size;
+    EXPECT_EQ(framed.substr(pos, 2), "\r\n");
+    pos += 2;
+  }
+}
+
+TEST(OpenaiResponse, ChatCompletionBody) {
+  auto j = completion_body(meta(api_kind::chat), "Hello there", done("stop"));
+  EXPECT_EQ(j["id"], "chatcmpl-1");
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], "m");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  const auto& c = j["choices"][0];
+  EXPECT_EQ(c["index"], 0);
+  EXPECT_EQ(c["message"]["role"], "assistant");
+  EXPECT_EQ(c["message"]["content"], "Hello there");
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_TRUE(c["logprobs"].is_null());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 8);
+}
+
+TEST(OpenaiResponse, TextCompletionBody) {
+  auto j = completion_body(meta(api_kind::completion), "abc", done("length"));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "abc");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(j["choices"][0].contains("message"));
+  EXPECT_EQ(j["usage"]["total_tokens"], 8);
+}
+
+TEST(OpenaiResponse, ChatStreamChunks) {
+  auto m = meta(api_kind::chat);
+  auto role = role_chunk(m);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(role.contains("usage"));
+
+  auto d = delta_chunk(m, "Hel");
+  EXPECT_EQ(d["choices"][0]["delta"]["content"], "Hel");
+  EXPECT_FALSE(d["choices"][0]["delta"].contains("role"));
+  EXPECT_TRUE(d["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(d["id"], role["id"]);
+  EXPECT_EQ(d["created"], role["created"]);
+
+  auto f = finish_chunk(m, "stop");
+  EXPECT_TRUE(f["choices"][0]["delta"].is_object());
+  EXPECT_TRUE(f["choices"][0]["delta"].empty());
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(OpenaiResponse, UsageChunkOnlyWhenAsked) {
+  auto m = meta(api_kind::chat, true);
+  // With include_usage every chunk says "usage": null ...
+  auto d = delta_chunk(m, "x");
+  ASSERT_TRUE(d.contains("usage"));
+  EXPECT_TRUE(d["usage"].is_null());
+  // ... and the last one has no choices and the usage.
+  auto u = usage_chunk(m, done("stop"));
+  EXPECT_TRUE(u["choices"].is_array());
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 3);
+}
+
+TEST(OpenaiResponse, CompletionStreamChunks) {
+  auto m = meta(api_kind::completion);
+  auto d = delta_chunk(m, "tok");
+  EXPECT_EQ(d["object"], "text_completion");
+  EXPECT_EQ(d["choices"][0]["text"], "tok");
+  auto f = finish_chunk(m, "length");
+  EXPECT_EQ(f["choices"][0]["text"], "");
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
+}
+
+TEST(OpenaiResponse, SseFraming) {
+  auto e = sse_event(json{{"a", "line1\nline2"}});
+  // One event: "data: " + one-line JSON + blank line; newlines in strings
+  // are escaped, so the event cannot be split.
+  ASSERT_TRUE(e.starts_with("data: "));
+  ASSERT_TRUE(e.ends_with("\n\n"));
+  EXPECT_EQ(e.find('\n'), e.size() - 2);
+  EXPECT_EQ(json::parse(e.substr(6)), (json{{"a", "line1\nline2"}}));
+  EXPECT_EQ(sse_done, "data: [DONE]\n\n");
+}
+
+TEST(OpenaiResponse, ChunkedFramingRoundTrips) {
+  std::string body;
+  std::string expected;
+  for (auto piece : {std::string("a"), std::string(15, 'b'), std::string(16, 'c'),
+                     std::string(4097, 'd'), std::string("\r\n0\r\n\r\n")}) {
+    body += http_chunk(piece);
+    expected += piece;
+  }
+  body += http_last_chunk;
+  EXPECT_EQ(unchunk(body), expected);
+  // An empty piece must not produce the terminating chunk.
+  EXPECT_EQ(http_chunk(""), "");
+}
+
+TEST(OpenaiResponse, InvalidUtf8NeverThrows) {
+  auto m = meta(api_kind::chat);
+  std::string bad = "ok \xff\xfe end";
+  std::string out;
+  EXPECT_NO_THROW(out = sse_event(delta_chunk(m, bad)));
+  auto j = json::parse(out.substr(6));
+  EXPECT_EQ(j["choices"][0]["delta"]["content"], "ok \xEF\xBF\xBD\xEF\xBF\xBD end");
+}
+
+TEST(OpenaiResponse, Models) {
+  auto j = models_body("m", 123, 4096);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "m");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["created"], 123);
+  EXPECT_TRUE(j["data"][0]["owned_by"].is_string());
+}
+
+} // namespace
+} // namespace metronome::net

@@ -296,6 +296,23 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   st.req = std::move(req);
   st.sink = std::move(sink);
   st.arrival = engine_now(self);
+  // Whatever goes wrong in here, the sink hears of it: it waits for exactly
+  // one generation_done or generation_error.
+  self->set_exception_handler([=](caf::scheduled_actor*, std::exception_ptr& ep) -> caf::error {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      // keep the generic text
+    }
+    auto& s = self->state;
+    cancel_in_scheduler(self, "failed");
+    self->send(s.sink, generation_error{s.req.request_id, request_errc::engine_failure,
+                                        "the request failed: " + what, ""});
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
   self->monitor(st.sink);
   self->monitor(st.ctx->scheduler);
   self->set_down_handler([=](caf::down_msg& dm) {

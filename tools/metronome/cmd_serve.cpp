@@ -74,15 +74,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
 }
 
 net::server_options server_options_from(const server_config& c) {
-  net::server_options o;
-  o.host = c.server.host;
-  o.port = uint16_t(c.server.port);
-  o.max_body_bytes = size_t(c.server.max_body_bytes);
-  o.max_ws_message_bytes = size_t(c.server.max_ws_message_bytes);
-  o.max_streams_per_connection = c.server.max_concurrent_streams_per_connection;
-  o.io_threads = c.server.io_threads;
-  o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
-  o.retry_after = std::chrono::seconds(c.server.retry_after_s);
+  auto o = net::server_options_from(c.server);
   o.served_model_name = c.model.served_model_name;
   return o;
 }

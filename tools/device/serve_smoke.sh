@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The whole server on the GPU machine: `metronome generate` and `metronome
+# serve` with --device cuda:0 on the three tiny families (greedy ids against
+# the CPU engine), then the llama3-8b shape served over HTTP with streaming
+# latency measured by a client (TTFT, inter-token gaps).
+#   tools/device/serve_smoke.sh BIN_DIR TOKENIZER_DIR OUT_DIR
+# BIN_DIR holds metronome and lib/ (its non-CUDA shared libraries);
+# TOKENIZER_DIR holds llama3/, qwen3/, mistral/ tokenizer folders.
+set -uo pipefail
+bin=$1
+tok=$2
+out=$3
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+cublas_dir=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s) for p in nvidia.__path__ for s in ("cu13/lib", "cublas/lib")))' 2>/dev/null); do
+  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
+done
+export LD_LIBRARY_PATH="$bin/lib:$cublas_dir:${LD_LIBRARY_PATH:-}"
+m="$bin/metronome"
+say() { printf '\n== %s\n' "$*"; }
+
+say "generate: CPU vs cuda:0, greedy, 24 tokens"
+for spec in "tiny-llama3 llama3" "tiny-qwen2 qwen3" "tiny-mistral mistral"; do
+  set -- $spec
+  "$m" make-model --preset "$1" --seed 7 --tokenizer "$tok/$2" --out "$work/$1" >/dev/null
+  cpu=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
+        --temperature 0 --ignore-eos --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  gpu=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
+        --temperature 0 --ignore-eos --json --device cuda:0 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  same=$(python3 -c "a=$cpu; b=$gpu; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
+  echo "$1: $same"
+done
+
+serve_and_probe() { # model_dir port extra-args...
+  local dir=$1 port=$2; shift 2
+  "$m" serve --model "$dir" --device cuda:0 --port "$port" "$@" > "$out/serve-$port.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 600); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && break
+    sleep 0.5
+  done
+  python3 "$here/stream_probe.py" "localhost:$port" "$@" 2>&1
+  curl -s "localhost:$port/metrics" | grep -E '^metronome:(kv_cache_usage_perc|num_requests_running|request_actors_alive|request_success_total|time_to_first_token_seconds_(sum|count)|inter_token_latency_seconds_(sum|count)|step_duration_seconds_(sum|count))' 
+  kill -TERM $pid; wait $pid
+  grep -E "executor ready|error|warn" "$out/serve-$port.log" | head -5
+}
+
+say "serve --device cuda:0, tiny-llama3"
+serve_and_probe "$work/tiny-llama3" 18080
+
+say "serve --device cuda:0, llama3-8b shape"
+"$m" make-model --preset llama3-8b --seed 1 --tokenizer "$tok/llama3" --out "$work/llama3-8b" >/dev/null
+serve_and_probe "$work/llama3-8b" 18081 --set engine.max_batch_size=64
+rm -rf "$work"

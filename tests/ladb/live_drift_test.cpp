@@ -15,6 +15,7 @@
 #include "actors/engine_metrics.hpp"
 #include "model/model_runner.hpp"
 #include "model/model_weights.hpp"
+#include "tests/actors/actor_test_config.hpp"
 #include "tests/model/test_support.hpp"
 
 namespace metronome {
@@ -22,24 +23,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct test_config : caf::actor_system_config {
-  test_config() {
-    register_message_types(*this);
-    set("scheduler.max-threads", 2);
-  }
-};
+using test_config = test::actor_test_config;
 
 std::filesystem::path chat_model() {
-  static const auto dir = [] {
-    make_model_options o;
-    o.config = *preset_config("tiny-llama3");
-    o.seed = 7;
-    o.tokenizer_dir = test::env("TESTDATA") + "/tokenizers/llama3";
-    o.out_dir = test::scratch_dir("live-drift-model-" + std::to_string(::getpid()));
-    make_model(o);
-    return o.out_dir;
-  }();
-  return dir;
+  return test::served_model("tiny-llama3", "llama3");
 }
 
 const std::vector<int32_t> prompt = {9906, 1917, 11, 420, 374, 264, 1296, 13};

@@ -50,6 +50,23 @@ fs::path tiny_model(const std::string& preset, uint64_t seed) {
   return o.out_dir;
 }
 
+fs::path served_model(const std::string& preset, const std::string& tokenizer) {
+  static std::mutex mtx;
+  static model_folders folders;
+  std::lock_guard guard{mtx};
+  auto key = std::make_pair(preset + "+" + tokenizer, uint64_t{7});
+  if (auto i = folders.made.find(key); i != folders.made.end())
+    return i->second;
+  make_model_options o;
+  o.config = *preset_config(preset);
+  o.seed = 7;
+  o.tokenizer_dir = env("TESTDATA") + "/tokenizers/" + tokenizer;
+  o.out_dir = scratch_dir("served-" + std::to_string(::getpid()) + "-" + preset);
+  make_model(o);
+  folders.made[key] = o.out_dir;
+  return o.out_dir;
+}
+
 command_result run_command(const std::string& cmd) {
   command_result r;
   FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");

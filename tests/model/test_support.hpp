@@ -17,6 +17,11 @@ std::filesystem::path scratch_dir(const std::string& name);
 /// Makes (once per process) the preset with `seed` into a scratch folder.
 std::filesystem::path tiny_model(const std::string& preset, uint64_t seed = 7);
 
+/// Makes (once per process) `preset` with seed 7 and the tokenizer files of
+/// testdata/tokenizers/<tokenizer>: a model an engine can serve.
+std::filesystem::path served_model(const std::string& preset = "tiny-llama3",
+                                   const std::string& tokenizer = "llama3");
+
 /// Result of running a command.
 struct command_result {
   int exit_code = -1;

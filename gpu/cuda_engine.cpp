@@ -52,8 +52,8 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
   check_shape(options_.gpu_memory_fraction > 0 && options_.gpu_memory_fraction <= 1,
               "gpu_memory_fraction", "must lie in (0, 1]");
   check_shape(options_.small_batch_path == "auto" || options_.small_batch_path == "gemv"
-                || options_.small_batch_path == "cublas",
-              "small_batch_path", "must be auto, gemv or cublas");
+                || options_.small_batch_path == "skinny" || options_.small_batch_path == "cublas",
+              "small_batch_path", "must be auto, gemv, skinny or cublas");
 
   int count = 0;
   METRONOME_CUDA(cudaGetDeviceCount(&count));
@@ -231,6 +231,34 @@ void cuda_engine::allocate_activations() {
   METRONOME_CUBLAS(cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.bytes()));
   tuner_ = std::make_unique<gemm_tuner>(cublas_, stream_, cublas_ws_.get(), cublas_ws_.bytes());
 
+  // The skinny GEMM's split-k scratch: the most any projection needs (they
+  // run one after another on the stream).
+  const int32_t qkv_n = c.q_size() + 2 * c.kv_size();
+  const struct {
+    gemv_epilogue ep;
+    int32_t n, k;
+  } projections[] = {{gemv_epilogue::qkv_rope, qkv_n, c.hidden_size},
+                     {gemv_epilogue::residual_add, c.hidden_size, c.q_size()},
+                     {gemv_epilogue::swiglu, 2 * c.intermediate_size, c.hidden_size},
+                     {gemv_epilogue::residual_add, c.hidden_size, c.intermediate_size},
+                     {gemv_epilogue::store_f32, c.vocab_size, c.hidden_size}};
+  skinny_ok_ = true;
+  skinny_gemm_workspace_size skinny_ws;
+  for (const auto& pr : projections) {
+    if (!skinny_gemm_supports(pr.ep, pr.n, pr.k, c.head_dim)) {
+      skinny_ok_ = false;
+      break;
+    }
+    const auto w = skinny_gemm_workspace(pr.ep, pr.n, pr.k, std::min(max_batch_, skinny_gemm_max_m));
+    skinny_ws.partial_bytes = std::max(skinny_ws.partial_bytes, w.partial_bytes);
+    skinny_ws.counters = std::max(skinny_ws.counters, w.counters);
+  }
+  if (skinny_ok_) {
+    skinny_partials_ = device_buffer(std::max<size_t>(skinny_ws.partial_bytes, 4));
+    skinny_counters_ = device_buffer(size_t(std::max(skinny_ws.counters, 1)) * 4);
+    METRONOME_CUDA(cudaMemset(skinny_counters_.get(), 0, skinny_counters_.bytes()));
+  }
+
   update_capacity_ = max_tokens_ + 4 * max_batch_ + 64;
   item_capacity_ = max_tokens_ / prefill_min_tile + max_batch_ + 1;
   input_capacity_ =
@@ -242,7 +270,8 @@ void cuda_engine::allocate_activations() {
   std::memset(staging_.get(), 0, input_capacity_);
   const size_t workspaces = part_o_.bytes() + part_ml_.bytes() + split_counters_.bytes()
                             + sample_ws_.bytes() + cublas_ws_.bytes() + inputs_.bytes()
-                            + outputs_.bytes();
+                            + outputs_.bytes() + skinny_partials_.bytes()
+                            + skinny_counters_.bytes();
   plan_.push_back({"activations", int64_t(activations)});
   plan_.push_back({"workspaces", int64_t(workspaces)});
 }
@@ -279,7 +308,7 @@ void cuda_engine::plan_kv_and_capture() {
     METRONOME_CUDA(cudaMemGetInfo(&before, &total_b));
     {
       graph_exec probe;
-      capture_one(graph_sizes_.back(), false, probe);
+      capture_one(graph_sizes_.back(), decode_path::blas, probe);
       METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
     }
     const size_t one = before > after ? before - after : 0;
@@ -346,14 +375,14 @@ int32_t cuda_engine::graph_index(int32_t batch) const {
   return -1;
 }
 
-size_t cuda_engine::capture_one(int32_t batch, bool small_gemv, graph_exec& out) {
+size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out) {
   const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
   METRONOME_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   try {
     METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_.get(), l.bytes,
                                    cudaMemcpyHostToDevice, stream_));
-    enqueue_decode(l, batch, small_gemv, 0);
+    enqueue_decode(l, batch, path, 0);
     METRONOME_CUDA(cudaMemcpyAsync(results_.get(), outputs_.get(), outputs_.bytes(),
                                    cudaMemcpyDeviceToHost, stream_));
   } catch (...) {
@@ -420,47 +449,69 @@ void cuda_engine::tune_gemms(int32_t m) {
 
 void cuda_engine::capture_graphs() {
   graphs_.clear();
+  graph_path_.clear();
   // Full prefill chunks have exactly max_num_batched_tokens tokens.
   tune_gemms(max_tokens_);
-  graph_small_.clear();
-  const bool allow_gemv = options_.small_batch_path != "cublas";
-  const bool force_gemv = options_.small_batch_path == "gemv";
-  int small_votes = 0, small_total = 0;
+  const std::string& want = options_.small_batch_path;
   for (int32_t n : graph_sizes_) {
-    graph_exec g;
-    bool small = false;
-    if (n <= gemv_max_m && allow_gemv) {
-      capture_one(n, true, g);
-      small = true;
-      if (!force_gemv) {
+    // The candidates for this size; "auto" times each captured graph and
+    // keeps the fastest, the other settings force a path where it applies.
+    std::vector<decode_path> candidates;
+    if (n <= gemv_max_m && (want == "auto" || want == "gemv"))
+      candidates.push_back(decode_path::gemv);
+    if (skinny_ok_ && n <= skinny_gemm_max_m && (want == "auto" || want == "skinny"))
+      candidates.push_back(decode_path::skinny);
+    if (want == "auto" || want == "cublas" || candidates.empty())
+      candidates.push_back(decode_path::blas);
+    graph_exec best;
+    decode_path best_path = candidates.front();
+    double best_ms = 0.0;
+    for (decode_path path : candidates) {
+      if (path == decode_path::blas)
         tune_gemms(n);
-        graph_exec alt;
-        capture_one(n, false, alt);
-        const double t_gemv = time_graph(g, n), t_blas = time_graph(alt, n);
-        if (t_blas < t_gemv) {
-          g = std::move(alt);
-          small = false;
-        }
+      graph_exec g;
+      capture_one(n, path, g);
+      if (candidates.size() == 1) {
+        best = std::move(g);
+        break;
       }
-      ++small_total;
-      small_votes += small;
-    } else {
-      tune_gemms(n);
-      capture_one(n, false, g);
+      const double ms = time_graph(g, n);
+      if (!best || ms < best_ms) {
+        best = std::move(g);
+        best_path = path;
+        best_ms = ms;
+      }
     }
-    graphs_.push_back(std::move(g));
-    graph_small_.push_back(small ? 1 : 0);
+    graphs_.push_back(std::move(best));
+    graph_path_.push_back(best_path);
   }
-  small_gemv_eager_ = allow_gemv && (force_gemv || small_total == 0 || small_votes * 2 >= small_total);
+}
+
+cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {
+  const int32_t i = graph_index(batch);
+  if (i >= 0)
+    return graph_path_[size_t(i)];
+  // No graph timed this size: forced paths where they apply, else what won
+  // on the H200 (the GEMV up to 2 sequences, cuBLAS beyond).
+  const std::string& want = options_.small_batch_path;
+  if (batch <= gemv_max_m && (want == "gemv" || (want == "auto" && batch <= 2)))
+    return decode_path::gemv;
+  if (skinny_ok_ && batch <= skinny_gemm_max_m && want == "skinny")
+    return decode_path::skinny;
+  return decode_path::blas;
 }
 
 std::string cuda_engine::small_batch_choice() const {
   std::string s;
-  for (size_t i = 0; i < graph_sizes_.size() && graph_sizes_[i] <= gemv_max_m; ++i)
+  for (size_t i = 0; i < graph_sizes_.size() && i < graph_path_.size(); ++i) {
+    if (graph_sizes_[i] > skinny_gemm_max_m)
+      break;
+    const decode_path p = graph_path_[i];
     s += (s.empty() ? "" : ",") + std::to_string(graph_sizes_[i]) + ":"
-         + (graph_small_[i] ? "gemv" : "cublas");
+         + (p == decode_path::gemv ? "gemv" : p == decode_path::skinny ? "skinny" : "cublas");
+  }
   if (s.empty())
-    s = std::string("eager:") + (small_gemv_eager_ ? "gemv" : "cublas");
+    s = "eager";
   return s;
 }
 

@@ -114,7 +114,11 @@ public:
   /// The first `rows` rows of the last step's logits (synchronous; tests).
   std::vector<float> logits(int32_t rows);
 
-  /// Which path small decode batches take ("gemv" or "cublas"), per padded size.
+  /// How a decode step computes its projections: the fp32 GEMV with fused
+  /// norms (up to 8 tokens), the tensor-core skinny GEMM (up to 64), or cuBLAS.
+  enum class decode_path : uint8_t { gemv, skinny, blas };
+
+  /// Which path each captured decode batch size takes ("1:gemv,16:skinny,...").
   std::string small_batch_choice() const;
 
 private:
@@ -163,11 +167,15 @@ private:
   void allocate_activations();
   void plan_kv_and_capture();
   void capture_graphs();
-  size_t capture_one(int32_t batch, bool small_gemv, graph_exec& out);
+  size_t capture_one(int32_t batch, decode_path path, graph_exec& out);
   double time_graph(const graph_exec& g, int32_t batch);
 
   /// Enqueues the decode forward (one token per sequence, all sampled).
-  void enqueue_decode(const layout& l, int32_t batch, bool small_gemv, int32_t penalties);
+  void enqueue_decode(const layout& l, int32_t batch, decode_path path, int32_t penalties);
+  /// The path of an uncaptured decode step of `batch` sequences.
+  decode_path eager_path(int32_t batch) const;
+  /// One projection of the skinny path.
+  void skinny(gemv_epilogue ep, const gemv_args& a);
   /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
   void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
   void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);
@@ -207,6 +215,8 @@ private:
   int32_t max_tokens_ = 0, max_batch_ = 0, max_splits_product_ = 0;
   device_buffer x_, xn_, qkv_, q_, attn_, gate_up_, act_, logits_;
   device_buffer part_o_, part_ml_, split_counters_, sample_ws_, cublas_ws_;
+  device_buffer skinny_partials_, skinny_counters_;
+  bool skinny_ok_ = false; // the model's shapes suit the skinny GEMM
   device_buffer inputs_, outputs_;
   pinned_buffer staging_, results_;
   device_buffer penalties_dev_;
@@ -223,9 +233,8 @@ private:
   // Graphs, one per padded decode batch.
   std::vector<int32_t> graph_sizes_;
   std::vector<graph_exec> graphs_;
-  std::vector<char> graph_small_; // 1 when the graph uses the GEMV path
+  std::vector<decode_path> graph_path_;
   bool graphs_enabled_ = true;
-  bool small_gemv_eager_ = true;
 
   std::vector<memory_plan_entry> plan_;
 };

@@ -217,7 +217,17 @@ void cuda_engine::gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int32
 
 // -- forward passes ----------------------------------------------------------------------
 
-void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int32_t penalties) {
+void cuda_engine::skinny(gemv_epilogue ep, const gemv_args& a) {
+  skinny_gemm_scratch sc;
+  sc.partials = skinny_partials_.get<float>();
+  sc.partial_bytes = skinny_partials_.bytes();
+  sc.counter_data = skinny_counters_.get<int32_t>();
+  sc.counters = int32_t(skinny_counters_.bytes() / 4);
+  launch_skinny_gemm(ep, a, sc, stream_);
+}
+
+void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path path,
+                                 int32_t penalties) {
   const auto& c = model_->config;
   const step_views sv = views(l);
   const int32_t h = c.hidden_size, q = c.q_size(), qkv = q + 2 * c.kv_size();
@@ -225,6 +235,24 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int
   const float eps = float(c.rms_norm_eps);
   float* x = x_.get<float>();
   bf16* xn = xn_.get<bf16>();
+  const bool gemv = path == decode_path::gemv, tc = path == decode_path::skinny;
+  // The GEMV normalises the residual in its prologue; the others take xn.
+  auto input = [&](gemv_args& a, const bf16* norm) {
+    if (gemv) {
+      a.residual_in = x;
+      a.norm_weight = norm;
+      a.eps = eps;
+    } else {
+      launch_rms_norm(x, nullptr, norm, eps, batch, h, xn, stream_);
+      a.x = xn;
+    }
+  };
+  auto project = [&](gemv_epilogue ep, const gemv_args& a) {
+    if (gemv)
+      launch_gemv(ep, a, stream_);
+    else
+      skinny(ep, a);
+  };
   launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
                       stream_);
   launch_embed(embed_, sv.ids, batch, h, x, stream_);
@@ -232,22 +260,20 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int
     const layer& L = layers_[size_t(i)];
     const kv_view kv = kv_of(i);
     const attention_shape sh = attention_of(i);
-    if (small) {
+    if (gemv || tc) {
       gemv_args a;
       a.w = L.qkv;
       a.n = qkv;
       a.k = h;
       a.m = batch;
       a.bias = L.qkv_bias;
-      a.residual_in = x;
-      a.norm_weight = L.attn_norm;
-      a.eps = eps;
+      input(a, L.attn_norm);
       a.out_bf16 = q_.get<bf16>();
       a.inv_freq = inv_freq_.get<float>();
       a.batch = sv.batch;
       a.kv = kv;
       a.num_heads = c.num_heads;
-      launch_gemv(gemv_epilogue::qkv_rope, a, stream_);
+      project(gemv_epilogue::qkv_rope, a);
     } else {
       launch_rms_norm(x, nullptr, L.attn_norm, eps, batch, h, xn, stream_);
       gemm(xn, batch, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
@@ -258,7 +284,7 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int
     launch_decode_attention(sh, q_.get<bf16>(), kv, sv.batch, splits, part_o_.get<float>(),
                             part_ml_.get<float>(), split_counters_.get<int32_t>(),
                             attn_.get<bf16>(), stream_);
-    if (small) {
+    if (gemv || tc) {
       gemv_args a;
       a.w = L.o;
       a.n = h;
@@ -267,17 +293,15 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int
       a.bias = L.o_bias;
       a.x = attn_.get<bf16>();
       a.out_f32 = x;
-      launch_gemv(gemv_epilogue::residual_add, a, stream_);
+      project(gemv_epilogue::residual_add, a);
       gemv_args g;
       g.w = L.gate_up;
       g.n = 2 * f;
       g.k = h;
       g.m = batch;
-      g.residual_in = x;
-      g.norm_weight = L.mlp_norm;
-      g.eps = eps;
+      input(g, L.mlp_norm);
       g.out_bf16 = act_.get<bf16>();
-      launch_gemv(gemv_epilogue::swiglu, g, stream_);
+      project(gemv_epilogue::swiglu, g);
       gemv_args d;
       d.w = L.down;
       d.n = h;
@@ -285,7 +309,7 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int
       d.m = batch;
       d.x = act_.get<bf16>();
       d.out_f32 = x;
-      launch_gemv(gemv_epilogue::residual_add, d, stream_);
+      project(gemv_epilogue::residual_add, d);
     } else {
       gemm(attn_.get<bf16>(), batch, L.o, h, q, x, true, 1.0f);
       if (L.o_bias)
@@ -296,17 +320,15 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, bool small, int
       gemm(act_.get<bf16>(), batch, L.down, h, f, x, true, 1.0f);
     }
   }
-  if (small) {
+  if (gemv || tc) {
     gemv_args a;
     a.w = lm_head_;
     a.n = v;
     a.k = h;
     a.m = batch;
-    a.residual_in = x;
-    a.norm_weight = final_norm_;
-    a.eps = eps;
+    input(a, final_norm_);
     a.out_f32 = logits_.get<float>();
-    launch_gemv(gemv_epilogue::store_f32, a, stream_);
+    project(gemv_epilogue::store_f32, a);
   } else {
     launch_rms_norm(x, nullptr, final_norm_, eps, batch, h, xn, stream_);
     gemm(xn, batch, lm_head_, v, h, logits_.get(), true, 0.0f);
@@ -467,7 +489,7 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
                                      size_t(penalties) * sizeof(penalty_entry),
                                      cudaMemcpyHostToDevice, stream_));
     if (decode)
-      enqueue_decode(l, n, n <= gemv_max_m && small_gemv_eager_, penalties);
+      enqueue_decode(l, n, eager_path(n), penalties);
     else
       enqueue_general(l, sampled, all_single, penalties);
     if (sampled > 0)

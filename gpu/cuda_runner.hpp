@@ -38,8 +38,10 @@ struct cuda_runner_options {
   /// Longest sequence (prompt + output) in tokens; 0 = the model's
   /// max_position_embeddings, capped by the KV pool.
   int32_t max_model_len = 0;
-  /// Decode steps of 1..4 sequences: "auto" times the fused GEMV path against
-  /// cuBLAS at start-up and keeps the faster; "gemv" or "cublas" force one.
+  /// Decode projections per captured batch size: "auto" times the fused GEMV
+  /// (up to 8 sequences), the tensor-core skinny GEMM (up to 64) and cuBLAS
+  /// at start-up and keeps the fastest; "gemv", "skinny" or "cublas" force
+  /// one where it applies (cuBLAS beyond).
   std::string small_batch_path = "auto";
   /// Longest a step may take before the runner gives up on the device (a
   /// hung kernel becomes an exception, never an endless wait).

@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(threads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int32_t len = batch.seq_len[b];
   const int32_t qrow = batch.seq_q_start[b];
   const int32_t pos = len - 1;

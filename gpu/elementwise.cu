@@ -23,8 +23,8 @@ namespace {
 
 __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ ids,
                              int32_t hidden, float* __restrict__ x) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int64_t row = blockIdx.x;
   const bf16* src = table + int64_t(ids[row]) * hidden;
   float* dst = x + row * hidden;
@@ -39,8 +39,8 @@ __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __re
 __global__ void rms_norm_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_map,
                                 const bf16* __restrict__ weight, float eps, int32_t n,
                                 bf16* __restrict__ out) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int64_t src = row_map ? row_map[row] : row;
@@ -68,8 +68,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const int32_t* __re
 __global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
                                      const float* __restrict__ inv_freq, batch_view batch,
                                      kv_view kv, int32_t num_heads, bf16* __restrict__ q_out) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int32_t t = blockIdx.x;
   const int32_t d = kv.head_dim, half = d / 2;
   const int32_t heads = num_heads + 2 * kv.kv_heads;
@@ -113,8 +113,8 @@ __global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* _
 
 __global__ void swiglu_kernel(const bf16* __restrict__ gu, int32_t inter, int64_t total,
                               bf16* __restrict__ act) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int64_t i8 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (i8 >= total)
     return;
@@ -134,8 +134,8 @@ __global__ void swiglu_kernel(const bf16* __restrict__ gu, int32_t inter, int64_
 
 __global__ void add_bias_kernel(float* __restrict__ x, const bf16* __restrict__ bias, int32_t n,
                                 int64_t total) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < total)
     x[i] += to_float(bias[i % n]);
@@ -144,24 +144,24 @@ __global__ void add_bias_kernel(float* __restrict__ x, const bf16* __restrict__ 
 __global__ void page_updates_kernel(int32_t* __restrict__ table, int32_t stride,
                                     const int32_t* __restrict__ updates,
                                     const int32_t* __restrict__ count, int32_t capacity) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int32_t n = min(*count, capacity);
   for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     table[int64_t(updates[3 * i]) * stride + updates[3 * i + 1]] = updates[3 * i + 2];
 }
 
 __global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     p[i] = value;
 }
 
 __global__ void to_bf16_kernel(const void* src, bool is_f16, int64_t n, bf16* dst) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float f = is_f16 ? __half2float(reinterpret_cast<const __half*>(src)[i])

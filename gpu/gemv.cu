@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
   setup(tile);
   load_batch(k0 + lane * 8);
 
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
 
   // Inputs, while the weights are in flight.
   if (a.residual_in) {

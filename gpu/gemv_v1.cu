@@ -51,7 +51,6 @@ __global__ void __launch_bounds__(threads_per_block)
 
   // Weights are never written: start pulling this warp's first rows into L2
   // while the previous kernel drains, then wait for its outputs.
-  pdl_trigger();
   {
     const int32_t p0 = blockIdx.x * warps_per_block + warp;
     if (p0 < num_pairs<Ep>(a)) {
@@ -66,6 +65,7 @@ __global__ void __launch_bounds__(threads_per_block)
     }
   }
   pdl_wait();
+  pdl_trigger();
 
   if (a.residual_in) {
     for (int m = 0; m < M; ++m) {

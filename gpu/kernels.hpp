@@ -107,12 +107,13 @@ enum class gemv_epilogue : uint8_t {
   qkv_rope,
 };
 
-/// A GEMV y[t] = W x[t] over m <= 8 tokens with a fused prologue/epilogue.
+/// A GEMV y[t] = W x[t] over m <= 8 tokens with a fused prologue/epilogue
+/// (also the arguments of the skinny GEMM, up to 64 tokens).
 struct gemv_args {
   const bf16* w = nullptr; // [n][k]
   int32_t n = 0;
   int32_t k = 0;
-  int32_t m = 1; // tokens: 1 to 8
+  int32_t m = 1; // tokens: 1 to 8 (GEMV), 1 to 64 (skinny GEMM)
   const bf16* bias = nullptr; // [n] or null
   // Input: bf16 x [m][k], or the fp32 residual [m][k] normalised on the fly.
   const bf16* x = nullptr;
@@ -133,6 +134,43 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& args, cudaStream_t str
 
 /// Largest m the GEMV supports.
 constexpr int32_t gemv_max_m = 8;
+
+// -- tensor-core GEMM for decode batches of up to 64 tokens ------------------------------
+
+/// Largest m the skinny GEMM supports.
+constexpr int32_t skinny_gemm_max_m = 64;
+
+/// Scratch the skinny GEMM needs to split k across blocks.
+struct skinny_gemm_workspace_size {
+  size_t partial_bytes = 0;
+  int32_t counters = 0;
+};
+
+/// Device scratch for the skinny GEMM: partial sums and one counter per row
+/// group (zero at first use; every launch leaves them at zero). With too
+/// little (or none) the launch does not split k: slower, never wrong.
+struct skinny_gemm_scratch {
+  float* partials = nullptr;
+  size_t partial_bytes = 0;
+  int32_t* counter_data = nullptr;
+  int32_t counters = 0;
+};
+
+/// Whether the skinny GEMM takes this shape (k a multiple of 32).
+bool skinny_gemm_supports(gemv_epilogue epilogue, int32_t n, int32_t k, int32_t head_dim);
+
+/// Scratch that launches of up to max_m tokens of this shape use (queries
+/// the current device).
+skinny_gemm_workspace_size skinny_gemm_workspace(gemv_epilogue epilogue, int32_t n, int32_t k,
+                                                 int32_t max_m);
+
+/// How many blocks share each row group's k (1: no split; benchmarks).
+int32_t skinny_gemm_splits(gemv_epilogue epilogue, int32_t n, int32_t k, int32_t m);
+
+/// y[t] = W x[t] for 1 <= m <= 64 tokens on tensor cores, with the GEMV's
+/// epilogues (gemv_args; x must be bf16: no norm prologue). Deterministic.
+void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& args,
+                        const skinny_gemm_scratch& scratch, cudaStream_t stream);
 
 // -- attention ---------------------------------------------------------------------------
 

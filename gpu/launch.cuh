@@ -2,13 +2,15 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90): a kernel
 // launched this way may start while its predecessor in the stream finishes;
 // it must call pdl_wait() before touching anything the predecessor writes
-// (weights, which no kernel writes, may be prefetched before). Every kernel
-// of the decode path calls pdl_trigger() early, so the next one is scheduled
-// as soon as all of this one's blocks run. Captured graphs keep these
-// programmatic edges. Off by default: measured on the H200 with the second
-// kernel generation, the 1B batch-1 step gains 6% and the 8B one loses 7%
-// (bench/results/h200-2026-11-30-r2.md); METRONOME_PDL=1 turns it on. Off,
-// both calls are no-ops and launches serialise as usual.
+// (weights, which no kernel writes, may be loaded before). Every kernel of
+// the decode path calls pdl_trigger() right after its pdl_wait(), so the next
+// kernel is scheduled once this one's predecessor has finished: at most two
+// grids overlap. (Triggering before the wait, as the first version did, let
+// a chain of kernels become resident and spin, each holding registers and
+// issuing its weight loads out of order: the 8B batch-1 step lost 7%;
+// bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
+// programmatic edges. Off by default; METRONOME_PDL=1 turns it on. Off, both
+// calls are no-ops and launches serialise as usual.
 
 #include <cstdlib>
 #include <cstring>
@@ -25,7 +27,8 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-/// Lets the dependent grid be scheduled (once every block of this grid ran it).
+/// Lets the dependent grid be scheduled (once every block of this grid ran
+/// it); called right after pdl_wait().
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;");
 }

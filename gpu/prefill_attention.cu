@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   bf16* ks = qs + BM * RS;     // [2][BN][RS]
   bf16* vs = ks + 2 * BN * RS; // [2][BN][RS]
 
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int head = blockIdx.x;
   const prefill_item item = items[blockIdx.y];
   const int kvh = head / (sh.num_heads / sh.kv_heads);

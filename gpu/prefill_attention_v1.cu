@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(threads)
   bf16* ks = qs + bm * rs;       // [2][bn][rs]
   bf16* vs = ks + 2 * bn * rs;   // [2][bn][rs]
 
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int head = blockIdx.x;
   const prefill_item item = items[blockIdx.y];
   const int kvh = head / (sh.num_heads / sh.kv_heads);

@@ -60,8 +60,8 @@ __global__ void penalties_kernel(float* __restrict__ logits, int32_t vocab,
                                  const float* __restrict__ repetition,
                                  const float* __restrict__ frequency,
                                  const float* __restrict__ presence) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   const int32_t n = min(*count, capacity);
   for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const penalty_entry e = entries[i];
@@ -82,8 +82,8 @@ __global__ void penalties_kernel(float* __restrict__ logits, int32_t vocab,
 __global__ void __launch_bounds__(stats_threads)
   stats_kernel(float* __restrict__ logits, int32_t vocab, sample_rows params,
                part_stats* __restrict__ stats) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   __shared__ float s_max[stats_threads / 32];
   __shared__ int32_t s_idx[stats_threads / 32];
   __shared__ double s_sum[stats_threads / 32];
@@ -355,8 +355,8 @@ __global__ void __launch_bounds__(select_threads)
   select_kernel(const float* __restrict__ logits, int32_t vocab, sample_rows params,
                 const part_stats* __restrict__ stats, int32_t* __restrict__ tokens,
                 float* __restrict__ logprobs) {
-  pdl_trigger();
   pdl_wait();
+  pdl_trigger();
   __shared__ select_shared sh;
   const int row = blockIdx.x;
   const float* v = logits + int64_t(row) * vocab;

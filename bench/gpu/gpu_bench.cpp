@@ -291,10 +291,11 @@ struct options {
   std::string make_preset; // with --make-out: write that preset's folder and exit
   bool quick = false;
   bool kernels = false;     // per-kernel timings first
-  bool decode_only = false; // only the batch-1 and batch-64 decode figures
+  bool decode_only = false; // only the decode figures (batch 1, 8, 32, 64)
   bool headline = false;    // only the target figures (prefill 2048, decode bs1, bs64)
   bool kernels_only = false; // the per-kernel timings and nothing else (for profilers)
   int32_t max_batch = 128;
+  std::string path = "auto"; // cuda_runner_options::small_batch_path
 };
 
 int run(const options& o) {
@@ -322,6 +323,7 @@ int run(const options& o) {
   ro.max_batch_size = o.max_batch;
   ro.max_num_batched_tokens = 2048;
   ro.gpu_memory_fraction = 0.85;
+  ro.small_batch_path = o.path;
   const auto t_load = std::chrono::steady_clock::now();
   auto runner = make_cuda_runner(model, ro);
   const double load_s =
@@ -396,8 +398,10 @@ int run(const options& o) {
 
   // Decode steps of larger batches at context 1024.
   std::vector<int32_t> batches = {8, 32, 64, 128};
-  if (o.decode_only || o.headline)
+  if (o.headline)
     batches = {64};
+  else if (o.decode_only)
+    batches = {8, 32, 64};
   for (int32_t b : batches) {
     if (b > o.max_batch)
       continue;
@@ -537,13 +541,15 @@ int main(int argc, char** argv) {
       o.headline = true;
     else if (a == "--kernels-only")
       o.kernels_only = true;
+    else if (a == "--path")
+      o.path = next();
     else if (a == "--max-batch")
       o.max_batch = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
                    " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
-                   " [--max-batch N]\n"
+                   " [--max-batch N] [--path auto|gemv|skinny|cublas]\n"
                    "       gpu_bench --make-preset NAME --make-out DIR\n");
       return 2;
     }

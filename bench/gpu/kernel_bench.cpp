@@ -168,6 +168,34 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       }
     }
     gpu::active_kernels().gemv = saved.gemv;
+    // The tensor-core skinny GEMM (plain bf16 input, split-k scratch as the
+    // engine sizes it).
+    if (gpu::skinny_gemm_supports(gpu::gemv_epilogue::store_f32, int32_t(s.n), int32_t(s.k), 0)) {
+      const auto need = gpu::skinny_gemm_workspace(gpu::gemv_epilogue::store_f32, int32_t(s.n),
+                                                   int32_t(s.k), gpu::skinny_gemm_max_m);
+      device_buffer partials(std::max<size_t>(need.partial_bytes, 4));
+      device_buffer counters(size_t(std::max(need.counters, 1)) * 4);
+      METRONOME_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+      gpu::skinny_gemm_scratch sc{partials.get<float>(), need.partial_bytes,
+                                  counters.get<int32_t>(), need.counters};
+      for (int m : {4, 8, 16, 32, 64}) {
+        gpu::gemv_args a;
+        a.n = int32_t(s.n);
+        a.k = int32_t(s.k);
+        a.m = m;
+        a.x = x.get<bf16>();
+        a.out_f32 = y.get<float>();
+        const double us = time_us([&](int i) {
+          a.w = wp(i);
+          gpu::launch_skinny_gemm(gpu::gemv_epilogue::store_f32, a, sc, nullptr);
+        });
+        const double fl = std::max(floor_us, 2.0 * m * double(s.n) * double(s.k) / flops * 1e6);
+        row(std::string("skinny_") + s.name + "_m" + std::to_string(m) + "_s"
+              + std::to_string(gpu::skinny_gemm_splits(gpu::gemv_epilogue::store_f32,
+                                                       int32_t(s.n), int32_t(s.k), m)),
+            us, fl);
+      }
+    }
     for (int m : {1, 8, 64, 2048}) {
       for (bool f32_acc : {false, true}) {
         if (f32_acc && m == 1)

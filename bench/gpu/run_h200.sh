@@ -6,12 +6,15 @@
 # same folders.
 #
 #   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon]
-#                         [ncu] [hf|hfeager] [quick]
+#                         [paths] [ncu] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
 #   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
 #   with programmatic dependent launch on (and the runner tests with it);
+#   paths: the decode figures again with every decode projection on cuBLAS
+#   ("<name>/cublas-path") and on the skinny GEMM ("<name>/skinny-path"),
+#   against the default per-size choice;
 #   ncu: per-kernel durations of the GEMV and attention kernels from Nsight
 #   Compute (8B shapes, ncu.csv); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
@@ -93,7 +96,7 @@ report() {
   python3 "$root/tools/gpu_report.py" --out "$out/results.json" --table "$out/table.md" \
     ${grids:+--grid-out "$out/grid.json"} "${grid_args[@]}" "${rows[@]}"
 }
-if want bench || want v1 || want pdlon; then
+if want bench || want v1 || want pdlon || want paths; then
   for m in "${models[@]}"; do
     dir=$work/models/$m
     make_model "$m" || continue
@@ -114,6 +117,18 @@ if want bench || want v1 || want pdlon; then
         $quick || echo "gpu_bench $m (v1) FAILED (exit $?)"
       rows+=("$work/rows-$m-v1.json")
     fi
+    if want paths; then
+      stamp "gpu_bench $m (decode projections forced to cuBLAS)"
+      timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
+        --name "$m/cublas-path" --out "$work/rows-$m-cublas.json" --decode-only --path cublas \
+        $quick || echo "gpu_bench $m (cublas path) FAILED (exit $?)"
+      rows+=("$work/rows-$m-cublas.json")
+      stamp "gpu_bench $m (decode projections forced to the skinny GEMM)"
+      timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
+        --name "$m/skinny-path" --out "$work/rows-$m-skinny.json" --decode-only --path skinny \
+        $quick || echo "gpu_bench $m (skinny path) FAILED (exit $?)"
+      rows+=("$work/rows-$m-skinny.json")
+    fi
     if want pdlon; then
       stamp "gpu_bench $m (PDL on)"
       METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
@@ -130,7 +145,7 @@ if (want sanitize || want memcheck) && [ -n "$sanitizer" ]; then
   stamp "compute-sanitizer memcheck (quick shapes)"
   METRONOME_GPU_TEST_QUICK=1 timeout $(left 110) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool memcheck \
     --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
-    --gtest_filter='gpu_kernels.*:gpu_attention.*:gpu_sampling.*:presets/gpu_runner.greedy_ids_and_logits_match_transformers/*:presets/gpu_runner.a_mixed_batch*/tiny_mistral:gpu_runner_plans.*' \
+    --gtest_filter='gpu_kernels.*:gpu_skinny_gemm.*:gpu_attention.*:gpu_sampling.*:presets/gpu_runner.greedy_ids_and_logits_match_transformers/*:presets/gpu_runner.a_mixed_batch*/tiny_mistral:gpu_runner_plans.*' \
     > "$work/memcheck.log" 2>&1; echo "memcheck exit $?"
   grep -E "ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/memcheck.log"
   grep -m 5 -B2 -A12 -E "^========= (Invalid|Program hit|Uninit|Leaked)" "$work/memcheck.log"
@@ -139,7 +154,7 @@ if want sanitize && [ -n "$sanitizer" ]; then
   stamp "compute-sanitizer racecheck (quick shapes)"
   METRONOME_GPU_TEST_QUICK=1 timeout $(left 80) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool racecheck \
     --racecheck-report hazard --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
-    --gtest_filter='gpu_kernels.gemv*:gpu_attention.*:gpu_sampling.ties*' \
+    --gtest_filter='gpu_kernels.gemv*:gpu_skinny_gemm.*:gpu_attention.*:gpu_sampling.ties*' \
     > "$work/racecheck.log" 2>&1; echo "racecheck exit $?"
   grep -E "RACECHECK SUMMARY|ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/racecheck.log"
   grep -m 5 -B2 -A12 -E "hazard" "$work/racecheck.log"
@@ -151,7 +166,7 @@ if want ncu && [ -n "$ncu_bin" ] && make_model llama3-8b; then
   stamp "ncu: kernel durations (llama3-8b shapes)"
   METRONOME_KBENCH_REPS=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$ncu_bin" \
     --clock-control none --csv --page raw \
-    --kernel-name regex:"gemv|decode_attention|prefill_attention" \
+    --kernel-name regex:"gemv|skinny|decode_attention|prefill_attention" \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread \
     "$bin/gpu_bench" --model "$work/models/llama3-8b" --name llama3-8b --kernels-only \
     > "$out/ncu.csv" 2> "$work/ncu.err"; echo "ncu exit $?"

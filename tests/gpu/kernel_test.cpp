@@ -8,23 +8,17 @@
 #include "model/cpu_ops.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/paged_kv.hpp"
+#include "tests/gpu/kernel_reference.hpp"
 
 namespace metronome {
 namespace {
 
 using gpu::bf16;
 using test::dev_array;
+using test::bf16_view;
+using test::rope_case;
+using test::reference_qkv;
 
-/// A tensor_view over host bf16 bits (for the reference ops).
-tensor_view bf16_view(const std::vector<uint16_t>& bits, std::vector<int64_t> shape) {
-  tensor_view v;
-  v.name = "test";
-  v.type = dtype::bf16;
-  v.shape = std::move(shape);
-  v.data = reinterpret_cast<const std::byte*>(bits.data());
-  v.nbytes = bits.size() * 2;
-  return v;
-}
 
 TEST(gpu_kernels, embed_gathers_rows_exactly) {
   METRONOME_REQUIRE_GPU();
@@ -100,31 +94,6 @@ TEST(gpu_kernels, swiglu_matches_reference) {
 
 // -- RoPE + KV write ---------------------------------------------------------------------
 
-struct rope_case {
-  int32_t heads, kv_heads, head_dim, page_size;
-  std::vector<std::pair<int32_t, int32_t>> seqs; // (start_pos, tokens)
-  bool bias;
-};
-
-/// The expected q, k, v of one token: bias, then RoPE on q and k, then bf16.
-void reference_qkv(const std::vector<float>& row, const std::vector<float>* bias,
-                   const std::vector<float>& inv_freq, const rope_case& c, int32_t pos,
-                   std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
-  const int32_t d = c.head_dim, qs = c.heads * d, kvs = c.kv_heads * d;
-  std::vector<float> r = row;
-  if (bias)
-    for (size_t i = 0; i < r.size(); ++i)
-      r[i] += (*bias)[i];
-  q.assign(r.begin(), r.begin() + qs);
-  k.assign(r.begin() + qs, r.begin() + qs + kvs);
-  v.assign(r.begin() + qs + kvs, r.end());
-  ref::rope(q.data(), c.heads, d, pos, inv_freq.data());
-  ref::rope(k.data(), c.kv_heads, d, pos, inv_freq.data());
-  for (auto* vec : {&q, &k, &v})
-    for (auto& x : *vec)
-      x = test::round_bf16(x);
-}
-
 TEST(gpu_kernels, rope_kv_write_matches_reference_and_writes_only_its_slots) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("rope_kv_write");
@@ -198,19 +167,8 @@ TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
   for (const auto& c : cases) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
                  + std::to_string(c.m));
-    auto w = test::random_floats(rng, size_t(c.n) * c.k, -0.05f, 0.05f);
-    auto wb = test::to_bf16(w);
-    auto x = test::random_floats(rng, size_t(c.m) * c.k, -1, 1);
-    auto xb = test::from_bf16(test::to_bf16(x));
-    auto bias = test::random_floats(rng, size_t(c.n), -1, 1);
-    auto biasb = test::to_bf16(bias);
-    auto d_w = test::upload_bf16(w);
-    auto d_x = test::upload_bf16(x);
-    auto d_bias = test::upload_bf16(bias);
-    tensor_view wv = bf16_view(wb, {c.n, c.k}), bv = bf16_view(biasb, {c.n});
-    std::vector<float> ref(size_t(c.m) * c.n);
-    ref::linear(wv, &bv, xb.data(), c.m, ref.data());
-
+    const test::linear_problem lp(rng, c.n, c.k, c.m);
+    const auto& ref = lp.ref;
     auto res = test::random_floats(rng, size_t(c.m) * c.n, -1, 1);
     auto res_want = res;
     for (size_t i = 0; i < res.size(); ++i)
@@ -219,14 +177,7 @@ TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
       test::kernel_generation_scope scope(gen);
       SCOPED_TRACE("generation " + std::to_string(gen));
       dev_array<float> d_y(size_t(c.m) * c.n);
-      gpu::gemv_args a;
-      a.w = d_w.get();
-      a.n = c.n;
-      a.k = c.k;
-      a.m = c.m;
-      a.bias = d_bias.get();
-      a.x = d_x.get();
-      a.out_f32 = d_y.get();
+      gpu::gemv_args a = lp.args(d_y.get());
       gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
       test::sync_check();
       EXPECT_LT(test::relative_error(d_y.download(), ref), 1e-5);
@@ -351,24 +302,7 @@ TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_writ
         v = test::round_bf16(v);
       std::vector<float> y(size_t(m) * width);
       ref::linear(bf16_view(wb, {width, hidden}), nullptr, xn.data(), m, y.data());
-      std::vector<float> ref_q, got_k, ref_k, got_v, ref_v;
-      for (int32_t t = 0; t < m; ++t) {
-        std::vector<float> row(y.begin() + int64_t(t) * width, y.begin() + int64_t(t + 1) * width);
-        std::vector<float> q, k, v;
-        reference_qkv(row, c.bias ? &biasb : nullptr, inv, c, kv.position(t), q, k, v);
-        ref_q.insert(ref_q.end(), q.begin(), q.end());
-        ref_k.insert(ref_k.end(), k.begin(), k.end());
-        ref_v.insert(ref_v.end(), v.begin(), v.end());
-        for (int32_t h = 0; h < c.kv_heads; ++h)
-          for (int32_t d = 0; d < c.head_dim; ++d) {
-            got_k.push_back(kv.k_at(kv.seq_of(t), kv.position(t), h, d));
-            got_v.push_back(kv.v_at(kv.seq_of(t), kv.position(t), h, d));
-          }
-      }
-      EXPECT_LT(test::relative_error(got_q, ref_q), 5e-3);
-      EXPECT_LT(test::relative_error(got_k, ref_k), 5e-3);
-      EXPECT_LT(test::relative_error(got_v, ref_v), 5e-3);
-      EXPECT_EQ(kv.count_written(), size_t(m) * 2 * c.kv_heads * c.head_dim);
+      test::expect_qkv_written(y, width, c.bias ? &biasb : nullptr, inv, c, got_q, kv);
     }
   }
 }

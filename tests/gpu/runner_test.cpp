@@ -344,6 +344,39 @@ TEST_P(gpu_runner, graph_replay_and_eager_launches_give_the_same_ids) {
                             GetParam() + " prompt " + std::to_string(i) + " (graph vs eager)");
 }
 
+TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model(GetParam(), 11));
+  // 20 sequences decoding together: the skinny GEMM runs with several token
+  // tiles (eager: 20 rows; captured: the graph of 24, padding rows included).
+  auto base = test_prompts(model->config.vocab_size);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 20; ++i) {
+    auto p = base[size_t(i) % base.size()];
+    p.push_back((i * 7919 + 13) % model->config.vocab_size);
+    prompts.push_back(p);
+  }
+  for (const std::string path : {"gemv", "skinny", "cublas"}) {
+    auto o = small_options();
+    o.max_batch_size = 24;
+    o.kv_cache_tokens = 8192;
+    o.max_num_batched_tokens = 512;
+    o.small_batch_path = path;
+    auto gpu = make_cuda_runner(model, o);
+    const std::string choice = describe_cuda_runner(*gpu);
+    if (path != "cublas")
+      EXPECT_NE(choice.find(path), std::string::npos) << choice;
+    for (bool graphs : {true, false}) {
+      ASSERT_TRUE(set_cuda_graphs(*gpu, graphs));
+      auto got = generate(*gpu, prompts, 12, 1 << 20, false);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        expect_greedy_matches_cpu(model, prompts[i], got[i],
+                                  GetParam() + " path " + path + (graphs ? "" : " eager")
+                                    + " prompt " + std::to_string(i));
+    }
+  }
+}
+
 TEST_P(gpu_runner, seeded_sampling_repeats_for_the_same_schedule_and_follows_the_seed) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));

@@ -156,7 +156,8 @@ struct skinny_gemm_scratch {
   int32_t counters = 0;
 };
 
-/// Whether the skinny GEMM takes this shape (k a multiple of 32).
+/// Whether the skinny GEMM takes this shape (k a multiple of 16; for
+/// qkv_rope, n whole heads of an even head_dim).
 bool skinny_gemm_supports(gemv_epilogue epilogue, int32_t n, int32_t k, int32_t head_dim);
 
 /// Scratch that launches of up to max_m tokens of this shape use (queries
@@ -168,7 +169,8 @@ skinny_gemm_workspace_size skinny_gemm_workspace(gemv_epilogue epilogue, int32_t
 int32_t skinny_gemm_splits(gemv_epilogue epilogue, int32_t n, int32_t k, int32_t m);
 
 /// y[t] = W x[t] for 1 <= m <= 64 tokens on tensor cores, with the GEMV's
-/// epilogues (gemv_args; x must be bf16: no norm prologue). Deterministic.
+/// epilogues (gemv_args; x must be bf16: no norm prologue; w and x 16-byte
+/// aligned). Deterministic. Throws cuda_error on arguments it cannot take.
 void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& args,
                         const skinny_gemm_scratch& scratch, cudaStream_t stream);
 

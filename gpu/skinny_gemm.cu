@@ -29,6 +29,7 @@
 // afford the inverse RMS of 64 full rows).
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -299,6 +300,9 @@ int32_t blocks_per_sm() {
   return blocks;
 }
 
+// Occupancy, SM count and the shared-memory attribute are set up once per
+// process, on the first device that launches (one engine per process runs on
+// one GPU; several GPUs would need them per device).
 int32_t device_sms() {
   static std::once_flag once;
   static int32_t sms = 1;
@@ -395,7 +399,8 @@ bool skinny_gemm_supports(gemv_epilogue epilogue, int32_t n, int32_t k, int32_t 
     return false;
   if (epilogue == gemv_epilogue::swiglu && n % 2 != 0)
     return false;
-  if (epilogue == gemv_epilogue::qkv_rope && (head_dim <= 0 || head_dim % 2 != 0))
+  if (epilogue == gemv_epilogue::qkv_rope
+      && (head_dim <= 0 || head_dim % 2 != 0 || n % head_dim != 0))
     return false;
   return true;
 }
@@ -423,6 +428,9 @@ void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& a, const skinny
   if (!skinny_gemm_supports(epilogue, a.n, a.k, a.kv.head_dim))
     throw cuda_error("launch_skinny_gemm: unsupported shape n = " + std::to_string(a.n)
                      + ", k = " + std::to_string(a.k));
+  // Bulk copies and cp.async move 16-byte pieces: both bases must allow it.
+  if (!a.w || (reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x)) % 16 != 0)
+    throw cuda_error("launch_skinny_gemm: weights and input must be 16-byte aligned");
   plan_params pp = make_plan(epilogue, a.n, a.k, a.m, slots_of(epilogue, a.m));
   if (pp.splits > 1
       && (partial_bytes(pp, a.m) > s.partial_bytes || pp.groups > s.counters || !s.partials

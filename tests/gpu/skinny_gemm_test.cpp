@@ -29,8 +29,11 @@ struct scratch {
   gpu::skinny_gemm_scratch view;
 
   scratch(gpu::gemv_epilogue ep, int32_t n, int32_t k, int32_t m)
-    : ws(gpu::skinny_gemm_workspace(ep, n, k, m)),
-      partials(std::max<size_t>(ws.partial_bytes / 4, 1)),
+    : scratch(gpu::skinny_gemm_workspace(ep, n, k, m)) {
+  }
+
+  explicit scratch(gpu::skinny_gemm_workspace_size w)
+    : ws(w), partials(std::max<size_t>(ws.partial_bytes / 4, 1)),
       counters(std::vector<int32_t>(size_t(std::max(ws.counters, 1)), 0)) {
     view.partials = partials.get();
     view.partial_bytes = ws.partial_bytes;
@@ -202,11 +205,62 @@ TEST(gpu_skinny_gemm, qkv_rope_epilogue_matches_linear_rope_and_cache_write) {
   }
 }
 
+TEST(gpu_skinny_gemm, too_little_scratch_means_no_split_and_the_same_result) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("skinny_scratch");
+  const shape c{4096, 4096, 64};
+  ASSERT_GT(gpu::skinny_gemm_splits(gpu::gemv_epilogue::store_f32, c.n, c.k, c.m), 1);
+  const test::linear_problem lp(rng, c.n, c.k, c.m);
+  dev_array<float> d_y(size_t(c.m) * c.n);
+  gpu::launch_skinny_gemm(gpu::gemv_epilogue::store_f32, lp.args(d_y.get()), {}, nullptr);
+  test::sync_check();
+  EXPECT_LT(test::relative_error(d_y.download(), lp.ref), 1e-5);
+}
+
+TEST(gpu_skinny_gemm, split_launches_replayed_from_a_graph_share_their_counters) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("skinny_graph");
+  // Two shapes that both split k, one scratch, captured once, replayed
+  // three times: each replay must find the counters at zero again.
+  const test::linear_problem a(rng, 4096, 4096, 64), b(rng, 6144, 4096, 24);
+  ASSERT_GT(gpu::skinny_gemm_splits(gpu::gemv_epilogue::store_f32, a.n, a.k, a.m), 1);
+  ASSERT_GT(gpu::skinny_gemm_splits(gpu::gemv_epilogue::store_f32, b.n, b.k, b.m), 1);
+  const auto wa = gpu::skinny_gemm_workspace(gpu::gemv_epilogue::store_f32, a.n, a.k, a.m);
+  const auto wb = gpu::skinny_gemm_workspace(gpu::gemv_epilogue::store_f32, b.n, b.k, b.m);
+  scratch sc(gpu::skinny_gemm_workspace_size{std::max(wa.partial_bytes, wb.partial_bytes),
+                                             std::max(wa.counters, wb.counters)});
+  dev_array<float> ya(size_t(a.m) * a.n), yb(size_t(b.m) * b.n);
+  cudaStream_t stream = nullptr;
+  METRONOME_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  METRONOME_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  gpu::launch_skinny_gemm(gpu::gemv_epilogue::store_f32, a.args(ya.get()), sc.view, stream);
+  gpu::launch_skinny_gemm(gpu::gemv_epilogue::store_f32, b.args(yb.get()), sc.view, stream);
+  METRONOME_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  METRONOME_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    ya.poison();
+    yb.poison();
+    METRONOME_CUDA(cudaGraphLaunch(exec, stream));
+    METRONOME_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_LT(test::relative_error(ya.download(), a.ref), 1e-5);
+    EXPECT_LT(test::relative_error(yb.download(), b.ref), 1e-5);
+    EXPECT_TRUE(sc.counters_zero());
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(gpu_skinny_gemm, rejects_what_it_cannot_compute) {
   METRONOME_REQUIRE_GPU();
   EXPECT_FALSE(gpu::skinny_gemm_supports(gpu::gemv_epilogue::store_f32, 128, 68, 0));
   EXPECT_FALSE(gpu::skinny_gemm_supports(gpu::gemv_epilogue::swiglu, 127, 64, 0));
   EXPECT_TRUE(gpu::skinny_gemm_supports(gpu::gemv_epilogue::store_f32, 127, 64, 0));
+  EXPECT_FALSE(gpu::skinny_gemm_supports(gpu::gemv_epilogue::qkv_rope, 6144 + 64, 4096, 128));
+  EXPECT_TRUE(gpu::skinny_gemm_supports(gpu::gemv_epilogue::qkv_rope, 6144, 4096, 128));
   gpu::gemv_args a;
   a.n = 128;
   a.k = 64;

@@ -90,6 +90,20 @@ std::optional<sched_time> drift_detector::next_check() const {
   return std::nullopt;
 }
 
+drift_event drift_event_of(const drift_verdict& v, sched_time now, const std::string& policy,
+                           const std::string& fallback) {
+  drift_event ev;
+  ev.at_ns = now.count();
+  ev.error = v.error;
+  ev.limit = v.limit;
+  ev.samples = v.samples;
+  const bool disable = v.action == drift_action::disable;
+  ev.action = disable ? "disable" : "enable";
+  ev.policy = disable ? fallback : policy;
+  ev.cause = disable ? "drift" : "recovered";
+  return ev;
+}
+
 // -- the actor ------------------------------------------------------------------------
 
 namespace {
@@ -128,16 +142,9 @@ void act(self_ptr self, const drift_verdict& v, sched_time now) {
   auto& st = self->state;
   if (v.action == drift_action::none)
     return;
-  drift_event ev;
-  ev.at_ns = now.count();
-  ev.error = v.error;
-  ev.limit = v.limit;
-  ev.samples = v.samples;
+  drift_event ev = drift_event_of(v, now, st.config.policy, st.config.fallback);
   const auto& o = st.config.drift;
   if (v.action == drift_action::disable) {
-    ev.action = "disable";
-    ev.policy = st.config.fallback;
-    ev.cause = "drift";
     spdlog::warn("drift supervisor: mean relative error {:.3f} of {} predictions above {:.3f} "
                  "for {:g} s: recalibrating the predictor and running {} for {:g} s",
                  v.error, v.samples, v.limit, seconds(o.sustain), st.config.fallback,
@@ -145,9 +152,6 @@ void act(self_ptr self, const drift_verdict& v, sched_time now) {
     self->send(st.scheduler, recalibrate_atom::value, int64_t(o.window.count()));
     switch_policy(self, st.config.fallback);
   } else {
-    ev.action = "enable";
-    ev.policy = st.config.policy;
-    ev.cause = "recovered";
     spdlog::info("drift supervisor: {:g} s of {} are over: back to {}", seconds(o.disable_for),
                  st.config.fallback, st.config.policy);
     switch_policy(self, st.config.policy);

@@ -31,6 +31,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/messages.hpp"
 #include "actors/predictor.hpp"
 
 namespace metronome {
@@ -105,6 +106,12 @@ private:
   std::optional<sched_time> over_since_;
   std::optional<sched_time> disabled_until_;
 };
+
+/// The event a verdict other than none stands for: disable switches to
+/// `fallback`, enable back to `policy`. The supervisor actor and the replay
+/// loop both record these.
+drift_event drift_event_of(const drift_verdict& v, sched_time now, const std::string& policy,
+                           const std::string& fallback);
 
 // -- the actor -------------------------------------------------------------------
 

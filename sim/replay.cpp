@@ -245,24 +245,17 @@ private:
   void apply(const drift_verdict& v) {
     if (v.action == drift_action::none)
       return;
-    replay_event ev{seconds(now_), "", "", "", v.error, v.limit, v.samples};
+    res_.events.push_back(drift_event_of(v, now_, o_.policy, "fcfs"));
     if (v.action == drift_action::disable) {
-      ev.action = "disable";
-      ev.policy = "fcfs";
-      ev.cause = "drift";
       ctx_->state.model->recalibrate(now_, o_.settings.drift.window);
       sched_->set_policy(make_admission_policy("fcfs", *ctx_), now_);
       disabled_since_ = now_;
     } else {
-      ev.action = "enable";
-      ev.policy = o_.policy;
-      ev.cause = "recovered";
       sched_->set_policy(make_admission_policy(o_.policy, *ctx_), now_);
       if (disabled_since_)
         res_.disabled_s += seconds(now_ - *disabled_since_);
       disabled_since_.reset();
     }
-    res_.events.push_back(std::move(ev));
   }
 
   const trace& trace_;

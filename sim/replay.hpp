@@ -66,17 +66,6 @@ struct request_record {
   std::string refused;
 };
 
-/// A drift supervisor decision during the replay.
-struct replay_event {
-  double at_s = 0;
-  std::string action;
-  std::string policy;
-  std::string cause;
-  double error = 0;
-  double limit = 0;
-  int64_t samples = 0;
-};
-
 struct replay_result {
   std::string policy;
   std::string trace_name;
@@ -84,7 +73,8 @@ struct replay_result {
   std::vector<request_record> requests;
   /// Every inter-token gap of every request, seconds.
   std::vector<float> itl_s;
-  std::vector<replay_event> events;
+  /// The drift supervisor's decisions (virtual clock, ns from the first arrival).
+  std::vector<drift_event> events;
   /// Predicted vs actual of every predicted finished request.
   std::vector<prediction_outcome> predictions;
   latency_aware_stats policy_stats;

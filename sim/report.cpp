@@ -161,7 +161,7 @@ nlohmann::json make_report(const replay_result& r) {
                     {"promotions", r.policy_stats.promotions}};
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : r.events)
-    events.push_back({{"at_s", e.at_s},
+    events.push_back({{"at_s", double(e.at_ns) * 1e-9},
                       {"action", e.action},
                       {"policy", e.policy},
                       {"cause", e.cause},

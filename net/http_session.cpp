@@ -54,7 +54,8 @@ http_session::http_session(asio::ip::tcp::socket socket, strand_type strand,
     strand_(std::move(strand)),
     ctx_(std::move(ctx)),
     idle_timer_(strand_),
-    write_timer_(strand_) {}
+    write_timer_(strand_),
+    outbox_(ctx_->opts.max_pending_write_bytes) {}
 
 http_session::~http_session() {
   if (active_ && active_->sink)
@@ -393,16 +394,14 @@ void http_session::send_stream_event(std::string event, bool ends_response) {
 // -- writing ------------------------------------------------------------------------
 
 void http_session::queue(std::string data, bool ends_response) {
-  if (closed_ || overflowed_)
+  if (closed_ || outbox_.overflowed())
     return;
-  outbox_bytes_ += data.size();
-  outbox_.push_back({std::move(data), ends_response});
-  if (outbox_bytes_ > ctx_->opts.max_pending_write_bytes) {
+  const size_t bytes = data.size();
+  if (!outbox_.push({std::move(data), ends_response}, bytes)) {
     // Closed from a fresh handler: callers still hold references into
     // active_.
     spdlog::warn("closing a connection whose client does not read ({} bytes queued)",
-                 outbox_bytes_);
-    overflowed_ = true;
+                 outbox_.bytes());
     asio::post(strand_, [self = shared_from_this()] { self->close(); });
     return;
   }
@@ -439,9 +438,8 @@ void http_session::write_next() {
                       }
                       size_t responses = 0;
                       for (size_t i = 0; i < n; ++i) {
-                        self->outbox_bytes_ -= self->outbox_.front().data.size();
                         responses += self->outbox_.front().ends_response ? 1 : 0;
-                        self->outbox_.pop_front();
+                        self->outbox_.pop();
                       }
                       if (!self->outbox_.empty())
                         self->write_next();

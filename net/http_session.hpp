@@ -28,6 +28,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include "net/write_queue.hpp"
 #include "net/api_error.hpp"
 #include "net/openai_response.hpp"
 #include "net/request_sink.hpp"
@@ -138,8 +139,9 @@ private:
   boost::asio::steady_timer write_timer_;
   uint64_t idle_generation_ = 0;
   uint64_t write_generation_ = 0;
-  std::deque<out_entry> outbox_;
-  size_t outbox_bytes_ = 0;
+  /// Bounded by max_pending_write_bytes; overflowed: close() is posted and
+  /// queue() drops output.
+  write_queue<out_entry> outbox_;
   bool writing_ = false;
   bool reading_ = false;
   /// A response is in progress (from dispatch until its last byte is out).
@@ -148,8 +150,6 @@ private:
   bool close_after_ = false;
   bool closed_ = false;
   bool lingering_ = false;
-  /// The client stopped reading: close() is posted, queue() drops output.
-  bool overflowed_ = false;
   /// A pipelined request, or the error answering an unreadable one.
   std::optional<request_type> pending_;
   std::optional<api_error> pending_error_;

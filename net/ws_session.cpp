@@ -15,7 +15,10 @@ using error_code = boost::system::error_code;
 
 ws_session::ws_session(asio::ip::tcp::socket socket, strand_type strand,
                        std::shared_ptr<server_context> ctx)
-  : ws_(std::move(socket)), strand_(std::move(strand)), ctx_(std::move(ctx)) {}
+  : ws_(std::move(socket)),
+    strand_(std::move(strand)),
+    ctx_(std::move(ctx)),
+    outbox_(ctx_->opts.max_pending_write_bytes) {}
 
 ws_session::~ws_session() {
   for (auto& [id, req] : live_)
@@ -189,14 +192,12 @@ void ws_session::close_now() {
 // -- writing ------------------------------------------------------------------------
 
 void ws_session::send(std::string event) {
-  if (closed_ || overflowed_)
+  if (closed_ || outbox_.overflowed())
     return;
-  outbox_bytes_ += event.size();
-  outbox_.push_back(std::move(event));
-  if (outbox_bytes_ > ctx_->opts.max_pending_write_bytes) {
+  const size_t bytes = event.size();
+  if (!outbox_.push(std::move(event), bytes)) {
     spdlog::warn("closing a websocket whose client does not read ({} bytes queued)",
-                 outbox_bytes_);
-    overflowed_ = true;
+                 outbox_.bytes());
     asio::post(strand_, [self = shared_from_this()] { self->close(); });
     return;
   }
@@ -216,8 +217,7 @@ void ws_session::write_next() {
                       self->close();
                       return;
                     }
-                    self->outbox_bytes_ -= self->outbox_.front().size();
-                    self->outbox_.pop_front();
+                    self->outbox_.pop();
                     if (!self->outbox_.empty())
                       self->write_next();
                   });

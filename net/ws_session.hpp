@@ -26,6 +26,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket/stream.hpp>
 
+#include "net/write_queue.hpp"
 #include "net/request_sink.hpp"
 #include "net/server_context.hpp"
 #include "net/ws_protocol.hpp"
@@ -83,12 +84,11 @@ private:
   std::shared_ptr<strand_port> port_;
   request_type upgrade_;
   boost::beast::flat_buffer buffer_;
-  std::deque<std::string> outbox_;
-  size_t outbox_bytes_ = 0;
+  /// Bounded by max_pending_write_bytes; overflowed: close() is posted and
+  /// send() drops events.
+  write_queue<std::string> outbox_;
   bool writing_ = false;
   bool closed_ = false;
-  /// The client stopped reading: close() is posted, send() drops events.
-  bool overflowed_ = false;
   std::unordered_map<std::string, live_request> live_;
   std::unordered_map<uint64_t, std::string> ids_;
   uint64_t next_tag_ = 1;

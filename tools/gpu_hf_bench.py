@@ -7,9 +7,14 @@ transformers in bf16 on the GPU and writes rows
 of bench/gpu/gpu_bench.cpp, so both land in one table:
 
 - engine "hf-eager": the default dynamic cache, PyTorch eager (sdpa attention);
-- engine "hf-static-compile": generation_config.cache_implementation =
-  "static" and model.forward under torch.compile(mode="reduce-overhead",
-  fullgraph=True) (CUDA graphs), where that works;
+- engine "hf-static-compile": a StaticCache and the one-token forward under
+  torch.compile(mode="reduce-overhead") (CUDA graphs), driven by a greedy
+  loop written here (as gpt-fast does): generate() with
+  cache_implementation="static" under the same compile fails in this
+  torch/transformers pair ("accessing tensor output of CUDAGraphs that has
+  been overwritten by a subsequent run": generate() keeps the graph's outputs
+  across steps); the loop marks each step (cudagraph_mark_step_begin) and
+  consumes the logits before the next replay;
 - engine "hf-eager-loop": the eager forward called by hand, no generate().
 
 Decode figures are what `model.generate()` (greedy) spends per token: a
@@ -111,6 +116,56 @@ def eager_decode(model, vocab, batch, ctx, warm, steps):
     return median_ms(times)
 
 
+def make_static_cache(model, batch, max_len):
+    """A StaticCache, whatever the installed transformers calls its arguments."""
+    import inspect
+
+    from transformers import StaticCache
+
+    params = inspect.signature(StaticCache.__init__).parameters
+    kw = dict(config=model.config, max_cache_len=max_len)
+    for name, value in (("max_batch_size", batch), ("batch_size", batch), ("device", "cuda"),
+                        ("dtype", torch.bfloat16)):
+        if name in params:
+            kw[name] = value
+    return StaticCache(**kw)
+
+
+@torch.no_grad()
+def compiled_decode(model, vocab, ctx, warm, steps, fullgraph=True):
+    """Per-token time of greedy decoding with a static cache and the one-token
+    forward compiled with CUDA graphs; returns (ms, compile seconds)."""
+    ids = random_ids(vocab, 1, ctx)
+    cache = make_static_cache(model, 1, ctx + warm + steps + 8)
+    out = forward_last(model, input_ids=ids, past_key_values=cache, use_cache=True,
+                       cache_position=torch.arange(ctx, device="cuda"))
+    tok = out.logits[:, -1:].argmax(-1)
+    del out
+
+    def one_token(tok, pos):
+        return model(input_ids=tok, past_key_values=cache, cache_position=pos,
+                     use_cache=True).logits
+
+    step = torch.compile(one_token, mode="reduce-overhead", fullgraph=fullgraph)
+    pos = torch.tensor([ctx], device="cuda")
+    times, t_compile = [], time.perf_counter()
+    for i in range(warm + steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.compiler.cudagraph_mark_step_begin()
+        logits = step(tok, pos)
+        tok = logits[:, -1:].argmax(-1)  # consumed before the next replay
+        pos = pos + 1
+        torch.cuda.synchronize()
+        if i == 1:
+            t_compile = time.perf_counter() - t_compile  # first call compiles, second records
+        if i >= warm:
+            times.append(time.perf_counter() - t0)
+    del cache
+    torch.cuda.empty_cache()
+    return median_ms(times), t_compile
+
+
 @torch.no_grad()
 def prefill(model, vocab, n, reps=5):
     ids = random_ids(vocab, 1, n)
@@ -135,6 +190,8 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--batches", default="8,32,64")
     ap.add_argument("--compile-contexts", default="128,4096")
+    ap.add_argument("--compiled-only", action="store_true",
+                    help="only the static-cache compiled decode (no eager figures)")
     a = ap.parse_args()
 
     rows = []
@@ -169,41 +226,43 @@ def main():
     vocab = model.config.vocab_size
     warm, steps = (3, 10) if a.quick else (5, 30)
 
-    for n in (128, 2048):
+    for n in (() if a.compiled_only else (128, 2048)):
         attempt("hf-eager", [f"prefill_ms_{n}"],
                 lambda n=n: row("hf-eager", f"prefill_ms_{n}", prefill(model, vocab, n)))
-    for ctx in (128, 4096):
+    for ctx in (() if a.compiled_only else (128, 4096)):
         attempt("hf-eager", [f"decode_bs1_ms_ctx{ctx}"],
                 lambda ctx=ctx: row("hf-eager", f"decode_bs1_ms_ctx{ctx}",
                                     generate_step_ms(model, vocab, 1, ctx, warm, steps)))
-    attempt("hf-eager", ["decode_step_ms_bs1_ctx1024"],
-            lambda: row("hf-eager", "decode_step_ms_bs1_ctx1024",
-                        generate_step_ms(model, vocab, 1, 1024, warm, steps)))
-    for b in [int(x) for x in a.batches.split(",") if x]:
+    if not a.compiled_only:
+        attempt("hf-eager", ["decode_step_ms_bs1_ctx1024"],
+                lambda: row("hf-eager", "decode_step_ms_bs1_ctx1024",
+                            generate_step_ms(model, vocab, 1, 1024, warm, steps)))
+    for b in ([] if a.compiled_only else [int(x) for x in a.batches.split(",") if x]):
         attempt("hf-eager", [f"decode_step_ms_bs{b}_ctx1024"],
                 lambda b=b: row("hf-eager", f"decode_step_ms_bs{b}_ctx1024",
                                 generate_step_ms(model, vocab, b, 1024, 2, 6 if a.quick else 10)))
     # The same forward by hand (no generate()), for comparison.
-    attempt("hf-eager-loop", ["decode_bs1_ms_ctx128"],
-            lambda: row("hf-eager-loop", "decode_bs1_ms_ctx128",
-                        eager_decode(model, vocab, 1, 128, warm, steps)))
+    if not a.compiled_only:
+        attempt("hf-eager-loop", ["decode_bs1_ms_ctx128"],
+                lambda: row("hf-eager-loop", "decode_bs1_ms_ctx128",
+                            eager_decode(model, vocab, 1, 128, warm, steps)))
 
     if not a.no_compile:
         contexts = [int(x) for x in a.compile_contexts.split(",") if x]
 
-        def run_compiled():
-            t = time.perf_counter()
-            model.generation_config.cache_implementation = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-            for ctx in contexts:
-                generate_step_ms(model, vocab, 1, ctx, 2, 4)  # compiles for this length
-                row("hf-static-compile", f"compile_s_ctx{ctx}", time.perf_counter() - t, "s")
-                row("hf-static-compile", f"decode_bs1_ms_ctx{ctx}",
-                    generate_step_ms(model, vocab, 1, ctx, warm, steps))
-                t = time.perf_counter()
+        def run_compiled(ctx):
+            try:
+                ms, compile_s = compiled_decode(model, vocab, ctx, max(warm, 3), steps)
+            except Exception:  # graph breaks in this model's code: compile what compiles
+                torch._dynamo.reset()
+                ms, compile_s = compiled_decode(model, vocab, ctx, max(warm, 3), steps,
+                                                fullgraph=False)
+            row("hf-static-compile", f"compile_s_ctx{ctx}", compile_s, "s")
+            row("hf-static-compile", f"decode_bs1_ms_ctx{ctx}", ms)
 
-        attempt("hf-static-compile", [f"decode_bs1_ms_ctx{c}" for c in
-                                      a.compile_contexts.split(",")], run_compiled)
+        for ctx in contexts:
+            attempt("hf-static-compile", [f"decode_bs1_ms_ctx{ctx}"],
+                    lambda ctx=ctx: run_compiled(ctx))
 
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=1)

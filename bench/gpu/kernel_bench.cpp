@@ -136,35 +136,32 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
     // Both GEMV generations, plain bf16 input; and with the RMSNorm prologue
     // (fp32 residual in) where the engine uses it (qkv, gate_up, LM head).
     const bool norm_input = s.k == h;
+    // One GEMV launch timed over the rotated weight copies.
+    auto time_gemv = [&](gpu::gemv_args a, const std::string& metric) {
+      a.n = int32_t(s.n);
+      a.k = int32_t(s.k);
+      a.out_f32 = y.get<float>();
+      const double us = time_us([&](int i) {
+        a.w = wp(i);
+        gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
+      });
+      row(metric, us, floor_us);
+    };
     for (int gen : {2, 1}) {
       gpu::active_kernels().gemv = gen;
       const std::string tag = gen == 1 ? "gemv_v1_" : "gemv_";
       for (int m : {1, 2, 4, 8}) {
         gpu::gemv_args a;
-        a.n = int32_t(s.n);
-        a.k = int32_t(s.k);
         a.m = m;
         a.x = x.get<bf16>();
-        a.out_f32 = y.get<float>();
-        const double us = time_us([&](int i) {
-          a.w = wp(i);
-          gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
-        });
-        row(tag + s.name + "_m" + std::to_string(m), us, floor_us);
+        time_gemv(a, tag + s.name + "_m" + std::to_string(m));
       }
       if (norm_input) {
         gpu::gemv_args a;
-        a.n = int32_t(s.n);
-        a.k = int32_t(s.k);
         a.m = 1;
         a.residual_in = residual.get<float>();
         a.norm_weight = norm_w.get<bf16>();
-        a.out_f32 = y.get<float>();
-        const double us = time_us([&](int i) {
-          a.w = wp(i);
-          gpu::launch_gemv(gpu::gemv_epilogue::store_f32, a, nullptr);
-        });
-        row(tag + "norm_" + s.name + "_m1", us, floor_us);
+        time_gemv(a, tag + "norm_" + s.name + "_m1");
       }
     }
     gpu::active_kernels().gemv = saved.gemv;

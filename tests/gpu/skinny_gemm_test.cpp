@@ -118,15 +118,8 @@ TEST(gpu_skinny_gemm, swiglu_matches_reference) {
     auto xb = test::from_bf16(test::to_bf16(x));
     auto d_w = test::upload_bf16(w);
     auto d_x = test::upload_bf16(x);
-    std::vector<float> y(size_t(c.m) * c.n);
-    ref::linear(bf16_view(wb, {c.n, c.k}), nullptr, xb.data(), c.m, y.data());
     const int32_t inter = c.n / 2;
-    std::vector<float> ref(size_t(c.m) * inter);
-    for (int32_t t = 0; t < c.m; ++t)
-      ref::silu_mul(y.data() + size_t(t) * c.n, y.data() + size_t(t) * c.n + inter, inter,
-                    ref.data() + size_t(t) * inter);
-    for (auto& v : ref)
-      v = test::round_bf16(v);
+    const auto ref = test::reference_swiglu(wb, c.n, c.k, xb, c.m);
     scratch sc(gpu::gemv_epilogue::swiglu, c.n, c.k, c.m);
     dev_array<bf16> d_act(size_t(c.m) * inter); // poisoned
     gpu::gemv_args a;

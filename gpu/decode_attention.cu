@@ -67,19 +67,24 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
 }
 
 /// Loads WORDS 32-bit words (4 to 64 bytes) through the non-coherent path
-/// (the cache is not written during this kernel); no L1 allocation.
+/// (the cache is not written during this kernel); no L1 allocation; L2
+/// `policy` (l2_policy()).
 template <int WORDS>
-__device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p) {
+__device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p, uint64_t policy) {
   if constexpr (WORDS >= 4) {
 #pragma unroll
     for (int i = 0; i < WORDS / 4; ++i)
-      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
-          : "l"(p + 8 * i));
+          : "l"(p + 8 * i), "l"(policy));
   } else if constexpr (WORDS == 2) {
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(w[0]), "=r"(w[1])
+        : "l"(p), "l"(policy));
   } else {
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
+        : "=r"(w[0])
+        : "l"(p), "l"(policy));
   }
 }
 
@@ -109,7 +114,7 @@ __global__ void __launch_bounds__(threads)
   decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
                              batch_view batch, int32_t splits, float* __restrict__ part_o,
                              float* __restrict__ part_ml, int32_t* __restrict__ counters,
-                             bf16* __restrict__ out) {
+                             bf16* __restrict__ out, bool kv_evict_first) {
   using C = tc_cfg<D>;
   __shared__ float sm_o[warps][8][D];
   __shared__ float sm_m[warps][8], sm_l[warps][8];
@@ -143,7 +148,8 @@ __global__ void __launch_bounds__(threads)
   // q of head g (zero for lanes past the group): dims [t D/4, (t+1) D/4).
   uint32_t qw[C::kw];
   if (g < group)
-    load_words<C::kw>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D + t * (D / 4));
+    load_words<C::kw>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D + t * (D / 4),
+                      l2_policy(false));
   else
     zero_words<C::kw>(qw);
 
@@ -178,18 +184,19 @@ __global__ void __launch_bounds__(threads)
     for (int i = 0; i < 4; ++i)
       r.v[i] = row_of(base + 4 * t + i);
   };
+  const uint64_t kv_policy = l2_policy(kv_evict_first);
   auto load_step = [&](const step_rows& r, step_regs<D>& x) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (r.k[i] >= 0)
-        load_words<C::kw>(x.k[i], kv.k + r.k[i] + t * (D / 4));
+        load_words<C::kw>(x.k[i], kv.k + r.k[i] + t * (D / 4), kv_policy);
       else
         zero_words<C::kw>(x.k[i]);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (r.v[i] >= 0)
-        load_words<C::vw>(x.v[i], kv.v + r.v[i] + g * (D / 8));
+        load_words<C::vw>(x.v[i], kv.v + r.v[i] + g * (D / 8), kv_policy);
       else
         zero_words<C::vw>(x.v[i]);
     }
@@ -395,7 +402,8 @@ void launch_tc(const attention_shape& sh, const bf16* q, const kv_view& kv,
                int32_t* counters, bf16* out, cudaStream_t stream) {
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
   launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D>, grid, dim3(threads),
-                0, stream, sh, q, kv, batch, splits, part_o, part_ml, counters, out);
+                0, stream, sh, q, kv, batch, splits, part_o, part_ml, counters, out,
+                stream_hint_on(hint_decode_kv));
 }
 
 bool use_v2(const attention_shape& sh) {

@@ -28,6 +28,19 @@ __device__ __forceinline__ bf16x8 load_stream(const void* p) {
   return r;
 }
 
+/// An L2 eviction policy for the loads of one kernel: evict-first for bytes
+/// that a decode step reads once (weights, the KV cache), so that streaming
+/// them does not push out of L2 what the step's kernels pass to each other;
+/// evict-normal otherwise (bench/results/h200-2026-12-01.md).
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t policy;
+  if (evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 /// Loads 16 bytes through the read-only path (data reused by other warps).
 __device__ __forceinline__ bf16x8 load_ro(const void* p) {
   const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
@@ -186,6 +199,15 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
       "r"(smem_addr(smem)),
     "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
     : "memory");
+}
+
+/// bulk_copy_g2s with an L2 eviction policy (l2_policy()).
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes,
+                                              uint64_t* bar, uint64_t policy) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+               : "memory");
 }
 
 /// Orders this thread's earlier shared-memory accesses before later bulk

@@ -42,6 +42,24 @@ inline bool pdl_enabled() {
   return on;
 }
 
+/// The streams of once-read bytes that carry the L2 evict-first hint
+/// (l2_policy() in kernel_util.cuh).
+enum stream_hint : unsigned {
+  hint_gemv_weights = 1,   // the decode GEMV's weight rows
+  hint_skinny_weights = 2, // the skinny GEMM's weight tiles
+  hint_decode_kv = 4,      // the decode attention's keys and values
+};
+
+/// Whether `hint` is on: all are, unless the environment variable
+/// METRONOME_STREAM_HINTS gives another mask (a benchmark switch: 0 = none).
+inline bool stream_hint_on(stream_hint hint) {
+  static const unsigned mask = [] {
+    const char* v = std::getenv("METRONOME_STREAM_HINTS");
+    return v ? unsigned(std::strtoul(v, nullptr, 0)) : 7u;
+  }();
+  return (mask & hint) != 0;
+}
+
 /// Launches `kernel` on `stream`, with PDL unless disabled or on the legacy
 /// default stream; checks the launch.
 template <class... Params, class... Args>

@@ -88,7 +88,8 @@ constexpr size_t smem_bytes() {
 
 template <int NT, gemv_epilogue Ep>
 __global__ void __launch_bounds__(block_threads<NT>(), 1)
-  skinny_kernel(const gemv_args a, const plan_params pp, float* partials, int32_t* counters) {
+  skinny_kernel(const gemv_args a, const plan_params pp, float* partials, int32_t* counters,
+                bool evict_first) {
   constexpr int MP = NT * 8; // padded tokens
   constexpr int ST = weight_stages<NT>();
   constexpr int TW = token_warps<NT>();
@@ -129,13 +130,14 @@ __global__ void __launch_bounds__(block_threads<NT>(), 1)
 
   // Stage st <- weights of chunk ci: 32 bulk copies of one contiguous row
   // segment each (512 bytes for a whole chunk), one barrier per stage.
+  const uint64_t policy = l2_policy(evict_first);
   auto fill = [&](int st, int32_t ci) {
     const int32_t kb = k0 + ci * chunk_k;
     const uint32_t bytes = uint32_t(min(chunk_k, k1 - kb)) * 2;
     if (lane == 0)
       mbar_arrive_expect(&bar[st], 32 * bytes);
     __syncwarp();
-    bulk_copy_g2s(wbuf + (st * 32 + lane) * row_stride, wsrc + kb, bytes, &bar[st]);
+    bulk_copy_g2s(wbuf + (st * 32 + lane) * row_stride, wsrc + kb, bytes, &bar[st], policy);
   };
   if (active && owner) {
     if (lane < ST)
@@ -378,7 +380,8 @@ void launch_nt(const gemv_args& a, const plan_params& pp, float* partials, int32
                cudaStream_t stream) {
   (void)blocks_per_sm<NT, Ep>(); // sets the shared-memory attribute once
   launch_kernel("skinny_gemm_kernel", skinny_kernel<NT, Ep>, dim3(pp.groups * pp.splits),
-                dim3(block_threads<NT>()), smem_bytes<NT>(), stream, a, pp, partials, counters);
+                dim3(block_threads<NT>()), smem_bytes<NT>(), stream, a, pp, partials, counters,
+                stream_hint_on(hint_skinny_weights));
 }
 
 template <gemv_epilogue Ep>

@@ -6,7 +6,7 @@
 # same folders.
 #
 #   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon]
-#                         [paths] [hints] [ncu] [hf|hfeager] [quick]
+#                         [paths] [sweep] [ncu] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
@@ -14,8 +14,8 @@
 #   with programmatic dependent launch on (and the runner tests with it);
 #   paths: the decode figures again with every decode projection on cuBLAS
 #   ("<name>/cublas-path") and on the skinny GEMM ("<name>/skinny-path"),
-#   against the default per-size choice; hints: the decode figures for each
-#   mask of L2 evict-first hints in METRONOME_HINT_SWEEP (default 0 1 3 7);
+#   against the default per-size choice; sweep: the decode figures once per
+#   environment setting listed in METRONOME_SWEEP (see below);
 #   ncu: per-kernel durations of the GEMV and attention kernels from Nsight
 #   Compute (8B shapes, ncu.csv); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
@@ -97,7 +97,7 @@ report() {
   python3 "$root/tools/gpu_report.py" --out "$out/results.json" --table "$out/table.md" \
     ${grids:+--grid-out "$out/grid.json"} "${grid_args[@]}" "${rows[@]}"
 }
-if want bench || want v1 || want pdlon || want paths || want hints; then
+if want bench || want v1 || want pdlon || want paths || want sweep; then
   for m in "${models[@]}"; do
     dir=$work/models/$m
     make_model "$m" || continue
@@ -130,17 +130,20 @@ if want bench || want v1 || want pdlon || want paths || want hints; then
         $quick || echo "gpu_bench $m (skinny path) FAILED (exit $?)"
       rows+=("$work/rows-$m-skinny.json")
     fi
-    if want hints; then
-      # The decode figures for each mask of L2 evict-first hints
-      # (METRONOME_STREAM_HINTS, gpu/launch.cuh) in METRONOME_HINT_SWEEP; the
-      # first mask again at the end.
-      sweep=(${METRONOME_HINT_SWEEP:-0 1 3 7})
-      for h in "${sweep[@]}" "${sweep[0]}"; do
-        f="$work/rows-$m-hints-$h-$SECONDS.json"
-        stamp "gpu_bench $m (stream hints $h)"
-        METRONOME_STREAM_HINTS=$h timeout $(left 90) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" \
-          --model "$dir" --name "$m/hints-$h" --out "$f" --decode-only --max-batch 64 $quick \
-          || echo "gpu_bench $m (hints $h) FAILED (exit $?)"
+    if want sweep; then
+      # The decode figures (up to batch 64) once per entry of METRONOME_SWEEP,
+      # "label:VAR=VALUE,VAR=VALUE" (label alone: the defaults), e.g.
+      # "base: nohints:METRONOME_STREAM_HINTS=0 pdl:METRONOME_PDL=1"; the
+      # first entry again at the end, for the drift within the call.
+      sweep=(${METRONOME_SWEEP:-base: nohints:METRONOME_STREAM_HINTS=0})
+      for entry in "${sweep[@]}" "${sweep[0]}"; do
+        label=${entry%%:*} assigns=()
+        IFS=, read -r -a assigns <<< "${entry#*:}"
+        f="$work/rows-$m-$label-$SECONDS.json"
+        stamp "gpu_bench $m ($label: ${assigns[*]})"
+        timeout $(left 90) env "${assigns[@]}" LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" \
+          --model "$dir" --name "$m/$label" --out "$f" --decode-only --max-batch 64 $quick \
+          || echo "gpu_bench $m ($label) FAILED (exit $?)"
         rows+=("$f")
       done
     fi

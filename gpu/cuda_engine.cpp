@@ -402,6 +402,13 @@ size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out
   return nodes;
 }
 
+double cuda_engine::graph_replay_ms(int32_t batch) {
+  const int32_t gi = graph_index(batch);
+  if (gi < 0)
+    return std::nan("");
+  return time_graph(graphs_[size_t(gi)], graph_sizes_[size_t(gi)]);
+}
+
 double cuda_engine::time_graph(const graph_exec& g, int32_t batch) {
   fill_pad_inputs(batch);
   cudaEvent_t a = nullptr, b = nullptr;

@@ -114,6 +114,12 @@ public:
   /// The first `rows` rows of the last step's logits (synchronous; tests).
   std::vector<float> logits(int32_t rows);
 
+  /// Device time per step of the decode graph serving `batch` sequences,
+  /// replayed back to back on padding inputs (no host work between steps);
+  /// NaN when no graph serves that size. Synchronous; between steps, on the
+  /// runner's thread (benchmarks).
+  double graph_replay_ms(int32_t batch);
+
   /// How a decode step computes its projections: the fp32 GEMV with fused
   /// norms (up to 8 tokens), the tensor-core skinny GEMM (up to 64), or cuBLAS.
   enum class decode_path : uint8_t { gemv, skinny, blas };

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -279,6 +280,11 @@ bool set_cuda_graphs(model_runner& runner, bool enabled) {
     return false;
   r->engine().set_graphs(enabled);
   return true;
+}
+
+double cuda_graph_replay_ms(model_runner& runner, int32_t batch) {
+  auto* r = dynamic_cast<cuda_runner*>(&runner);
+  return r ? r->engine().graph_replay_ms(batch) : std::nan("");
 }
 
 std::string format_memory_plan(const std::vector<memory_plan_entry>& plan) {

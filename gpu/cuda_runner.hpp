@@ -67,6 +67,13 @@ int parse_cuda_device(const std::string& device);
 /// returns false when `runner` is not a CUDA runner.
 bool set_cuda_graphs(model_runner& runner, bool enabled);
 
+/// Device time per decode step of the captured graph for `batch` sequences,
+/// replayed back to back on padding inputs (a context of one token): the
+/// step without the host's share (plan packing, launch, the wait for ids).
+/// NaN when `runner` is not a CUDA runner or no graph serves that size.
+/// Synchronous; call between steps on the runner's thread.
+double cuda_graph_replay_ms(model_runner& runner, int32_t batch);
+
 /// A line on the runner's start-up choices (which path small decode batches
 /// take); empty when `runner` is not a CUDA runner.
 std::string describe_cuda_runner(const model_runner& runner);

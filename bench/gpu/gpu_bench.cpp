@@ -422,6 +422,17 @@ int run(const options& o) {
     d.release(ids);
   }
 
+  // The device's share of a decode step: each graph replayed back to back on
+  // padding inputs (one token of context), against the same size's execute()
+  // above; the difference is the host's share (packing, launch, the wait).
+  for (int32_t b : {1, 64}) {
+    if (b > o.max_batch)
+      continue;
+    const double ms = cuda_graph_replay_ms(*runner, b);
+    if (std::isfinite(ms))
+      row("decode_graph_replay_ms_bs" + std::to_string(b), ms, "ms", decode_floor(double(b)));
+  }
+
   // The step-time grid for the scheduler's cost model.
   if (!o.grid.empty() && !o.decode_only && !o.headline) {
     std::vector<int32_t> prefill_sizes = {16, 32, 64, 128, 256, 512, 1024, 2048};

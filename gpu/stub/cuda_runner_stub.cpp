@@ -1,6 +1,7 @@
 // gpu/cuda_runner.hpp for builds without CUDA: no devices, and a clear error
 // for anyone who asks for one, so callers need no #ifdef.
 
+#include <cmath>
 #include <stdexcept>
 
 #include "gpu/cuda_runner.hpp"
@@ -33,6 +34,10 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
 
 bool set_cuda_graphs(model_runner&, bool) {
   return false;
+}
+
+double cuda_graph_replay_ms(model_runner&, int32_t) {
+  return std::nan("");
 }
 
 std::string describe_cuda_runner(const model_runner&) {

@@ -4,7 +4,9 @@
 // steps), batched against alone, chunked against whole prompts, graphs
 // against eager launches, and its handling of bad plans.
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -196,9 +198,11 @@ sampling_params greedy() {
 
 /// Greedy generation of `steps` tokens for each prompt, all in one batch
 /// (optionally staggered: prompt i joins at step 2 i).
+/// `between` (optional) runs after every step.
 std::vector<std::vector<int32_t>> generate(model_runner& r, const std::vector<std::vector<int32_t>>& prompts,
                                            int32_t steps, int32_t chunk, bool staggered,
-                                           sampling_params p = greedy(), uint64_t seed = 0) {
+                                           sampling_params p = greedy(), uint64_t seed = 0,
+                                           const std::function<void()>& between = {}) {
   driver d(r, chunk);
   std::vector<std::vector<int32_t>> out(prompts.size());
   size_t joined = 0;
@@ -208,6 +212,8 @@ std::vector<std::vector<int32_t>> generate(model_runner& r, const std::vector<st
       ++joined;
     }
     auto got = d.step();
+    if (between)
+      between();
     bool all_done = joined == prompts.size();
     for (auto [id, t] : got) {
       out[id].push_back(t);
@@ -342,6 +348,30 @@ TEST_P(gpu_runner, graph_replay_and_eager_launches_give_the_same_ids) {
   for (size_t i = 0; i < prompts.size(); ++i)
     expect_same_or_near_tie(model, prompts[i], with_graphs[i], eager[i],
                             GetParam() + " prompt " + std::to_string(i) + " (graph vs eager)");
+}
+
+TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequence) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model(GetParam(), 11));
+  auto prompts = test_prompts(model->config.vocab_size);
+  const auto o = small_options();
+  auto gpu = make_cuda_runner(model, o);
+  auto undisturbed = generate(*gpu, prompts, 12, 1 << 20, false);
+  // Replays run on padding rows (the scratch page): the live sequences'
+  // pages, slots and outputs must come through untouched.
+  int32_t timed = 0;
+  auto timed_run = generate(*gpu, prompts, 12, 1 << 20, false, greedy(), 0, [&] {
+    for (int32_t b : {1, 2, o.max_batch_size}) {
+      const double ms = cuda_graph_replay_ms(*gpu, b);
+      ASSERT_TRUE(std::isfinite(ms)) << "batch " << b;
+      ASSERT_GT(ms, 0.0) << "batch " << b;
+      ++timed;
+    }
+  });
+  EXPECT_GT(timed, 0);
+  EXPECT_EQ(timed_run, undisturbed);
+  // No graph serves a batch past the largest captured size.
+  EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, o.max_batch_size + 1)));
 }
 
 TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {

@@ -402,15 +402,18 @@ size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out
   return nodes;
 }
 
-double cuda_engine::graph_replay_ms(int32_t batch) {
+double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
   const int32_t gi = graph_index(batch);
-  if (gi < 0)
+  if (gi < 0 || (repeat_last_step && gi != last_graph_))
     return std::nan("");
-  return time_graph(graphs_[size_t(gi)], graph_sizes_[size_t(gi)]);
+  return time_graph(graphs_[size_t(gi)], graph_sizes_[size_t(gi)], !repeat_last_step);
 }
 
-double cuda_engine::time_graph(const graph_exec& g, int32_t batch) {
-  fill_pad_inputs(batch);
+double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
+  if (pad) {
+    fill_pad_inputs(batch);
+    last_graph_ = -1;
+  }
   cudaEvent_t a = nullptr, b = nullptr;
   METRONOME_CUDA(cudaEventCreate(&a));
   METRONOME_CUDA(cudaEventCreate(&b));

@@ -115,10 +115,13 @@ public:
   std::vector<float> logits(int32_t rows);
 
   /// Device time per step of the decode graph serving `batch` sequences,
-  /// replayed back to back on padding inputs (no host work between steps);
-  /// NaN when no graph serves that size. Synchronous; between steps, on the
-  /// runner's thread (benchmarks).
-  double graph_replay_ms(int32_t batch);
+  /// replayed back to back (no host work between steps): on padding inputs,
+  /// or, with repeat_last_step, on the last step's own inputs (a decode
+  /// step is idempotent: it rewrites the same keys and values and samples
+  /// the same ids). NaN when no graph serves that size, or the last step
+  /// was not that graph. Synchronous; between steps, on the runner's thread
+  /// (benchmarks).
+  double graph_replay_ms(int32_t batch, bool repeat_last_step);
 
   /// How a decode step computes its projections: the fp32 GEMV with fused
   /// norms (up to 8 tokens), the tensor-core skinny GEMM (up to 64), or cuBLAS.
@@ -174,7 +177,8 @@ private:
   void plan_kv_and_capture();
   void capture_graphs();
   size_t capture_one(int32_t batch, decode_path path, graph_exec& out);
-  double time_graph(const graph_exec& g, int32_t batch);
+  /// Times g replayed back to back; pads the inputs first unless `pad` is false.
+  double time_graph(const graph_exec& g, int32_t batch, bool pad = true);
 
   /// Enqueues the decode forward (one token per sequence, all sampled).
   void enqueue_decode(const layout& l, int32_t batch, decode_path path, int32_t penalties);
@@ -241,6 +245,7 @@ private:
   std::vector<graph_exec> graphs_;
   std::vector<decode_path> graph_path_;
   bool graphs_enabled_ = true;
+  int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
 
   std::vector<memory_plan_entry> plan_;
 };

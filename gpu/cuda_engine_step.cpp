@@ -461,7 +461,9 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
     pack(l, chunks, updates, {}, 0);
     METRONOME_CUDA(cudaGraphLaunch(graphs_[size_t(gi)].get(), stream_));
     result.graph = true;
+    last_graph_ = gi;
   } else {
+    last_graph_ = -1;
     items_.clear();
     const int32_t tile = prefill_tile_rows();
     if (!all_single) {

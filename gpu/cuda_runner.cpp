@@ -282,9 +282,9 @@ bool set_cuda_graphs(model_runner& runner, bool enabled) {
   return true;
 }
 
-double cuda_graph_replay_ms(model_runner& runner, int32_t batch) {
+double cuda_graph_replay_ms(model_runner& runner, int32_t batch, bool repeat_last_step) {
   auto* r = dynamic_cast<cuda_runner*>(&runner);
-  return r ? r->engine().graph_replay_ms(batch) : std::nan("");
+  return r ? r->engine().graph_replay_ms(batch, repeat_last_step) : std::nan("");
 }
 
 std::string format_memory_plan(const std::vector<memory_plan_entry>& plan) {

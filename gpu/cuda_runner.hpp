@@ -68,11 +68,14 @@ int parse_cuda_device(const std::string& device);
 bool set_cuda_graphs(model_runner& runner, bool enabled);
 
 /// Device time per decode step of the captured graph for `batch` sequences,
-/// replayed back to back on padding inputs (a context of one token): the
-/// step without the host's share (plan packing, launch, the wait for ids).
-/// NaN when `runner` is not a CUDA runner or no graph serves that size.
-/// Synchronous; call between steps on the runner's thread.
-double cuda_graph_replay_ms(model_runner& runner, int32_t batch);
+/// replayed back to back: the step without the host's share (plan packing,
+/// launch, the wait for ids). On padding inputs (a context of one token), or
+/// with repeat_last_step on the last step's own inputs (its contexts; the
+/// step is idempotent, so running sequences are unaffected). NaN when
+/// `runner` is not a CUDA runner, no graph serves that size, or (with
+/// repeat_last_step) the last step did not replay that graph. Synchronous;
+/// call between steps on the runner's thread.
+double cuda_graph_replay_ms(model_runner& runner, int32_t batch, bool repeat_last_step = false);
 
 /// A line on the runner's start-up choices (which path small decode batches
 /// take); empty when `runner` is not a CUDA runner.

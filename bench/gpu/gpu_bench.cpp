@@ -377,6 +377,9 @@ int run(const options& o) {
   for (int32_t ctx : {128, 1024, 4096}) {
     auto ids = d.prefill(1, ctx);
     const double ms = d.decode(ids, 5, o.quick ? 30 : 100);
+    // The device's share: the last step's graph replayed back to back on its
+    // own inputs, no host work between (the rest of `ms` is the host's).
+    const double replay = cuda_graph_replay_ms(*runner, 1, true);
     double eager = NAN;
     if (!o.headline) {
       set_cuda_graphs(*runner, false);
@@ -389,6 +392,8 @@ int run(const options& o) {
       row("decode_step_ms_bs1_ctx1024", ms, "ms", fl);
     } else {
       row("decode_bs1_ms_ctx" + std::to_string(ctx), ms, "ms", fl);
+      if (std::isfinite(replay))
+        row("decode_bs1_graph_replay_ms_ctx" + std::to_string(ctx), replay, "ms", fl);
       row("decode_bs1_floor_fraction_ctx" + std::to_string(ctx), fl / ms, "fraction", 1.0);
       if (!o.headline)
         row("decode_bs1_ms_ctx" + std::to_string(ctx) + "_uncaptured", eager, "ms", fl);
@@ -407,8 +412,11 @@ int run(const options& o) {
       continue;
     auto ids = d.prefill(b, 1024);
     const double ms = d.decode(ids, 3, o.quick ? 10 : 20);
+    const double replay = cuda_graph_replay_ms(*runner, b, true);
     row("decode_step_ms_bs" + std::to_string(b) + "_ctx1024", ms, "ms",
         decode_floor(double(b) * 1030));
+    if (std::isfinite(replay) && b == 64)
+      row("decode_graph_replay_ms_bs64_ctx1024", replay, "ms", decode_floor(double(b) * 1030));
     if (b == 64) {
       if (!o.headline) {
         set_cuda_graphs(*runner, false);
@@ -420,17 +428,6 @@ int run(const options& o) {
           decode_floor(64.0 * 1030) / decode_floor(1030));
     }
     d.release(ids);
-  }
-
-  // The device's share of a decode step: each graph replayed back to back on
-  // padding inputs (one token of context), against the same size's execute()
-  // above; the difference is the host's share (packing, launch, the wait).
-  for (int32_t b : {1, 64}) {
-    if (b > o.max_batch)
-      continue;
-    const double ms = cuda_graph_replay_ms(*runner, b);
-    if (std::isfinite(ms))
-      row("decode_graph_replay_ms_bs" + std::to_string(b), ms, "ms", decode_floor(double(b)));
   }
 
   // The step-time grid for the scheduler's cost model.

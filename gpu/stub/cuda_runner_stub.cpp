@@ -36,7 +36,7 @@ bool set_cuda_graphs(model_runner&, bool) {
   return false;
 }
 
-double cuda_graph_replay_ms(model_runner&, int32_t) {
+double cuda_graph_replay_ms(model_runner&, int32_t, bool) {
   return std::nan("");
 }
 

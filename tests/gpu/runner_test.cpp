@@ -357,18 +357,28 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
   const auto o = small_options();
   auto gpu = make_cuda_runner(model, o);
   auto undisturbed = generate(*gpu, prompts, 12, 1 << 20, false);
-  // Replays run on padding rows (the scratch page): the live sequences'
-  // pages, slots and outputs must come through untouched.
-  int32_t timed = 0;
+  // Replays of the last step on its own inputs (idempotent), then on
+  // padding rows (the scratch page): the live sequences' pages, slots and
+  // outputs must come through untouched.
+  int32_t repeated = 0, padded = 0;
   auto timed_run = generate(*gpu, prompts, 12, 1 << 20, false, greedy(), 0, [&] {
+    // Five sequences decode in the graph of 8 once every prompt is in.
+    const double again = cuda_graph_replay_ms(*gpu, 5, true);
+    if (std::isfinite(again)) {
+      EXPECT_GT(again, 0.0);
+      ++repeated;
+    }
     for (int32_t b : {1, 2, o.max_batch_size}) {
       const double ms = cuda_graph_replay_ms(*gpu, b);
       ASSERT_TRUE(std::isfinite(ms)) << "batch " << b;
       ASSERT_GT(ms, 0.0) << "batch " << b;
-      ++timed;
+      ++padded;
     }
+    // The padded replays replaced the last step's inputs.
+    EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, 5, true)));
   });
-  EXPECT_GT(timed, 0);
+  EXPECT_GT(repeated, 0);
+  EXPECT_GT(padded, 0);
   EXPECT_EQ(timed_run, undisturbed);
   // No graph serves a batch past the largest captured size.
   EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, o.max_batch_size + 1)));

@@ -25,7 +25,7 @@
 // writes the output, otherwise the last split to finish (an atomic ticket)
 // merges the partials with all its threads, with no second launch. The number
 // of splits in use is derived on the device from each sequence's length (at
-// least 256 keys each), so one captured graph serves any context.
+// least 64 keys each), so one captured graph serves any context.
 //
 // Shapes outside this kernel (head_dim 256, more than 8 heads per kv head) and
 // the first generation on request go to decode_attention_v1.cu.
@@ -48,8 +48,12 @@ namespace {
 constexpr int warps = 4;
 constexpr int threads = warps * 32;
 constexpr int step_keys = 16;
-/// A split covers at least this many keys (shorter contexts use fewer splits).
-constexpr int32_t min_split_tokens = 256;
+/// A split covers at least this many keys (shorter contexts use fewer
+/// splits). 64 rather than 256: batch-1 steps at 1,024 keys took 2.4% (8B)
+/// and 3.5% (1B) less, at 4,096 keys 0.5% and 1.5% less, at 128 keys 0.7%
+/// (8B) and nothing (1B) less; batches of 64 the same (one split each)
+/// (bench/results/h200-2026-12-01.md).
+constexpr int32_t min_split_tokens = 64;
 /// Most splits (partials buffer and merge are sized for it).
 constexpr int32_t max_splits = 64;
 constexpr float log2e = 1.4426950408889634f;

@@ -60,17 +60,6 @@ constexpr int threads_per_block = warps_per_block * 32;
 constexpr int unroll = 4;
 constexpr int32_t smem_limit = 96 * 1024;
 
-/// Loads 16 bytes of weights: non-coherent, no L1 allocation, L2 `policy`
-/// (streamed once a step). Volatile, so the first batch stays ahead of the
-/// prologue's barriers.
-__device__ __forceinline__ bf16x8 load_weights(const void* p, uint64_t policy) {
-  bf16x8 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
-      : "l"(p), "l"(policy));
-  return r;
-}
-
 template <int M, gemv_epilogue Ep, int KS>
 __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
   gemv_split_kernel(const gemv_args a, int32_t kslice, int32_t tiles, bool evict_first) {
@@ -106,8 +95,10 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
     for (int u = 0; u < unroll; ++u) {
       const int32_t k = kk + u * 256;
       if (active && k < k1) {
-        wa[u] = load_weights(w0 + k, policy);
-        wb[u] = load_weights(w1 + k, policy);
+        // Volatile loads (load_stream): the first batch stays ahead of the
+        // prologue's barriers.
+        wa[u] = load_stream(w0 + k, policy);
+        wb[u] = load_stream(w1 + k, policy);
       }
     }
   };

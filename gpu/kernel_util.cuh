@@ -28,6 +28,15 @@ __device__ __forceinline__ bf16x8 load_stream(const void* p) {
   return r;
 }
 
+/// load_stream with an L2 eviction policy (l2_policy()).
+__device__ __forceinline__ bf16x8 load_stream(const void* p, uint64_t policy) {
+  bf16x8 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+               : "l"(p), "l"(policy));
+  return r;
+}
+
 /// An L2 eviction policy for the loads of one kernel: evict-first for bytes
 /// that a decode step reads once (weights, the KV cache), so that streaming
 /// them does not push out of L2 what the step's kernels pass to each other;

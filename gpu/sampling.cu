@@ -362,18 +362,33 @@ __global__ void __launch_bounds__(select_threads)
   const float* v = logits + int64_t(row) * vocab;
   const part_stats* st = stats + int64_t(row) * parts;
 
-  // Combine the parts (every thread, same order: deterministic).
+  // Combine the parts (every thread, same order: deterministic). One lane
+  // per part reads it and computes its mass (a double exp each); every
+  // thread then folds the 32 in order from shared memory. (Every thread
+  // computing all 32 exps itself took 13 us of the step on the H200.)
+  __shared__ float part_max[parts];
+  __shared__ int32_t part_arg[parts];
+  __shared__ double part_mass[parts];
+  if (threadIdx.x < parts) {
+    part_max[threadIdx.x] = st[threadIdx.x].max;
+    part_arg[threadIdx.x] = st[threadIdx.x].argmax;
+  }
+  __syncthreads();
   float m = -INFINITY;
   int32_t argmax = 0;
   for (int p = 0; p < parts; ++p)
-    if (st[p].max > m) { // strict: an earlier part wins ties
-      m = st[p].max;
-      argmax = st[p].argmax;
+    if (part_max[p] > m) { // strict: an earlier part wins ties
+      m = part_max[p];
+      argmax = part_arg[p];
     }
+  if (threadIdx.x < parts) {
+    const part_stats mine = st[threadIdx.x];
+    part_mass[threadIdx.x] = mine.sum > 0 ? mine.sum * exp(double(mine.max - m)) : 0.0;
+  }
+  __syncthreads();
   double total = 0;
   for (int p = 0; p < parts; ++p)
-    if (st[p].sum > 0)
-      total += st[p].sum * exp(double(st[p].max - m));
+    total += part_mass[p]; // an empty part adds 0.0: the sum of skipping it
 
   const float temp = params.temperature[row];
   if (temp < greedy_below) {
@@ -395,7 +410,7 @@ __global__ void __launch_bounds__(select_threads)
     double before = 0;
     int part = parts - 1;
     for (int p = 0; p < parts; ++p) {
-      const double s = st[p].sum > 0 ? st[p].sum * exp(double(st[p].max - m)) : 0.0;
+      const double s = part_mass[p];
       if (before + s > target) {
         part = p;
         break;

@@ -63,8 +63,13 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const int32_t* __re
   }
 }
 
-/// One block per token; one thread per rotation pair (i, i + head_dim / 2) of
-/// every q, k and v head (v pairs are copied, not rotated).
+/// One thread per rotation pair (i, i + head_dim / 2) of every q, k and v
+/// head of a token (v pairs are copied, not rotated); blockIdx.x is the
+/// token, blockIdx.y a group of 128 pairs. (One block per token looping over
+/// its pairs waited one memory round trip per iteration: 8.8 us a layer for
+/// 64 tokens of the 8B shape on the H200.)
+constexpr int rope_threads = 128;
+
 __global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
                                      const float* __restrict__ inv_freq, batch_view batch,
                                      kv_view kv, int32_t num_heads, bf16* __restrict__ q_out) {
@@ -73,42 +78,41 @@ __global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* _
   const int32_t t = blockIdx.x;
   const int32_t d = kv.head_dim, half = d / 2;
   const int32_t heads = num_heads + 2 * kv.kv_heads;
-  const int32_t width = heads * d;
+  const int32_t p = int32_t(blockIdx.y) * rope_threads + int32_t(threadIdx.x);
+  if (p >= heads * half)
+    return;
+  const int32_t head = p / half, i = p % half;
+  const int32_t c0 = head * d + i, c1 = c0 + half;
+  const bf16* row = qkv + int64_t(t) * heads * d;
   const int32_t pos = batch.positions[t];
-  const int32_t seq = batch.token_seq[t];
-  const int32_t slot = batch.seq_slot[seq];
+  float a = to_float(row[c0]), b = to_float(row[c1]);
+  if (bias) {
+    a += to_float(bias[c0]);
+    b += to_float(bias[c1]);
+  }
+  if (head < num_heads + kv.kv_heads) {
+    const float angle = float(pos) * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    const float ra = a * c - b * s, rb = b * c + a * s;
+    a = ra;
+    b = rb;
+  }
+  if (head < num_heads) {
+    bf16* q = q_out + int64_t(t) * num_heads * d + head * d;
+    q[i] = __float2bfloat16_rn(a);
+    q[i + half] = __float2bfloat16_rn(b);
+    return;
+  }
+  const int32_t slot = batch.seq_slot[batch.token_seq[t]];
   const int32_t page = kv.page_table[int64_t(slot) * kv.page_table_stride + pos / kv.page_size];
   const int32_t in_page = pos % kv.page_size;
-  const bf16* row = qkv + int64_t(t) * width;
-  for (int32_t p = threadIdx.x; p < heads * half; p += blockDim.x) {
-    const int32_t head = p / half, i = p % half;
-    const int32_t c0 = head * d + i, c1 = c0 + half;
-    float a = to_float(row[c0]), b = to_float(row[c1]);
-    if (bias) {
-      a += to_float(bias[c0]);
-      b += to_float(bias[c1]);
-    }
-    if (head < num_heads + kv.kv_heads) {
-      const float angle = float(pos) * inv_freq[i];
-      float s, c;
-      sincosf(angle, &s, &c);
-      const float ra = a * c - b * s, rb = b * c + a * s;
-      a = ra;
-      b = rb;
-    }
-    if (head < num_heads) {
-      bf16* q = q_out + int64_t(t) * num_heads * d + head * d;
-      q[i] = __float2bfloat16_rn(a);
-      q[i + half] = __float2bfloat16_rn(b);
-    } else {
-      const bool is_k = head < num_heads + kv.kv_heads;
-      const int32_t h = is_k ? head - num_heads : head - num_heads - kv.kv_heads;
-      bf16* base = is_k ? kv.k : kv.v;
-      bf16* dst = base + ((int64_t(page) * kv.kv_heads + h) * kv.page_size + in_page) * d;
-      dst[i] = __float2bfloat16_rn(a);
-      dst[i + half] = __float2bfloat16_rn(b);
-    }
-  }
+  const bool is_k = head < num_heads + kv.kv_heads;
+  const int32_t h = is_k ? head - num_heads : head - num_heads - kv.kv_heads;
+  bf16* dst = (is_k ? kv.k : kv.v)
+              + ((int64_t(page) * kv.kv_heads + h) * kv.page_size + in_page) * d;
+  dst[i] = __float2bfloat16_rn(a);
+  dst[i + half] = __float2bfloat16_rn(b);
 }
 
 __global__ void swiglu_kernel(const bf16* __restrict__ gu, int32_t inter, int64_t total,
@@ -201,8 +205,10 @@ void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_fr
                           bf16* q_out, cudaStream_t stream) {
   if (batch.num_tokens <= 0)
     return;
-  launch_kernel("rope_kv_write_kernel", rope_kv_write_kernel, dim3(batch.num_tokens), dim3(256), 0,
-                stream, qkv, bias, inv_freq, batch, kv, num_heads, q_out);
+  const int32_t pairs = (num_heads + 2 * kv.kv_heads) * (kv.head_dim / 2);
+  const dim3 grid(unsigned(batch.num_tokens), unsigned((pairs + rope_threads - 1) / rope_threads));
+  launch_kernel("rope_kv_write_kernel", rope_kv_write_kernel, grid, dim3(rope_threads), 0, stream,
+                qkv, bias, inv_freq, batch, kv, num_heads, q_out);
 }
 
 void launch_swiglu(const bf16* gate_up, int32_t rows, int32_t inter, bf16* act,

@@ -10,15 +10,15 @@
 // group's heads and no shared memory is needed: every lane loads its operands
 // straight from the cache with 16-byte loads. That works because a dot product
 // does not care in which order it visits the dimensions, nor a weighted sum
-// over keys in which order it visits the keys: lane (g, t) loads dims
-// [t D/4, (t+1) D/4) of keys s(g) and s(g + 8) as its A fragments of K (the
-// same dims of its head's q as B), and keys 4t .. 4t + 3, dims
-// [g D/8, (g+1) D/8) of V, which a byte permute turns into A fragments of V^T
-// whose k order matches the key order s of the P fragments; s(2i + e) = 4i + e,
-// s(8 + 2i + e) = 4i + 2 + e. P^T goes from the accumulator layout to the B
-// layout with movmatrix (a register transpose). Each lane then holds output
-// dims g D/8 .. (g+1) D/8 of heads 2t and 2t + 1: contiguous, so the output is
-// written with vector stores. The online softmax is in the log2 domain
+// over keys in which order it visits the keys: lane (g, t) loads D/4 dims of
+// keys s(g) and s(g + 8) as its A fragments of K (the same dims of its head's
+// q as B), and keys 4t .. 4t + 3, D/8 dims of V, which a byte permute turns
+// into A fragments of V^T whose k order matches the key order s of the P
+// fragments; s(2i + e) = 4i + e, s(8 + 2i + e) = 4i + 2 + e. Which dims: see
+// tc_cfg (the lanes sharing a row interleave their 16-byte loads so that each
+// load instruction reads whole sectors). P^T goes from the accumulator layout
+// to the B layout with movmatrix (a register transpose). Each lane then holds
+// its V dims of heads 2t and 2t + 1. The online softmax is in the log2 domain
 // (ex2.approx; the max reduction over keys is three shuffles per step), keys
 // for the next step are loaded while this one is computed, page ids one step
 // earlier still. Warps merge through shared memory; with one split the block
@@ -72,15 +72,16 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
 
 /// Loads WORDS 32-bit words (4 to 64 bytes) through the non-coherent path
 /// (the cache is not written during this kernel); no L1 allocation; L2
-/// `policy` (l2_policy()).
-template <int WORDS>
+/// `policy` (l2_policy()). From 16 bytes, chunk i of 16 bytes comes from
+/// p + i * STRIDE elements.
+template <int WORDS, int STRIDE = 8>
 __device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p, uint64_t policy) {
   if constexpr (WORDS >= 4) {
 #pragma unroll
     for (int i = 0; i < WORDS / 4; ++i)
       asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
-          : "l"(p + 8 * i), "l"(policy));
+          : "l"(p + STRIDE * i), "l"(policy));
   } else if constexpr (WORDS == 2) {
     asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
         : "=r"(w[0]), "=r"(w[1])
@@ -99,11 +100,35 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
     w[i] = 0;
 }
 
+/// Which dims of a key a lane holds. A lane holds D/4 dims of K (and of q)
+/// and D/8 of V. Where that is more than one 16-byte load, the lanes that
+/// share a row interleave their loads (lane t's i-th load at 16 t + 64 i
+/// bytes of a K row, lane g's at 16 g + 128 i of a V row), so that every
+/// load instruction reads whole 32-byte sectors. Contiguous runs per lane
+/// used half of each sector per load, so every sector crossed from L2 twice
+/// (Nsight Compute, 8B batch 64 on the H200: L2 78% busy, 49% excess
+/// sectors); interleaved, the 8B shape's attention took 5-19% less time
+/// (bench/results/h200-2026-12-01-r6.md). A dot product and a weighted sum
+/// do not care which dims a lane holds, as long as K and q agree; the output
+/// dims follow v_dim().
 template <int D>
 struct tc_cfg {
   static constexpr int kw = D / 8;  // words of K per key a lane holds (D/4 dims)
   static constexpr int vw = D / 16; // words of V per key a lane holds (D/8 dims)
   static constexpr int ks = D / 16; // k steps of S^T = K Q^T, and m16 tiles of O^T
+  static constexpr int k_stride = 32, v_stride = 64; // elements between a lane's loads
+  /// First K (and q) element of lane t in a row.
+  static __device__ __forceinline__ int k_base(int t) {
+    return kw >= 4 ? 8 * t : t * (D / 4);
+  }
+  /// First V element of lane g in a row.
+  static __device__ __forceinline__ int v_base(int g) {
+    return vw >= 4 ? 8 * g : g * (D / 8);
+  }
+  /// The dim in the low half of V word w of lane g (the high half is the next).
+  static __device__ __forceinline__ int v_dim(int g, int w) {
+    return vw >= 4 ? 8 * g + (w / 4) * v_stride + 2 * (w % 4) : g * (D / 8) + 2 * w;
+  }
 };
 
 /// The K and V operands of one step of 16 keys for one lane.
@@ -112,6 +137,13 @@ struct step_regs {
   uint32_t k[2][tc_cfg<D>::kw]; // keys s(g), s(g + 8)
   uint32_t v[4][tc_cfg<D>::vw]; // keys 4t .. 4t + 3
 };
+
+/// A 32-bit global load the compiler issues where it is written.
+__device__ __forceinline__ int32_t load_pinned(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
 
 template <int D>
 __global__ void __launch_bounds__(threads)
@@ -134,8 +166,13 @@ __global__ void __launch_bounds__(threads)
 
   pdl_wait();
   pdl_trigger();
-  const int32_t len = batch.seq_len[b];
-  const int32_t qrow = batch.seq_q_start[b];
+  // All three before the branch below, so that their loads overlap; the
+  // slot's would otherwise wait for the length (one more memory round trip
+  // before the first page-table read). Volatile, or the compiler sinks the
+  // slot's load below the branch.
+  const int32_t len = load_pinned(batch.seq_len + b);
+  const int32_t qrow = load_pinned(batch.seq_q_start + b);
+  const int32_t slot = load_pinned(batch.seq_slot + b);
   const int32_t pos = len - 1;
   const int32_t lo = sh.window > 0 ? max(0, pos - sh.window + 1) : 0;
   const int32_t active =
@@ -149,15 +186,16 @@ __global__ void __launch_bounds__(threads)
   const int32_t s_begin = split * per_split;
   const int32_t s_end = min(nsteps, s_begin + per_split);
 
-  // q of head g (zero for lanes past the group): dims [t D/4, (t+1) D/4).
+  // q of head g (zero for lanes past the group): the dims of K lane t holds.
   uint32_t qw[C::kw];
   if (g < group)
-    load_words<C::kw>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D + t * (D / 4),
-                      l2_policy(false));
+    load_words<C::kw, C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
+                                         + C::k_base(t),
+                                   l2_policy(false));
   else
     zero_words<C::kw>(qw);
 
-  const int32_t* pt = kv.page_table + int64_t(batch.seq_slot[b]) * kv.page_table_stride;
+  const int32_t* pt = kv.page_table + int64_t(slot) * kv.page_table_stride;
   const int32_t ps = kv.page_size;
   const int32_t ps_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
   const int64_t head_stride = int64_t(ps) * D; // one (page, kv head) block
@@ -193,14 +231,14 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (r.k[i] >= 0)
-        load_words<C::kw>(x.k[i], kv.k + r.k[i] + t * (D / 4), kv_policy);
+        load_words<C::kw, C::k_stride>(x.k[i], kv.k + r.k[i] + C::k_base(t), kv_policy);
       else
         zero_words<C::kw>(x.k[i]);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (r.v[i] >= 0)
-        load_words<C::vw>(x.v[i], kv.v + r.v[i] + g * (D / 8), kv_policy);
+        load_words<C::vw, C::v_stride>(x.v[i], kv.v + r.v[i] + C::v_base(g), kv_policy);
       else
         zero_words<C::vw>(x.v[i]);
     }
@@ -293,14 +331,15 @@ __global__ void __launch_bounds__(threads)
     l[e] += __shfl_xor_sync(0xffffffffu, l[e], 8);
     l[e] += __shfl_xor_sync(0xffffffffu, l[e], 16);
   }
-  // o[dt][e] is dim g D/8 + 2 dt of head 2t + e; o[dt][2 + e] the next dim.
+  // o[dt][e] is dim v_dim(g, dt) of head 2t + e; o[dt][2 + e] the next dim.
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    float* dst = &sm_o[warp][2 * t + e][g * (D / 8)];
+    float* dst = &sm_o[warp][2 * t + e][0];
 #pragma unroll
     for (int dt = 0; dt < C::ks; ++dt) {
-      dst[2 * dt] = o[dt][e];
-      dst[2 * dt + 1] = o[dt][2 + e];
+      const int d0 = C::v_dim(g, dt);
+      dst[d0] = o[dt][e];
+      dst[d0 + 1] = o[dt][2 + e];
     }
     if (g == 0) {
       sm_m[warp][2 * t + e] = m[e];

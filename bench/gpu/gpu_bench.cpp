@@ -390,6 +390,8 @@ int run(const options& o) {
     if (ctx == 1024) {
       bs1_ctx1024 = ms;
       row("decode_step_ms_bs1_ctx1024", ms, "ms", fl);
+      if (std::isfinite(replay))
+        row("decode_graph_replay_ms_bs1_ctx1024", replay, "ms", fl);
     } else {
       row("decode_bs1_ms_ctx" + std::to_string(ctx), ms, "ms", fl);
       if (std::isfinite(replay))
@@ -415,8 +417,9 @@ int run(const options& o) {
     const double replay = cuda_graph_replay_ms(*runner, b, true);
     row("decode_step_ms_bs" + std::to_string(b) + "_ctx1024", ms, "ms",
         decode_floor(double(b) * 1030));
-    if (std::isfinite(replay) && b == 64)
-      row("decode_graph_replay_ms_bs64_ctx1024", replay, "ms", decode_floor(double(b) * 1030));
+    if (std::isfinite(replay))
+      row("decode_graph_replay_ms_bs" + std::to_string(b) + "_ctx1024", replay, "ms",
+          decode_floor(double(b) * 1030));
     if (b == 64) {
       if (!o.headline) {
         set_cuda_graphs(*runner, false);

@@ -6,7 +6,7 @@
 # same folders.
 #
 #   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon]
-#                         [paths] [sweep] [ncu] [hf|hfeager] [quick]
+#                         [paths] [sweep] [ncu] [profile] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
@@ -17,7 +17,9 @@
 #   against the default per-size choice; sweep: the decode figures once per
 #   environment setting listed in METRONOME_SWEEP (see below);
 #   ncu: per-kernel durations of the GEMV and attention kernels from Nsight
-#   Compute (8B shapes, ncu.csv); memcheck: sanitize without racecheck;
+#   Compute (8B shapes, ncu.csv); profile: every kernel of one captured decode
+#   step (batch 1, and batch 64 on each decode path) from Nsight Compute, both
+#   shapes (profile.txt, profile.json); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
 #   order: tests, bench (and v1, pdlon) per model, sanitizers, hf.
 #
@@ -26,7 +28,8 @@
 # bench/gpu/pack_device.sh fills it on the build machine). Results go to
 # $OUT (default out/): log.txt, tests.json, results.json (rows
 # {"engine","model","metric","value","unit","floor"}), grid.json (step times
-# for the scheduler's cost model), table.md, ncu.csv (with ncu).
+# for the scheduler's cost model), table.md, ncu.csv (with ncu), profile.txt
+# and profile.json (with profile).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -189,6 +192,31 @@ if want ncu && [ -n "$ncu_bin" ] && make_model llama3-8b; then
     "$bin/gpu_bench" --model "$work/models/llama3-8b" --name llama3-8b --kernels-only \
     > "$out/ncu.csv" 2> "$work/ncu.err"; echo "ncu exit $?"
   tail -3 "$work/ncu.err"
+fi
+
+# -- one decode step per kernel (Nsight Compute), both shapes -------------------------------
+# The engine replays the graph of METRONOME_PROFILE_BATCH once more inside a
+# profiler range (cuda_engine::time_graph); ncu times each of its kernels on
+# its own. ncu's serialisation would tilt the engine's per-size choice of
+# decode path, so batch 64 is profiled on each path; batch 1 on the default.
+if want profile && [ -n "$ncu_bin" ]; then
+  profiles=()
+  for m in "${models[@]}"; do
+    make_model "$m" || continue
+    for spec in 1:auto 64:cublas 64:skinny; do
+      b=${spec%%:*} p=${spec#*:} f="$work/profile-$m-bs$b-$p.csv"
+      stamp "ncu: one decode step, $m batch $b ($p path)"
+      path_arg=(); [ "$p" != auto ] && path_arg=(--path "$p")
+      METRONOME_PROFILE_BATCH=$b timeout $(left 90) env LD_LIBRARY_PATH="$ldp" "$ncu_bin" \
+        --clock-control none --cache-control none --profile-from-start off --csv --page raw \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \
+        "$bin/gpu_bench" --model "$work/models/$m" --name "$m" --decode-only --max-batch 64 \
+        --quick "${path_arg[@]}" --out "$work/profile-rows.json" > "$f" 2> "$work/ncu.err" \
+        && profiles+=("$f") || { echo "ncu exit $?"; tail -3 "$work/ncu.err"; }
+    done
+  done
+  [ ${#profiles[@]} -gt 0 ] && python3 "$root/tools/ncu_step_profile.py" "${profiles[@]}" \
+    --json "$out/profile.json" | tee "$out/profile.txt"
 fi
 
 # -- the peer: transformers on the same folders (whatever time is left) --------------------

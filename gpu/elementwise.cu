@@ -63,13 +63,13 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const int32_t* __re
   }
 }
 
-/// One thread per rotation pair (i, i + head_dim / 2) of every q, k and v
-/// head of a token (v pairs are copied, not rotated); blockIdx.x is the
-/// token, blockIdx.y a group of 128 pairs. (One block per token looping over
-/// its pairs waited one memory round trip per iteration: 8.8 us a layer for
-/// 64 tokens of the 8B shape on the H200.)
 constexpr int rope_threads = 128;
 
+/// One thread per rotation pair (i, i + head_dim / 2) of every q, k and v
+/// head of a token (v pairs are copied, not rotated); blockIdx.x is the
+/// token, blockIdx.y a group of rope_threads pairs. (One block per token
+/// looping over its pairs waited one memory round trip per iteration: 8.8 us
+/// a layer for 64 tokens of the 8B shape on the H200.)
 __global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
                                      const float* __restrict__ inv_freq, batch_view batch,
                                      kv_view kv, int32_t num_heads, bf16* __restrict__ q_out) {

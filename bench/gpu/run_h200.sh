@@ -21,7 +21,8 @@
 #   step (batch 1, and batch 64 on each decode path) from Nsight Compute, both
 #   shapes (profile.txt, profile.json); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
-#   order: tests, bench (and v1, pdlon) per model, sanitizers, hf.
+#   order: tests, bench (and v1, pdlon, paths, sweep) per model, sanitizers,
+#   ncu, profile, hf.
 #
 # Binaries come from $METRONOME_DEVICE_BIN (default .device/ in the repo:
 # gpu_tests, gpu_bench and lib/ with the non-CUDA shared libraries they need;
@@ -196,9 +197,11 @@ fi
 
 # -- one decode step per kernel (Nsight Compute), both shapes -------------------------------
 # The engine replays the graph of METRONOME_PROFILE_BATCH once more inside a
-# profiler range (cuda_engine::time_graph); ncu times each of its kernels on
-# its own. ncu's serialisation would tilt the engine's per-size choice of
-# decode path, so batch 64 is profiled on each path; batch 1 on the default.
+# profiler range (cuda_engine::time_graph, the first replay of that size in
+# the process: batch 1 at 128 keys, batch 64 at 1,024); ncu times each of its
+# kernels on its own. ncu's serialisation would tilt the engine's per-size
+# choice of decode path, so batch 64 is profiled on each path; batch 1 on the
+# default.
 if want profile && [ -n "$ncu_bin" ]; then
   profiles=()
   for m in "${models[@]}"; do

@@ -186,6 +186,12 @@ private:
   decode_path eager_path(int32_t batch) const;
   /// One projection of the skinny path.
   void skinny(gemv_epilogue ep, const gemv_args& a);
+  /// Decode attention of `seqs` one-token sequences into attn_. raw_qkv: qkv_
+  /// holds the projection before bias and RoPE (the cuBLAS path), which the
+  /// fused kernel applies where it can; otherwise q_ holds q already rotated
+  /// and the cache holds this step's k and v.
+  void attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
+              int32_t seqs, bool raw_qkv, const bf16* qkv_bias = nullptr);
   /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
   void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
   void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);

@@ -226,6 +226,25 @@ void cuda_engine::skinny(gemv_epilogue ep, const gemv_args& a) {
   launch_skinny_gemm(ep, a, sc, stream_);
 }
 
+void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
+                         int32_t seqs, bool raw_qkv, const bf16* qkv_bias) {
+  const int32_t splits = decode_attention_splits(sh, seqs, num_sms_);
+  float* po = part_o_.get<float>();
+  float* pml = part_ml_.get<float>();
+  int32_t* counters = split_counters_.get<int32_t>();
+  if (raw_qkv && decode_attention_fuses_rope(sh)) {
+    const rope_input rope{qkv_.get<bf16>(), qkv_bias, inv_freq_.get<float>()};
+    launch_decode_attention_rope(sh, rope, kv, batch, splits, po, pml, counters,
+                                 attn_.get<bf16>(), stream_);
+    return;
+  }
+  if (raw_qkv)
+    launch_rope_kv_write(qkv_.get<bf16>(), qkv_bias, inv_freq_.get<float>(), batch, kv,
+                         sh.num_heads, q_.get<bf16>(), stream_);
+  launch_decode_attention(sh, q_.get<bf16>(), kv, batch, splits, po, pml, counters,
+                          attn_.get<bf16>(), stream_);
+}
+
 void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path path,
                                  int32_t penalties) {
   const auto& c = model_->config;
@@ -274,16 +293,12 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
       a.kv = kv;
       a.num_heads = c.num_heads;
       project(gemv_epilogue::qkv_rope, a);
+      attend(sh, kv, sv.batch, batch, false);
     } else {
       launch_rms_norm(x, nullptr, L.attn_norm, eps, batch, h, xn, stream_);
       gemm(xn, batch, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
-      launch_rope_kv_write(qkv_.get<bf16>(), L.qkv_bias, inv_freq_.get<float>(), sv.batch, kv,
-                           c.num_heads, q_.get<bf16>(), stream_);
+      attend(sh, kv, sv.batch, batch, true, L.qkv_bias);
     }
-    const int32_t splits = decode_attention_splits(sh, batch, num_sms_);
-    launch_decode_attention(sh, q_.get<bf16>(), kv, sv.batch, splits, part_o_.get<float>(),
-                            part_ml_.get<float>(), split_counters_.get<int32_t>(),
-                            attn_.get<bf16>(), stream_);
     if (gemv || tc) {
       gemv_args a;
       a.w = L.o;
@@ -355,14 +370,11 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
     const attention_shape sh = attention_of(i);
     launch_rms_norm(x, nullptr, L.attn_norm, eps, t, h, xn, stream_);
     gemm(xn, t, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
-    launch_rope_kv_write(qkv_.get<bf16>(), L.qkv_bias, inv_freq_.get<float>(), sv.batch, kv,
-                         c.num_heads, q_.get<bf16>(), stream_);
     if (all_single) {
-      const int32_t splits = decode_attention_splits(sh, l.seqs, num_sms_);
-      launch_decode_attention(sh, q_.get<bf16>(), kv, sv.batch, splits, part_o_.get<float>(),
-                              part_ml_.get<float>(), split_counters_.get<int32_t>(),
-                            attn_.get<bf16>(), stream_);
+      attend(sh, kv, sv.batch, l.seqs, true, L.qkv_bias);
     } else {
+      launch_rope_kv_write(qkv_.get<bf16>(), L.qkv_bias, inv_freq_.get<float>(), sv.batch, kv,
+                           c.num_heads, q_.get<bf16>(), stream_);
       launch_prefill_attention(sh, q_.get<bf16>(), kv, sv.batch, sv.items, l.items,
                                attn_.get<bf16>(), stream_);
     }

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/gemv_common.cuh"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
 #include "gpu/kernels_v1.hpp"
@@ -70,26 +71,46 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
   return r;
 }
 
-/// Loads WORDS 32-bit words (4 to 64 bytes) through the non-coherent path
-/// (the cache is not written during this kernel); no L1 allocation; L2
-/// `policy` (l2_policy()). From 16 bytes, chunk i of 16 bytes comes from
-/// p + i * STRIDE elements.
-template <int WORDS, int STRIDE = 8>
+/// Loads WORDS 32-bit words (4 to 64 bytes); no L1 allocation; L2 `policy`
+/// (l2_policy()). From 16 bytes, chunk i of 16 bytes comes from
+/// p + i * STRIDE elements. NC: through the non-coherent path, for memory
+/// nobody writes during the kernel; the fused-RoPE kernel reads the cache
+/// coherently, as one of its blocks writes the current token's row first.
+template <int WORDS, int STRIDE = 8, bool NC = true>
 __device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p, uint64_t policy) {
   if constexpr (WORDS >= 4) {
 #pragma unroll
-    for (int i = 0; i < WORDS / 4; ++i)
-      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-          : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
-          : "l"(p + STRIDE * i), "l"(policy));
+    for (int i = 0; i < WORDS / 4; ++i) {
+      if constexpr (NC)
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
+            : "l"(p + STRIDE * i), "l"(policy));
+      else
+        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
+                     : "l"(p + STRIDE * i), "l"(policy)
+                     : "memory");
+    }
   } else if constexpr (WORDS == 2) {
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-        : "=r"(w[0]), "=r"(w[1])
-        : "l"(p), "l"(policy));
+    if constexpr (NC)
+      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+          : "=r"(w[0]), "=r"(w[1])
+          : "l"(p), "l"(policy));
+    else
+      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                   : "=r"(w[0]), "=r"(w[1])
+                   : "l"(p), "l"(policy)
+                   : "memory");
   } else {
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
-        : "=r"(w[0])
-        : "l"(p), "l"(policy));
+    if constexpr (NC)
+      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
+          : "=r"(w[0])
+          : "l"(p), "l"(policy));
+    else
+      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
+                   : "=r"(w[0])
+                   : "l"(p), "l"(policy)
+                   : "memory");
   }
 }
 
@@ -145,14 +166,27 @@ __device__ __forceinline__ int32_t load_pinned(const int32_t* p) {
   return v;
 }
 
-template <int D>
+/// The bf16 pair in word w of the 16-byte chunks of `raw` (4 words a chunk).
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+/// ROPE: q is read from the raw qkv projection (rope.qkv, before bias and
+/// RoPE) and rotated here, and the block whose split holds the current token
+/// first writes that token's rotated k and its v into the cache (what
+/// rope_kv_write_kernel does for every token), so that a decode step on the
+/// cuBLAS path needs no RoPE launch. The arithmetic is rope_kv_write_kernel's,
+/// operation for operation. Otherwise q is the rotated q [tokens][heads][D].
+template <int D, bool ROPE>
 __global__ void __launch_bounds__(threads)
-  decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
-                             batch_view batch, int32_t splits, float* __restrict__ part_o,
-                             float* __restrict__ part_ml, int32_t* __restrict__ counters,
-                             bf16* __restrict__ out, bool kv_evict_first) {
+  decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, rope_input rope,
+                             kv_view kv, batch_view batch, int32_t splits,
+                             float* __restrict__ part_o, float* __restrict__ part_ml,
+                             int32_t* __restrict__ counters, bf16* __restrict__ out,
+                             bool kv_evict_first) {
   using C = tc_cfg<D>;
   __shared__ float sm_o[warps][8][D];
+  __shared__ float sm_cos[ROPE ? D / 2 : 1], sm_sin[ROPE ? D / 2 : 1];
   __shared__ float sm_m[warps][8], sm_l[warps][8];
   __shared__ float mg_w[8][max_splits];
   __shared__ float mg_l[8];
@@ -185,15 +219,6 @@ __global__ void __launch_bounds__(threads)
   const int32_t per_split = (nsteps + active - 1) / active;
   const int32_t s_begin = split * per_split;
   const int32_t s_end = min(nsteps, s_begin + per_split);
-
-  // q of head g (zero for lanes past the group): the dims of K lane t holds.
-  uint32_t qw[C::kw];
-  if (g < group)
-    load_words<C::kw, C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
-                                         + C::k_base(t),
-                                   l2_policy(false));
-  else
-    zero_words<C::kw>(qw);
 
   const int32_t* pt = kv.page_table + int64_t(slot) * kv.page_table_stride;
   const int32_t ps = kv.page_size;
@@ -231,18 +256,125 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (r.k[i] >= 0)
-        load_words<C::kw, C::k_stride>(x.k[i], kv.k + r.k[i] + C::k_base(t), kv_policy);
+        load_words<C::kw, C::k_stride, !ROPE>(x.k[i], kv.k + r.k[i] + C::k_base(t), kv_policy);
       else
         zero_words<C::kw>(x.k[i]);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (r.v[i] >= 0)
-        load_words<C::vw, C::v_stride>(x.v[i], kv.v + r.v[i] + C::v_base(g), kv_policy);
+        load_words<C::vw, C::v_stride, !ROPE>(x.v[i], kv.v + r.v[i] + C::v_base(g), kv_policy);
       else
         zero_words<C::vw>(x.v[i]);
     }
   };
+
+  // Steps s_begin + warp, + warps, ...: keys one step ahead, rows two. The
+  // first two steps' page ids are requested before q.
+  int32_t s = s_begin + warp;
+  step_rows r0, rows_next;
+  if (s < s_end)
+    rows_of_step(s, r0);
+  else
+    r0 = step_rows{{-1, -1}, {-1, -1, -1, -1}};
+  if (s + warps < s_end)
+    rows_of_step(s + warps, rows_next);
+  else
+    rows_next = step_rows{{-1, -1}, {-1, -1, -1, -1}};
+
+  // q of head g (zero for lanes past the group): the dims of K lane t holds.
+  uint32_t qw[C::kw];
+  if constexpr (!ROPE) {
+    if (g < group)
+      load_words<C::kw, C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
+                                           + C::k_base(t),
+                                     l2_policy(false));
+    else
+      zero_words<C::kw>(qw);
+  } else {
+    // Raw q (and bias) of the dims lane t holds and of their rotation
+    // partners (d + D/2 mod D: the same chunk shape, D/2 elements away).
+    constexpr int half = D / 2;
+    constexpr int cw = C::kw >= 4 ? 4 : C::kw; // words a chunk
+    const int64_t width = int64_t(sh.num_heads + 2 * sh.kv_heads) * D;
+    const bf16* raw = rope.qkv + int64_t(qrow) * width;
+    uint32_t own[C::kw], par[C::kw], bown[C::kw], bpar[C::kw];
+    const int hq = (h0 + min(g, group - 1)) * D;
+    const uint64_t qpol = l2_policy(false);
+#pragma unroll
+    for (int c = 0; c < C::kw / cw; ++c) {
+      const int d0 = C::k_base(t) + c * C::k_stride, d1 = (d0 + half) % D;
+      uint32_t a[cw], b[cw];
+      load_words<cw>(a, raw + hq + d0, qpol);
+      load_words<cw>(b, raw + hq + d1, qpol);
+#pragma unroll
+      for (int j = 0; j < cw; ++j) {
+        own[c * cw + j] = a[j];
+        par[c * cw + j] = b[j];
+      }
+      if (rope.bias) {
+        load_words<cw>(a, rope.bias + hq + d0, qpol);
+        load_words<cw>(b, rope.bias + hq + d1, qpol);
+      } else {
+        zero_words<cw>(a);
+        zero_words<cw>(b);
+      }
+#pragma unroll
+      for (int j = 0; j < cw; ++j) {
+        bown[c * cw + j] = a[j];
+        bpar[c * cw + j] = b[j];
+      }
+    }
+    // The angles of this position, and the current token's k and v into the
+    // cache by the block that reads that row.
+    const bool writer = (nsteps - 1) / per_split == split;
+    const int64_t cur_row = writer ? row_of(pos) : -1;
+    if (tid < half) {
+      float cs, sn;
+      gemv_detail::rope_angle(rope.inv_freq, pos, tid, cs, sn);
+      sm_cos[tid] = cs;
+      sm_sin[tid] = sn;
+      if (writer) {
+        const int kc = (sh.num_heads + kvh) * D + tid;
+        float a = to_float(raw[kc]), b = to_float(raw[kc + half]);
+        if (rope.bias) {
+          a += to_float(rope.bias[kc]);
+          b += to_float(rope.bias[kc + half]);
+        }
+        gemv_detail::rope_rotate(a, b, cs, sn);
+        kv.k[cur_row + tid] = __float2bfloat16_rn(a);
+        kv.k[cur_row + tid + half] = __float2bfloat16_rn(b);
+      }
+    }
+    if (writer && tid < D) {
+      const int vc = (sh.num_heads + sh.kv_heads + kvh) * D + tid;
+      float a = to_float(raw[vc]);
+      if (rope.bias)
+        a += to_float(rope.bias[vc]);
+      kv.v[cur_row + tid] = __float2bfloat16_rn(a);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < C::kw; ++w) {
+      const int d = C::k_base(t) + (w / cw) * C::k_stride + 2 * (w % cw);
+      const float2 x = unpack2(own[w]), y = unpack2(par[w]);
+      const float2 bx = unpack2(bown[w]), by = unpack2(bpar[w]);
+      float r[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mine = (e ? x.y : x.x) + (e ? bx.y : bx.x);
+        float other = (e ? y.y : y.x) + (e ? by.y : by.x);
+        const int i = (d + e) % half;
+        // A dim below D/2 is the pair's first element, the others its second.
+        if (d + e < half)
+          gemv_detail::rope_rotate(mine, other, sm_cos[i], sm_sin[i]);
+        else
+          gemv_detail::rope_rotate(other, mine, sm_cos[i], sm_sin[i]);
+        r[e] = mine;
+      }
+      qw[w] = g < group ? pack_bf16x2(r[0], r[1]) : 0u;
+    }
+  }
 
   const float qscale = sh.scale * log2e;
   float o[C::ks][4];
@@ -253,22 +385,8 @@ __global__ void __launch_bounds__(threads)
       o[i][c] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // heads 2t, 2t + 1
 
-  // Steps s_begin + warp, + warps, ...: keys one step ahead, rows two.
-  int32_t s = s_begin + warp;
   step_regs<D> cur;
-  step_rows rows_next;
-  {
-    step_rows r0;
-    if (s < s_end)
-      rows_of_step(s, r0);
-    else
-      r0 = step_rows{{-1, -1}, {-1, -1, -1, -1}};
-    if (s + warps < s_end)
-      rows_of_step(s + warps, rows_next);
-    else
-      rows_next = step_rows{{-1, -1}, {-1, -1, -1, -1}};
-    load_step(r0, cur);
-  }
+  load_step(r0, cur);
   for (; s < s_end; s += warps) {
     step_regs<D> nxt;
     load_step(rows_next, nxt);
@@ -440,13 +558,43 @@ __global__ void __launch_bounds__(threads)
 }
 
 template <int D>
-void launch_tc(const attention_shape& sh, const bf16* q, const kv_view& kv,
-               const batch_view& batch, int32_t splits, float* part_o, float* part_ml,
-               int32_t* counters, bf16* out, cudaStream_t stream) {
+void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
+               const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
+               float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+  static_assert(D <= threads, "the fused cache write takes one thread per dim");
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
-  launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D>, grid, dim3(threads),
-                0, stream, sh, q, kv, batch, splits, part_o, part_ml, counters, out,
-                stream_hint_on(hint_decode_kv));
+  const bool hint = stream_hint_on(hint_decode_kv);
+  if (rope)
+    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, true>, grid,
+                  dim3(threads), 0, stream, sh, static_cast<const bf16*>(nullptr), *rope, kv,
+                  batch, splits, part_o, part_ml, counters, out, hint);
+  else
+    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, false>, grid,
+                  dim3(threads), 0, stream, sh, q, rope_input{}, kv, batch, splits, part_o,
+                  part_ml, counters, out, hint);
+}
+
+void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* rope,
+                    const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
+                    float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+  if (batch.num_seqs <= 0)
+    return;
+  if (sh.head_dim != kv.head_dim)
+    throw cuda_error("launch_decode_attention: inconsistent head_dim");
+  if (splits < 1 || splits > max_splits)
+    throw cuda_error("launch_decode_attention: splits must lie in 1.." + std::to_string(max_splits));
+  if (splits > 1 && (!part_o || !part_ml || !counters))
+    throw cuda_error("launch_decode_attention: splits > 1 needs partial buffers and counters");
+  switch (sh.head_dim) {
+    case 16: return launch_tc<16>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 32: return launch_tc<32>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 64: return launch_tc<64>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 128:
+      return launch_tc<128>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    default:
+      throw cuda_error("launch_decode_attention: head_dim " + std::to_string(sh.head_dim)
+                       + " is not supported here");
+  }
 }
 
 bool use_v2(const attention_shape& sh) {
@@ -481,24 +629,21 @@ void launch_decode_attention(const attention_shape& sh, const bf16* q, const kv_
   if (!use_v2(sh))
     return launch_decode_attention_v1(sh, q, kv, batch, splits, part_o, part_ml, counters, out,
                                       stream);
-  if (batch.num_seqs <= 0)
-    return;
-  if (sh.head_dim != kv.head_dim)
-    throw cuda_error("launch_decode_attention: inconsistent head_dim");
-  if (splits < 1 || splits > max_splits)
-    throw cuda_error("launch_decode_attention: splits must lie in 1.." + std::to_string(max_splits));
-  if (splits > 1 && (!part_o || !part_ml || !counters))
-    throw cuda_error("launch_decode_attention: splits > 1 needs partial buffers and counters");
-  switch (sh.head_dim) {
-    case 16: return launch_tc<16>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 32: return launch_tc<32>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 64: return launch_tc<64>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 128:
-      return launch_tc<128>(sh, q, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    default:
-      throw cuda_error("launch_decode_attention: head_dim " + std::to_string(sh.head_dim)
-                       + " is not supported here");
-  }
+  launch_checked(sh, q, nullptr, kv, batch, splits, part_o, part_ml, counters, out, stream);
 }
 
+bool decode_attention_fuses_rope(const attention_shape& sh) {
+  return use_v2(sh) && active_kernels().decode_rope != 1;
+}
+
+void launch_decode_attention_rope(const attention_shape& sh, const rope_input& rope,
+                                  const kv_view& kv, const batch_view& batch, int32_t splits,
+                                  float* part_o, float* part_ml, int32_t* counters, bf16* out,
+                                  cudaStream_t stream) {
+  if (!use_v2(sh))
+    throw cuda_error("launch_decode_attention_rope: this shape has no fused kernel");
+  if (!rope.qkv || !rope.inv_freq)
+    throw cuda_error("launch_decode_attention_rope: qkv and inv_freq are required");
+  launch_checked(sh, nullptr, &rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+}
 } // namespace metronome::gpu

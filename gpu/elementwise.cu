@@ -9,6 +9,7 @@
 // only where a GEMM consumes them.
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/gemv_common.cuh"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
 #include "gpu/launch.cuh"
@@ -70,49 +71,17 @@ constexpr int rope_threads = 128;
 /// token, blockIdx.y a group of rope_threads pairs. (One block per token
 /// looping over its pairs waited one memory round trip per iteration: 8.8 us
 /// a layer for 64 tokens of the 8B shape on the H200.)
-__global__ void rope_kv_write_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
-                                     const float* __restrict__ inv_freq, batch_view batch,
-                                     kv_view kv, int32_t num_heads, bf16* __restrict__ q_out) {
+__global__ void rope_kv_write_kernel(gemv_args a) {
   pdl_wait();
   pdl_trigger();
   const int32_t t = blockIdx.x;
-  const int32_t d = kv.head_dim, half = d / 2;
-  const int32_t heads = num_heads + 2 * kv.kv_heads;
   const int32_t p = int32_t(blockIdx.y) * rope_threads + int32_t(threadIdx.x);
-  if (p >= heads * half)
+  if (p >= gemv_detail::num_pairs<gemv_epilogue::qkv_rope>(a))
     return;
-  const int32_t head = p / half, i = p % half;
-  const int32_t c0 = head * d + i, c1 = c0 + half;
-  const bf16* row = qkv + int64_t(t) * heads * d;
-  const int32_t pos = batch.positions[t];
-  float a = to_float(row[c0]), b = to_float(row[c1]);
-  if (bias) {
-    a += to_float(bias[c0]);
-    b += to_float(bias[c1]);
-  }
-  if (head < num_heads + kv.kv_heads) {
-    const float angle = float(pos) * inv_freq[i];
-    float s, c;
-    sincosf(angle, &s, &c);
-    const float ra = a * c - b * s, rb = b * c + a * s;
-    a = ra;
-    b = rb;
-  }
-  if (head < num_heads) {
-    bf16* q = q_out + int64_t(t) * num_heads * d + head * d;
-    q[i] = __float2bfloat16_rn(a);
-    q[i + half] = __float2bfloat16_rn(b);
-    return;
-  }
-  const int32_t slot = batch.seq_slot[batch.token_seq[t]];
-  const int32_t page = kv.page_table[int64_t(slot) * kv.page_table_stride + pos / kv.page_size];
-  const int32_t in_page = pos % kv.page_size;
-  const bool is_k = head < num_heads + kv.kv_heads;
-  const int32_t h = is_k ? head - num_heads : head - num_heads - kv.kv_heads;
-  bf16* dst = (is_k ? kv.k : kv.v)
-              + ((int64_t(page) * kv.kv_heads + h) * kv.page_size + in_page) * d;
-  dst[i] = __float2bfloat16_rn(a);
-  dst[i + half] = __float2bfloat16_rn(b);
+  const gemv_detail::pair_rows rows = gemv_detail::rows_of<gemv_epilogue::qkv_rope>(a, p);
+  const bf16* row = a.x + int64_t(t) * a.n;
+  gemv_detail::epilogue<1, gemv_epilogue::qkv_rope>(a, p, rows, t, to_float(row[rows.r0]),
+                                                     to_float(row[rows.r1]));
 }
 
 __global__ void swiglu_kernel(const bf16* __restrict__ gu, int32_t inter, int64_t total,
@@ -205,10 +174,21 @@ void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_fr
                           bf16* q_out, cudaStream_t stream) {
   if (batch.num_tokens <= 0)
     return;
-  const int32_t pairs = (num_heads + 2 * kv.kv_heads) * (kv.head_dim / 2);
+  // The qkv GEMV's epilogue, on the rows of an unfused projection.
+  gemv_args a;
+  a.x = qkv;
+  a.n = (num_heads + 2 * kv.kv_heads) * kv.head_dim;
+  a.m = batch.num_tokens;
+  a.bias = bias;
+  a.out_bf16 = q_out;
+  a.inv_freq = inv_freq;
+  a.batch = batch;
+  a.kv = kv;
+  a.num_heads = num_heads;
+  const int32_t pairs = a.n / 2;
   const dim3 grid(unsigned(batch.num_tokens), unsigned((pairs + rope_threads - 1) / rope_threads));
   launch_kernel("rope_kv_write_kernel", rope_kv_write_kernel, grid, dim3(rope_threads), 0, stream,
-                qkv, bias, inv_freq, batch, kv, num_heads, q_out);
+                a);
 }
 
 void launch_swiglu(const bf16* gate_up, int32_t rows, int32_t inter, bf16* act,

@@ -1,8 +1,9 @@
 #pragma once
 // Device helpers shared by both generations of the decode GEMV (gemv.cu,
-// gemv_v1.cu): which output rows a warp's pair covers, staging the input
-// vectors (normalised on the fly from the fp32 residual, or copied), and the
-// fused epilogues (store, residual add, SwiGLU, qkv bias + RoPE + cache write).
+// gemv_v1.cu), the skinny GEMM and the stand-alone RoPE kernel: which output
+// rows a warp's pair covers, staging the input vectors (normalised on the fly
+// from the fp32 residual, or copied), and the fused epilogues (store, residual
+// add, SwiGLU, qkv bias + RoPE + cache write).
 
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
@@ -68,6 +69,21 @@ __device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, in
   }
 }
 
+/// cos and sin of RoPE pair i at position pos. Every kernel that rotates
+/// (this epilogue, rope_kv_write_kernel through it, the fused decode
+/// attention) uses these two helpers, so that they agree to the bit.
+__device__ __forceinline__ void rope_angle(const float* inv_freq, int32_t pos, int32_t i,
+                                           float& c, float& s) {
+  sincosf(float(pos) * inv_freq[i], &s, &c);
+}
+
+/// Rotates the pair (a, b) = (x[i], x[i + d/2]) of a head in place.
+__device__ __forceinline__ void rope_rotate(float& a, float& b, float c, float s) {
+  const float ra = a * c - b * s, rb = b * c + a * s;
+  a = ra;
+  b = rb;
+}
+
 template <int M, gemv_epilogue Ep>
 __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
                                          int32_t m, float y0, float y1) {
@@ -92,11 +108,9 @@ __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pa
     const int32_t kvh = a.kv.kv_heads;
     const int32_t pos = a.batch.positions[m];
     if (head < a.num_heads + kvh) {
-      float s, c;
-      sincosf(float(pos) * a.inv_freq[i], &s, &c);
-      const float r0 = y0 * c - y1 * s, r1 = y1 * c + y0 * s;
-      y0 = r0;
-      y1 = r1;
+      float c, s;
+      rope_angle(a.inv_freq, pos, i, c, s);
+      rope_rotate(y0, y1, c, s);
     }
     if (head < a.num_heads) {
       bf16* q = a.out_bf16 + int64_t(m) * a.num_heads * d + head * d;

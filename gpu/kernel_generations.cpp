@@ -32,6 +32,8 @@ kernel_generations from_environment() {
         g.decode_attention = v;
       else if (key == "prefill")
         g.prefill_attention = v;
+      else if (key == "rope")
+        g.decode_rope = v;
     }
     at = end + 1;
   }

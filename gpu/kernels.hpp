@@ -191,6 +191,29 @@ void launch_decode_attention(const attention_shape& shape, const bf16* q, const 
                              const batch_view& batch, int32_t splits, float* part_o,
                              float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream);
 
+/// The raw qkv projection of a decode step, for decode attention with RoPE
+/// and the cache write fused in.
+struct rope_input {
+  const bf16* qkv = nullptr;       // [tokens][(heads + 2 kv_heads) * head_dim], before bias and RoPE
+  const bf16* bias = nullptr;      // [(heads + 2 kv_heads) * head_dim], or null
+  const float* inv_freq = nullptr; // [head_dim / 2]
+};
+
+/// Whether launch_decode_attention_rope serves `shape` with the active kernels
+/// (METRONOME_KERNELS=rope=1 turns it off for A/B runs); otherwise a step runs
+/// launch_rope_kv_write, then launch_decode_attention.
+bool decode_attention_fuses_rope(const attention_shape& shape);
+
+/// launch_rope_kv_write and launch_decode_attention in one kernel, for steps
+/// whose every sequence has one token at position seq_len - 1: q is rotated
+/// as it is loaded, and the block that reads the current token's cache row
+/// writes its rotated k and its v there first. Same arithmetic, same results.
+/// Called on the executor's thread, while a step is enqueued or captured.
+void launch_decode_attention_rope(const attention_shape& shape, const rope_input& rope,
+                                  const kv_view& kv, const batch_view& batch, int32_t splits,
+                                  float* part_o, float* part_ml, int32_t* counters, bf16* out,
+                                  cudaStream_t stream);
+
 /// Work item of the prefill kernel: sequence and first query row of a tile.
 struct prefill_item {
   int32_t seq = 0;
@@ -227,6 +250,7 @@ struct kernel_generations {
   int gemv = 2;
   int decode_attention = 2;
   int prefill_attention = 2;
+  int decode_rope = 2; // 1: RoPE as its own kernel before the decode attention
 };
 kernel_generations& active_kernels();
 

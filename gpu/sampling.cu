@@ -96,17 +96,55 @@ __global__ void __launch_bounds__(stats_threads)
   const bool scale = !(temp < greedy_below);
   const float inv_t = scale ? 1.0f / temp : 1.0f;
 
+  // Batches of `batch` elements a thread, all loads of a batch issued before
+  // any is used (a part is 4,008 logits for a 128k vocabulary: one batch of
+  // 16 per thread, one memory round trip rather than 16). Float4 loads when
+  // the part is whole float4s (the vocabulary a multiple of 4).
+  constexpr int batch = 16;
+  const bool vec = vocab % 4 == 0;
   float best = -INFINITY;
   int32_t best_i = INT32_MAX;
-  for (int32_t i = lo + threadIdx.x; i < hi; i += stats_threads) {
-    float v = l[i];
-    if (scale) {
-      v *= inv_t;
-      l[i] = v;
+  auto load_batch = [&](int32_t i0, float (&v)[batch]) {
+    if (vec) {
+#pragma unroll
+      for (int u = 0; u < batch / 4; ++u) {
+        const int32_t i = i0 + 4 * (u * stats_threads + threadIdx.x);
+        const float4 x = i < hi ? *reinterpret_cast<const float4*>(l + i)
+                                : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        v[4 * u] = x.x;
+        v[4 * u + 1] = x.y;
+        v[4 * u + 2] = x.z;
+        v[4 * u + 3] = x.w;
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < batch; ++u) {
+        const int32_t i = i0 + u * stats_threads + threadIdx.x;
+        v[u] = i < hi ? l[i] : -INFINITY;
+      }
     }
-    if (v > best || (v == best && i < best_i)) {
-      best = v;
-      best_i = i;
+  };
+  // Element e of a batch starting at i0 (the layout load_batch used).
+  auto index_of = [&](int32_t i0, int e) {
+    return vec ? i0 + 4 * ((e / 4) * stats_threads + threadIdx.x) + e % 4
+               : i0 + e * stats_threads + threadIdx.x;
+  };
+  for (int32_t i0 = lo; i0 < hi; i0 += batch * stats_threads) {
+    float v[batch];
+    load_batch(i0, v);
+#pragma unroll
+    for (int e = 0; e < batch; ++e) {
+      const int32_t i = index_of(i0, e);
+      if (i >= hi)
+        continue;
+      if (scale) {
+        v[e] *= inv_t;
+        l[i] = v[e];
+      }
+      if (v[e] > best || (v[e] == best && i < best_i)) {
+        best = v[e];
+        best_i = i;
+      }
     }
   }
 #pragma unroll
@@ -131,9 +169,17 @@ __global__ void __launch_bounds__(stats_threads)
       best_i = s_idx[w];
     }
   double sum = 0;
-  if (best > -INFINITY)
-    for (int32_t i = lo + threadIdx.x; i < hi; i += stats_threads)
-      sum += exp(double(l[i] - best));
+  if (best > -INFINITY) {
+    // Each thread reads back the elements it scaled above (the same layout).
+    for (int32_t i0 = lo; i0 < hi; i0 += batch * stats_threads) {
+      float v[batch];
+      load_batch(i0, v);
+#pragma unroll
+      for (int e = 0; e < batch; ++e)
+        if (index_of(i0, e) < hi)
+          sum += exp(double(v[e] - best));
+    }
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
     sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -362,17 +408,21 @@ __global__ void __launch_bounds__(select_threads)
   const float* v = logits + int64_t(row) * vocab;
   const part_stats* st = stats + int64_t(row) * parts;
 
-  // Combine the parts (every thread, same order: deterministic). One lane
-  // per part reads it and computes its mass (a double exp each); every
-  // thread then folds the 32 in order from shared memory, so the total is
-  // the plain sum of the masses the draw below walks. (Every thread
-  // computing all 32 exps itself took 13 us of the step on the H200.)
+  // Combine the parts (deterministic: one fixed order). One lane per part
+  // reads its statistics once and computes its mass (a double exp each);
+  // thread 0 folds the 32 masses in order into the total, the plain sum of
+  // the masses the draw below walks. (Every thread computing all 32 exps
+  // itself took 13 us of the step on the H200; every thread folding them
+  // kept a double live across the block and spilled.)
   __shared__ float part_max[parts];
   __shared__ int32_t part_arg[parts];
-  __shared__ double part_mass[parts];
+  __shared__ double part_sum[parts], part_mass[parts];
+  __shared__ double part_total;
   if (threadIdx.x < parts) {
-    part_max[threadIdx.x] = st[threadIdx.x].max;
-    part_arg[threadIdx.x] = st[threadIdx.x].argmax;
+    const part_stats mine = st[threadIdx.x];
+    part_max[threadIdx.x] = mine.max;
+    part_sum[threadIdx.x] = mine.sum;
+    part_arg[threadIdx.x] = mine.argmax;
   }
   __syncthreads();
   float m = -INFINITY;
@@ -383,13 +433,18 @@ __global__ void __launch_bounds__(select_threads)
       argmax = part_arg[p];
     }
   if (threadIdx.x < parts) {
-    const part_stats mine = st[threadIdx.x];
-    part_mass[threadIdx.x] = mine.sum > 0 ? mine.sum * exp(double(mine.max - m)) : 0.0;
+    const double sum = part_sum[threadIdx.x];
+    part_mass[threadIdx.x] = sum > 0 ? sum * exp(double(part_max[threadIdx.x] - m)) : 0.0;
   }
   __syncthreads();
-  double total = 0;
-  for (int p = 0; p < parts; ++p)
-    total += part_mass[p]; // an empty part adds 0.0: the sum of skipping it
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int p = 0; p < parts; ++p)
+      t += part_mass[p]; // an empty part adds 0.0: the sum of skipping it
+    part_total = t;
+  }
+  __syncthreads();
+  const double total = part_total;
 
   const float temp = params.temperature[row];
   if (temp < greedy_below) {

@@ -305,6 +305,37 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         row(name, us, 2.0 * double(pool) / bw * 1e6);
       }
       gpu::active_kernels().decode_attention = saved.decode_attention;
+      if (gpu::decode_attention_fuses_rope(sh)) {
+        // The cuBLAS decode path's two launches (RoPE + cache write, then the
+        // attention) against the fused kernel, from the raw projection.
+        const int32_t splits = gpu::decode_attention_splits(sh, ac.seqs, sms);
+        const int64_t width = int64_t(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+        device_buffer raw(size_t(bv.num_tokens) * size_t(width) * 2);
+        fill_random(raw.get(), raw.bytes(), 11);
+        std::vector<float> inv(size_t(c.head_dim / 2));
+        for (size_t i = 0; i < inv.size(); ++i)
+          inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+        device_buffer d_inv(inv.size() * 4);
+        METRONOME_CUDA(cudaMemcpy(d_inv.get(), inv.data(), d_inv.bytes(), cudaMemcpyHostToDevice));
+        device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
+        device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
+        device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
+        METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
+        const double fused = time_us([&](int) {
+          gpu::launch_decode_attention_rope(
+            sh, gpu::rope_input{raw.get<bf16>(), nullptr, d_inv.get<float>()}, kvv, bv, splits,
+            po.get<float>(), pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(), nullptr);
+        });
+        const double two = time_us([&](int) {
+          gpu::launch_rope_kv_write(raw.get<bf16>(), nullptr, d_inv.get<float>(), bv, kvv,
+                                    c.num_heads, dq.get<bf16>(), nullptr);
+          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
+                                       pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
+                                       nullptr);
+        });
+        row("decode_attention_rope" + shape_tag, fused, 2.0 * double(pool) / bw * 1e6);
+        row("rope_then_decode_attention" + shape_tag, two, 2.0 * double(pool) / bw * 1e6);
+      }
     } else {
       for (int gen : {2, 1}) {
         gpu::active_kernels().prefill_attention = gen;

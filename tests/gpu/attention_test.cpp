@@ -113,6 +113,81 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
   }
 }
 
+// The cuBLAS decode path's fused kernel against the two kernels it replaces
+// (launch_rope_kv_write, then launch_decode_attention) on identical caches:
+// the same bits written to the same rows (nothing else touched), the same
+// output to bf16 rounding, and that output against the reference over the
+// cache it wrote.
+TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("decode_attention_rope");
+  struct rope_attn_case {
+    attn_case a;
+    bool bias;
+  };
+  std::vector<rope_attn_case> cases = {
+    {{32, 8, 128, 16, 0, {{127, 1}, {0, 1}, {1000, 1}, {15, 1}}}, false},
+    {{32, 8, 64, 16, 0, {{63, 1}, {4100, 1}}}, true},
+    {{28, 4, 128, 7, 333, {{1500, 1}, {40, 1}, {6, 1}}}, true},
+    {{4, 2, 16, 16, 0, {{4, 1}, {16, 1}, {0, 1}}}, true},
+    {{8, 8, 32, 16, 16, {{40, 1}, {9, 1}}}, false},
+    {{12, 2, 128, 16, 0, {{33, 1}, {20000, 1}}}, true},
+  };
+  if (test::quick_mode())
+    cases.resize(2);
+  for (const auto& rc : cases) {
+    const attn_case& c = rc.a;
+    SCOPED_TRACE(name_of(c) + (rc.bias ? " bias" : ""));
+    auto rng_b = rng;
+    test::paged_kv kv_a(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    const int32_t tokens = kv_a.num_tokens();
+    auto d_qkv = test::upload_bf16(test::random_floats(rng, size_t(tokens) * width, -2, 2));
+    auto d_bias = test::upload_bf16(test::random_floats(rng, size_t(width), -0.5f, 0.5f));
+    std::vector<float> inv(size_t(c.head_dim / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+    dev_array<float> d_inv(inv);
+    const bf16* bias = rc.bias ? d_bias.get() : nullptr;
+    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                            1.0f / std::sqrt(float(c.head_dim))};
+    ASSERT_TRUE(gpu::decode_attention_fuses_rope(sh));
+    const size_t qn = size_t(tokens) * c.heads * c.head_dim;
+
+    // The two kernels, once (splits do not change what they write).
+    dev_array<bf16> d_q(qn), out_a(qn);
+    const int32_t auto_splits = gpu::decode_attention_splits(sh, kv_a.num_seqs(), 132);
+    dev_array<float> po(size_t(tokens) * c.heads * 64 * c.head_dim), pml(size_t(tokens) * c.heads * 128);
+    dev_array<int32_t> counters(std::vector<int32_t>(size_t(tokens) * c.heads, 0));
+    gpu::launch_rope_kv_write(d_qkv.get(), bias, d_inv.get(), kv_a.batch(), kv_a.view(), c.heads,
+                              d_q.get(), nullptr);
+    gpu::launch_decode_attention(sh, d_q.get(), kv_a.view(), kv_a.batch(), auto_splits, po.get(),
+                                 pml.get(), counters.get(), out_a.get(), nullptr);
+    test::sync_check();
+    kv_a.download();
+    const auto got_a = test::download_bf16(out_a);
+    const auto want = reference(c, kv_a, test::download_bf16(d_q));
+    ASSERT_LT(test::relative_error(got_a, want), 5e-3);
+
+    for (int32_t splits : {1, 3, auto_splits, 64}) {
+      SCOPED_TRACE("splits " + std::to_string(splits));
+      dev_array<bf16> out_b(qn);
+      const gpu::rope_input rope{d_qkv.get(), bias, d_inv.get()};
+      gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), splits, po.get(),
+                                        pml.get(), counters.get(), out_b.get(), nullptr);
+      test::sync_check();
+      kv_b.download();
+      EXPECT_TRUE(kv_b.same_pools(kv_a));
+      const auto got_b = test::download_bf16(out_b);
+      EXPECT_LT(test::relative_error(got_b, got_a), 2e-3);
+      EXPECT_LT(test::relative_error(got_b, want), 5e-3);
+      for (auto v : counters.download())
+        ASSERT_EQ(v, 0);
+    }
+  }
+}
+
 TEST(gpu_attention, prefill_matches_reference_for_chunks_over_cached_pages) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("prefill_attention");

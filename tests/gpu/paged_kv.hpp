@@ -128,6 +128,12 @@ public:
     return bf16_to_f32(v_bits_[index(seq, pos, h, e)]);
   }
 
+  /// Whether both caches hold the same bits in every pool element (after
+  /// download()): the same rows written, with the same values.
+  bool same_pools(const paged_kv& o) const {
+    return k_bits_ == o.k_bits_ && v_bits_ == o.v_bits_;
+  }
+
   /// Elements of K and V that are not poison.
   size_t count_written() const {
     size_t n = 0;

@@ -27,6 +27,11 @@
 // of splits in use is derived on the device from each sequence's length (at
 // least 64 keys each), so one captured graph serves any context.
 //
+// On the cuBLAS decode path the kernel also does what rope_kv_write_kernel
+// would do before it (ROPE): it rotates q as it loads it from the raw qkv
+// projection, and the block whose split holds the current token writes that
+// token's k and v into the cache, then reads the cache coherently.
+//
 // Shapes outside this kernel (head_dim 256, more than 8 heads per kv head) and
 // the first generation on request go to decode_attention_v1.cu.
 

@@ -305,6 +305,67 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         row(name, us, 2.0 * double(pool) / bw * 1e6);
       }
       gpu::active_kernels().decode_attention = saved.decode_attention;
+      if (ac.seqs == 1 && ac.ctx == 128) {
+        // Latency inside a graph, as in a step: 32 launches back to back in
+        // one captured graph, per launch (the same cache each time, so L2
+        // hits after the first); a one-thread kernel for the graph's own
+        // cost per node; lengths 1 to 128 and 1, 2 or the launcher's splits
+        // (1 and 2 also launch fewer blocks).
+        cudaStream_t st;
+        METRONOME_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        auto chain_us = [&](const std::function<void(cudaStream_t)>& fn) {
+          cudaGraph_t g;
+          METRONOME_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          for (int i = 0; i < 32; ++i)
+            fn(st);
+          METRONOME_CUDA(cudaStreamEndCapture(st, &g));
+          cudaGraphExec_t ge;
+          METRONOME_CUDA(cudaGraphInstantiate(&ge, g, 0));
+          cudaEvent_t e0, e1;
+          METRONOME_CUDA(cudaEventCreate(&e0));
+          METRONOME_CUDA(cudaEventCreate(&e1));
+          for (int i = 0; i < 3; ++i)
+            METRONOME_CUDA(cudaGraphLaunch(ge, st));
+          METRONOME_CUDA(cudaEventRecord(e0, st));
+          for (int i = 0; i < 20; ++i)
+            METRONOME_CUDA(cudaGraphLaunch(ge, st));
+          METRONOME_CUDA(cudaEventRecord(e1, st));
+          gpu::wait_event(e1, 60, "chain timing");
+          float ms = 0;
+          METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+          cudaEventDestroy(e0);
+          cudaEventDestroy(e1);
+          cudaGraphExecDestroy(ge);
+          cudaGraphDestroy(g);
+          return double(ms) * 1e3 / (20 * 32);
+        };
+        device_buffer one(4);
+        row("chain_one_thread_kernel",
+            chain_us([&](cudaStream_t s2) { gpu::launch_fill_i32(one.get<int32_t>(), 1, 0, s2); }),
+            0.0);
+        const int32_t auto_splits = gpu::decode_attention_splits(sh, 1, sms);
+        device_buffer po(size_t(c.num_heads) * 64 * size_t(c.head_dim) * 4);
+        device_buffer pml(size_t(c.num_heads) * 64 * 8);
+        device_buffer cnt(size_t(c.num_heads) * 4);
+        METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
+        for (int32_t len : {1, 16, 64, 128}) {
+          const std::vector<int32_t> lv{len};
+          METRONOME_CUDA(cudaMemcpy(d_len.get(), lv.data(), 4, cudaMemcpyHostToDevice));
+          for (int32_t splits : {1, 2, auto_splits}) {
+            const double us = chain_us([&](cudaStream_t s2) {
+              gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
+                                           pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
+                                           s2);
+            });
+            row("chain_decode_attention_bs1_len" + std::to_string(len) + "_splits"
+                  + std::to_string(splits),
+                us, 0.0);
+          }
+        }
+        const std::vector<int32_t> lv{ac.ctx};
+        METRONOME_CUDA(cudaMemcpy(d_len.get(), lv.data(), 4, cudaMemcpyHostToDevice));
+        METRONOME_CUDA(cudaStreamDestroy(st));
+      }
       if (gpu::decode_attention_fuses_rope(sh)) {
         // The cuBLAS decode path's two launches (RoPE + cache write, then the
         // attention) against the fused kernel, from the raw projection.

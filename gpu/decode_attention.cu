@@ -171,7 +171,8 @@ __device__ __forceinline__ int32_t load_pinned(const int32_t* p) {
   return v;
 }
 
-/// The bf16 pair in word w of the 16-byte chunks of `raw` (4 words a chunk).
+/// The two bf16 of a 32-bit word as floats (the low half, the element of the
+/// lower index, first).
 __device__ __forceinline__ float2 unpack2(uint32_t w) {
   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
@@ -181,7 +182,8 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 /// first writes that token's rotated k and its v into the cache (what
 /// rope_kv_write_kernel does for every token), so that a decode step on the
 /// cuBLAS path needs no RoPE launch. The arithmetic is rope_kv_write_kernel's,
-/// operation for operation. Otherwise q is the rotated q [tokens][heads][D].
+/// through the same helpers (an absent bias adds zero to q here). Otherwise q
+/// is the rotated q [tokens][heads][D].
 template <int D, bool ROPE>
 __global__ void __launch_bounds__(threads)
   decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, rope_input rope,
@@ -297,42 +299,36 @@ __global__ void __launch_bounds__(threads)
     else
       zero_words<C::kw>(qw);
   } else {
-    // Raw q (and bias) of the dims lane t holds and of their rotation
-    // partners (d + D/2 mod D: the same chunk shape, D/2 elements away).
+    // Raw q (and bias) of the dims lane t holds, then of their rotation
+    // partners (d + D/2 mod D: the same chunk shape, D/2 elements away). From
+    // D = 64 the partner of chunk c is this lane's chunk c ^ chunks / 2; below,
+    // the one chunk of lane t ^ 2 (same g, so the same head).
     constexpr int half = D / 2;
     constexpr int cw = C::kw >= 4 ? 4 : C::kw; // words a chunk
+    constexpr int chunks = C::kw / cw;
     const int64_t width = int64_t(sh.num_heads + 2 * sh.kv_heads) * D;
     const bf16* raw = rope.qkv + int64_t(qrow) * width;
     uint32_t own[C::kw], par[C::kw], bown[C::kw], bpar[C::kw];
     const int hq = (h0 + min(g, group - 1)) * D;
     const uint64_t qpol = l2_policy(false);
+    load_words<C::kw, C::k_stride>(own, raw + hq + C::k_base(t), qpol);
+    if (rope.bias)
+      load_words<C::kw, C::k_stride>(bown, rope.bias + hq + C::k_base(t), qpol);
+    else
+      zero_words<C::kw>(bown);
 #pragma unroll
-    for (int c = 0; c < C::kw / cw; ++c) {
-      const int d0 = C::k_base(t) + c * C::k_stride, d1 = (d0 + half) % D;
-      uint32_t a[cw], b[cw];
-      load_words<cw>(a, raw + hq + d0, qpol);
-      load_words<cw>(b, raw + hq + d1, qpol);
-#pragma unroll
-      for (int j = 0; j < cw; ++j) {
-        own[c * cw + j] = a[j];
-        par[c * cw + j] = b[j];
-      }
-      if (rope.bias) {
-        load_words<cw>(a, rope.bias + hq + d0, qpol);
-        load_words<cw>(b, rope.bias + hq + d1, qpol);
+    for (int w = 0; w < C::kw; ++w) {
+      if constexpr (chunks > 1) {
+        par[w] = own[((w / cw) ^ (chunks / 2)) * cw + w % cw];
+        bpar[w] = bown[((w / cw) ^ (chunks / 2)) * cw + w % cw];
       } else {
-        zero_words<cw>(a);
-        zero_words<cw>(b);
-      }
-#pragma unroll
-      for (int j = 0; j < cw; ++j) {
-        bown[c * cw + j] = a[j];
-        bpar[c * cw + j] = b[j];
+        par[w] = __shfl_xor_sync(0xffffffffu, own[w], 2);
+        bpar[w] = __shfl_xor_sync(0xffffffffu, bown[w], 2);
       }
     }
     // The angles of this position, and the current token's k and v into the
-    // cache by the block that reads that row.
-    const bool writer = (nsteps - 1) / per_split == split;
+    // cache by the block that reads that row (len >= 1: see kernels.hpp).
+    const bool writer = len > 0 && (nsteps - 1) / per_split == split;
     const int64_t cur_row = writer ? row_of(pos) : -1;
     if (tid < half) {
       float cs, sn;

@@ -79,7 +79,7 @@ __global__ void rope_kv_write_kernel(gemv_args a) {
   if (p >= gemv_detail::num_pairs<gemv_epilogue::qkv_rope>(a))
     return;
   const gemv_detail::pair_rows rows = gemv_detail::rows_of<gemv_epilogue::qkv_rope>(a, p);
-  const bf16* row = a.x + int64_t(t) * a.n;
+  const bf16* row = a.x + int64_t(t) * a.n; // here x is the projection's output [tokens][n]
   gemv_detail::epilogue<1, gemv_epilogue::qkv_rope>(a, p, rows, t, to_float(row[rows.r0]),
                                                      to_float(row[rows.r1]));
 }

@@ -3,7 +3,8 @@
 // gemv_v1.cu), the skinny GEMM and the stand-alone RoPE kernel: which output
 // rows a warp's pair covers, staging the input vectors (normalised on the fly
 // from the fp32 residual, or copied), and the fused epilogues (store, residual
-// add, SwiGLU, qkv bias + RoPE + cache write).
+// add, SwiGLU, qkv bias + RoPE + cache write). The fused-RoPE decode attention
+// (decode_attention.cu) uses rope_angle and rope_rotate.
 
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"

@@ -205,7 +205,8 @@ struct rope_input {
 bool decode_attention_fuses_rope(const attention_shape& shape);
 
 /// launch_rope_kv_write and launch_decode_attention in one kernel, for steps
-/// whose every sequence has one token at position seq_len - 1: q is rotated
+/// whose every sequence has one token at position seq_len - 1 (seq_len >= 1;
+/// q_out of launch_rope_kv_write is not written): q is rotated
 /// as it is loaded, and the block that reads the current token's cache row
 /// writes its rotated k and its v there first. Same arithmetic, same results.
 /// Called on the executor's thread, while a step is enqueued or captured.
@@ -242,7 +243,7 @@ bool attention_supports_head_dim(int32_t head_dim);
 /// 2 (the default) is current; 1 is the first version (2026-11-30), kept so a
 /// benchmark can compare both in one run and as a fallback. Process-wide,
 /// initialised at first use from METRONOME_KERNELS (e.g. "gemv=1,decode=2,
-/// prefill=2", any subset). Tests and benchmarks may change it between
+/// prefill=2,rope=1", any subset). Tests and benchmarks may change it between
 /// launches, never while an engine enqueues a step or captures graphs; an
 /// engine sizes its split-K buffers and prefill items for the generation
 /// active when it starts.

@@ -80,7 +80,7 @@ __global__ void penalties_kernel(float* __restrict__ logits, int32_t vocab,
 // -- per-part statistics ---------------------------------------------------------------
 
 __global__ void __launch_bounds__(stats_threads)
-  stats_kernel(float* __restrict__ logits, int32_t vocab, sample_rows params,
+  stats_kernel(float* __restrict__ logits, int32_t vocab, bool vec, sample_rows params,
                part_stats* __restrict__ stats) {
   pdl_wait();
   pdl_trigger();
@@ -99,9 +99,9 @@ __global__ void __launch_bounds__(stats_threads)
   // Batches of `batch` elements a thread, all loads of a batch issued before
   // any is used (a part is 4,008 logits for a 128k vocabulary: one batch of
   // 16 per thread, one memory round trip rather than 16). Float4 loads when
-  // the part is whole float4s (the vocabulary a multiple of 4).
+  // vec: the parts are whole, aligned float4s (the vocabulary a multiple of
+  // 4, the logits 16-byte aligned; launch_sample decides).
   constexpr int batch = 16;
-  const bool vec = vocab % 4 == 0;
   float best = -INFINITY;
   int32_t best_i = INT32_MAX;
   auto load_batch = [&](int32_t i0, float (&v)[batch]) {
@@ -574,8 +574,9 @@ void launch_sample(float* logits, int32_t rows, int32_t vocab, const sample_rows
   if (rows <= 0)
     return;
   auto* stats = static_cast<part_stats*>(workspace);
+  const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
   launch_kernel("stats_kernel", stats_kernel, dim3(parts, unsigned(rows)), dim3(stats_threads), 0,
-                stream, logits, vocab, params, stats);
+                stream, logits, vocab, vec, params, stats);
   launch_kernel("select_kernel", select_kernel, dim3(unsigned(rows)), dim3(select_threads), 0,
                 stream, logits, vocab, params, stats, tokens, logprobs);
 }

@@ -135,12 +135,14 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
   };
   if (test::quick_mode())
     cases.resize(2);
+  // Whatever METRONOME_KERNELS says: this test is about the fused kernel.
+  test::kernel_generation_scope scope(2);
+  gpu::active_kernels().decode_rope = 2;
   for (const auto& rc : cases) {
     const attn_case& c = rc.a;
     SCOPED_TRACE(name_of(c) + (rc.bias ? " bias" : ""));
-    auto rng_b = rng;
+    const auto rng_kv = rng; // kv_b: a fresh copy of kv_a's initial cache for every launch
     test::paged_kv kv_a(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
-    test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
     const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
     const int32_t tokens = kv_a.num_tokens();
     auto d_qkv = test::upload_bf16(test::random_floats(rng, size_t(tokens) * width, -2, 2));
@@ -172,6 +174,10 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
 
     for (int32_t splits : {1, 3, auto_splits, 64}) {
       SCOPED_TRACE("splits " + std::to_string(splits));
+      // A fresh cache each time (the current rows hold stale random values),
+      // so that every split count must write them itself, before reading.
+      auto rng_b = rng_kv;
+      test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
       dev_array<bf16> out_b(qn);
       const gpu::rope_input rope{d_qkv.get(), bias, d_inv.get()};
       gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), splits, po.get(),

@@ -162,6 +162,10 @@ TEST(gpu_sampling, matches_the_cpu_sampler_on_the_same_logits) {
     run_trial(rng, 1000, false);
     run_trial(rng, 32000, i % 2 == 1);
     run_trial(rng, 128256, false);
+    // The scalar path of stats_kernel (vocab not a multiple of 4) and parts
+    // longer than one batch of 16 x 256 (more than 131,072 logits).
+    run_trial(rng, 32001, i % 2 == 0);
+    run_trial(rng, 151936, false);
   }
 }
 

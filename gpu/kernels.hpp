@@ -205,10 +205,10 @@ struct rope_input {
 bool decode_attention_fuses_rope(const attention_shape& shape);
 
 /// launch_rope_kv_write and launch_decode_attention in one kernel, for steps
-/// whose every sequence has one token at position seq_len - 1 (seq_len >= 1;
-/// q_out of launch_rope_kv_write is not written): q is rotated
-/// as it is loaded, and the block that reads the current token's cache row
-/// writes its rotated k and its v there first. Same arithmetic, same results.
+/// whose every sequence has one token, at position seq_len - 1 (seq_len >= 1).
+/// q is rotated as it is loaded (no q_out is written), and the block that
+/// reads the current token's cache row writes its rotated k and its v there
+/// first: the same arithmetic and the same cache contents as the two kernels.
 /// Called on the executor's thread, while a step is enqueued or captured.
 void launch_decode_attention_rope(const attention_shape& shape, const rope_input& rope,
                                   const kv_view& kv, const batch_view& batch, int32_t splits,

@@ -35,7 +35,7 @@ struct gpu_sequence {
   uint64_t seed = 0;
   sampling_params params;
   std::vector<int32_t> prompt_distinct; // sorted, only with a repetition penalty
-  std::unordered_map<int32_t, int32_t> output_counts;
+  std::unordered_map<int32_t, int32_t> output_counts; // only when penalised()
 
   bool penalised() const {
     return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f
@@ -128,7 +128,10 @@ public:
       const float logprob = result.logprobs.at(r);
       ++r;
       s.tokens.push_back(token);
-      ++seqs_.at(c.id).output_counts[token];
+      // Counted only for the penalties that read them (a map insert per
+      // sequence and step otherwise, on the step's critical path).
+      if (auto& g = seqs_.at(c.id); g.penalised())
+        ++g.output_counts[token];
       out.tokens.push_back({c.id, token, logprob});
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

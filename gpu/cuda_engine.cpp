@@ -15,6 +15,35 @@ namespace metronome::gpu {
 
 namespace {
 
+/// Device time (ms) of what `launch` enqueues on `stream`, the mean of five
+/// runs after two unmeasured ones. Synchronous; not while capturing.
+template <class F>
+double time_ms(cudaStream_t stream, F&& launch) {
+  cudaEvent_t a = nullptr, b = nullptr;
+  METRONOME_CUDA(cudaEventCreate(&a));
+  METRONOME_CUDA(cudaEventCreate(&b));
+  float ms = 0;
+  try {
+    for (int i = 0; i < 2; ++i)
+      launch();
+    constexpr int reps = 5;
+    METRONOME_CUDA(cudaEventRecord(a, stream));
+    for (int i = 0; i < reps; ++i)
+      launch();
+    METRONOME_CUDA(cudaEventRecord(b, stream));
+    wait_event(b, 60.0, "kernel timing");
+    METRONOME_CUDA(cudaEventElapsedTime(&ms, a, b));
+    ms /= reps;
+  } catch (...) {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    throw;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms);
+}
+
 constexpr size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }
@@ -229,6 +258,8 @@ void cuda_engine::allocate_activations() {
   part_ml_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads) * 2 * 4);
   split_counters_ = device_buffer(b * size_t(c.num_heads) * 4);
   METRONOME_CUDA(cudaMemset(split_counters_.get(), 0, split_counters_.bytes()));
+  if (residual_rms_norm_supports(c.hidden_size))
+    split_partials_ = device_buffer(size_t(max_gemm_splits) * b * std::max(h, q + 2 * kv) * 4);
   sample_ws_ = device_buffer(sample_workspace_bytes(max_batch_));
   cublas_ws_ = device_buffer(cublas_workspace_bytes);
   METRONOME_CUBLAS(cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.bytes()));
@@ -274,7 +305,7 @@ void cuda_engine::allocate_activations() {
   const size_t workspaces = part_o_.bytes() + part_ml_.bytes() + split_counters_.bytes()
                             + sample_ws_.bytes() + cublas_ws_.bytes() + inputs_.bytes()
                             + outputs_.bytes() + skinny_partials_.bytes()
-                            + skinny_counters_.bytes();
+                            + skinny_counters_.bytes() + split_partials_.bytes();
   plan_.push_back({"activations", int64_t(activations)});
   plan_.push_back({"workspaces", int64_t(workspaces)});
 }
@@ -463,18 +494,88 @@ void cuda_engine::tune_gemms(int32_t m) {
   // (bf16 0x3c3c ~ 0.0115; all-zero inputs would flatter the timings).
   for (auto* b : {&xn_, &attn_, &act_})
     METRONOME_CUDA(cudaMemsetAsync(b->get(), 0x3c, b->bytes(), stream_));
-  tuner_->tune(xn_.get<bf16>(), m, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
-  tuner_->tune(attn_.get<bf16>(), m, L.o, h, q, x_.get(), true, 1.0f);
+  const double qkv_ms = tuner_->tune(xn_.get<bf16>(), m, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
+  const double o_ms = tuner_->tune(attn_.get<bf16>(), m, L.o, h, q, x_.get(), true, 1.0f);
   tuner_->tune(xn_.get<bf16>(), m, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
-  tuner_->tune(act_.get<bf16>(), m, L.down, h, f, x_.get(), true, 1.0f);
-  if (m <= max_batch_)
+  const double down_ms = tuner_->tune(act_.get<bf16>(), m, L.down, h, f, x_.get(), true, 1.0f);
+  if (m <= max_batch_) {
     tuner_->tune(xn_.get<bf16>(), m, lm_head_, c.vocab_size, h, logits_.get(), true, 0.0f);
+    if (split_partials_.bytes() > 0 && !splits_.contains(m)) {
+      // Each projection whole or as split-K partials, by timing. A split
+      // must win by 2%, or the simpler launch stays.
+      float* parts = split_partials_.get<float>();
+      auto better = [](double ms, double best_ms) { return ms < 0.98 * best_ms; };
+      split_choice r;
+      // qkv: its partials cost the fused attention a few KB more to read.
+      if (decode_attention_fuses_rope(attention_of(0))) {
+        double best_ms = qkv_ms;
+        for (int32_t s = 1; s <= max_gemm_splits; s *= 2)
+          if (gemm_tuner::split_ok(h, s)) {
+            const double ms = tuner_->tune_split(xn_.get<bf16>(), m, L.qkv, qkv, h, parts, s);
+            if (better(ms, best_ms)) {
+              r.qkv = s;
+              best_ms = ms;
+            }
+          }
+      }
+      // o and down: cuBLAS's epilogue adding into the residual and a norm
+      // launch, or the partials and launch_residual_rms_norm.
+      const double norm_ms = time_ms(stream_, [&] {
+        launch_rms_norm(x_.get<float>(), nullptr, L.mlp_norm, 1e-5f, m, h, xn_.get<bf16>(),
+                        stream_);
+      });
+      auto best_split = [&](const bf16* in, const bf16* w, int32_t k, const bf16* bias,
+                            double whole_ms) {
+        int32_t best = 0;
+        double best_ms = whole_ms + norm_ms;
+        for (int32_t s = 1; s <= max_gemm_splits; s *= 2) {
+          if (!gemm_tuner::split_ok(k, s))
+            continue;
+          const double ms = tuner_->tune_split(in, m, w, h, k, parts, s) + time_ms(stream_, [&] {
+                              launch_residual_rms_norm(parts, s, bias, x_.get<float>(),
+                                                       L.mlp_norm, 1e-5f, m, h,
+                                                       xn_.get<bf16>(), stream_);
+                            });
+          if (better(ms, best_ms)) {
+            best = s;
+            best_ms = ms;
+          }
+        }
+        return best;
+      };
+      r.o = best_split(attn_.get<bf16>(), L.o, q, L.o_bias, o_ms);
+      r.down = best_split(act_.get<bf16>(), L.down, f, nullptr, down_ms);
+      splits_[m] = r;
+    }
+  }
   METRONOME_CUDA(cudaMemsetAsync(x_.get(), 0, x_.bytes(), stream_));
+}
+
+cuda_engine::split_choice cuda_engine::splits_of(int32_t m) const {
+  const int mode = active_kernels().gemm_splits;
+  if (mode == 1 || split_partials_.bytes() == 0)
+    return {};
+  if (mode == 3) {
+    const auto& c = model_->config;
+    auto pick = [](int32_t k) {
+      return gemm_tuner::split_ok(k, 2) ? 2 : gemm_tuner::split_ok(k, 1) ? 1 : 0;
+    };
+    const bool fused = decode_attention_fuses_rope(attention_of(0));
+    return {fused ? pick(c.hidden_size) : 0, pick(c.q_size()), pick(c.intermediate_size)};
+  }
+  auto it = splits_.find(m);
+  return it != splits_.end() ? it->second : split_choice{};
 }
 
 void cuda_engine::capture_graphs() {
   graphs_.clear();
   graph_path_.clear();
+  // The tuner's flush: the start of the KV pool, zero now and while no
+  // sequence runs (twice the L2, or what the pool has).
+  int device = 0, l2 = 0;
+  METRONOME_CUDA(cudaGetDevice(&device));
+  METRONOME_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  tuner_->set_flush(kv_pool_.get(), std::min(kv_pool_.bytes(), 2 * size_t(l2)));
   // Full prefill chunks have exactly max_num_batched_tokens tokens.
   tune_gemms(max_tokens_);
   const std::string& want = options_.small_batch_path;
@@ -496,11 +597,30 @@ void cuda_engine::capture_graphs() {
         tune_gemms(n);
       graph_exec g;
       capture_one(n, path, g);
+      // cuBLAS with the split-K projections the tuner chose, against all
+      // whole: timed in the step, where the tuner timed each kernel alone.
+      double ms = std::nan("");
+      const split_choice chosen = splits_of(n);
+      if (path == decode_path::blas && active_kernels().gemm_splits == 2
+          && (chosen.qkv || chosen.o || chosen.down)) {
+        ms = time_graph(g, n);
+        splits_[n] = split_choice{};
+        graph_exec whole;
+        capture_one(n, path, whole);
+        const double whole_ms = time_graph(whole, n);
+        if (whole_ms <= ms) {
+          g = std::move(whole);
+          ms = whole_ms;
+        } else {
+          splits_[n] = chosen;
+        }
+      }
       if (candidates.size() == 1) {
         best = std::move(g);
         break;
       }
-      const double ms = time_graph(g, n);
+      if (std::isnan(ms))
+        ms = time_graph(g, n);
       if (!best || ms < best_ms) {
         best = std::move(g);
         best_path = path;
@@ -510,6 +630,7 @@ void cuda_engine::capture_graphs() {
     graphs_.push_back(std::move(best));
     graph_path_.push_back(best_path);
   }
+  tuner_->set_flush(nullptr, 0);
 }
 
 cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {

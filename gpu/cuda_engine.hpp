@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -188,17 +189,36 @@ private:
   void skinny(gemv_epilogue ep, const gemv_args& a);
   /// Decode attention of `seqs` one-token sequences into attn_. raw_qkv: qkv_
   /// holds the projection before bias and RoPE (the cuBLAS path), which the
-  /// fused kernel applies where it can; otherwise q_ holds q already rotated
-  /// and the cache holds this step's k and v.
+  /// fused kernel applies where it can (qkv_splits > 0: split_partials_ holds
+  /// it as that many partials, for the fused kernel only); otherwise q_ holds
+  /// q already rotated and the cache holds this step's k and v.
   void attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
-              int32_t seqs, bool raw_qkv, const bf16* qkv_bias = nullptr);
+              int32_t seqs, bool raw_qkv, const bf16* qkv_bias = nullptr,
+              int32_t qkv_splits = 0);
   /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
   void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
   void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);
   void gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y, bool y_f32,
             float beta);
-  /// Tunes the five projection shapes for m tokens (before capturing).
+  /// Tunes the five projection shapes for m tokens (before capturing); for a
+  /// decode batch, also chooses how the cuBLAS path splits its projections
+  /// (splits_of).
   void tune_gemms(int32_t m);
+  /// How the cuBLAS decode path of m tokens runs three projections, each
+  /// either whole (0) or as s >= 1 split-K partials (gemm_tuner::run_split)
+  /// that the next kernel reduces where it reads them, so that no reduction
+  /// launch is needed: qkv's by the fused-RoPE attention; o's and down's by
+  /// launch_residual_rms_norm, which adds them into the residual and
+  /// normalises it for the next projection (whole: cuBLAS's epilogue adds,
+  /// then a norm launch). Chosen by timing at capture.
+  struct split_choice {
+    int32_t qkv = 0, o = 0, down = 0;
+  };
+  split_choice splits_of(int32_t m) const;
+  /// Ends a projection of the cuBLAS decode path whose input is in_x (k
+  /// wide): x += in_x W^T (+ bias), then xn_ = RMSNorm(x) * norm.
+  void project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
+                        const bf16* bias, int32_t splits, const bf16* norm);
 
   /// Packs the step into the pinned staging block with layout l; sequences
   /// past the chunks (up to l.seqs) become padding rows.
@@ -232,6 +252,10 @@ private:
   device_buffer x_, xn_, qkv_, q_, attn_, gate_up_, act_, logits_;
   device_buffer part_o_, part_ml_, split_counters_, sample_ws_, cublas_ws_;
   device_buffer skinny_partials_, skinny_counters_;
+  // [max_gemm_splits][max_batch_][max(hidden, qkv width)] fp32
+  device_buffer split_partials_;
+  std::map<int32_t, split_choice> splits_;
+  static constexpr int32_t max_gemm_splits = 4;
   bool skinny_ok_ = false; // the model's shapes suit the skinny GEMM
   device_buffer inputs_, outputs_;
   pinned_buffer staging_, results_;

@@ -227,17 +227,26 @@ void cuda_engine::skinny(gemv_epilogue ep, const gemv_args& a) {
 }
 
 void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
-                         int32_t seqs, bool raw_qkv, const bf16* qkv_bias) {
+                         int32_t seqs, bool raw_qkv, const bf16* qkv_bias, int32_t qkv_splits) {
   const int32_t splits = decode_attention_splits(sh, seqs, num_sms_);
   float* po = part_o_.get<float>();
   float* pml = part_ml_.get<float>();
   int32_t* counters = split_counters_.get<int32_t>();
   if (raw_qkv && decode_attention_fuses_rope(sh)) {
-    const rope_input rope{qkv_.get<bf16>(), qkv_bias, inv_freq_.get<float>()};
+    rope_input rope{qkv_.get<bf16>(), qkv_bias, inv_freq_.get<float>()};
+    if (qkv_splits > 0) {
+      const auto& c = model_->config;
+      rope.qkv = nullptr;
+      rope.partials = split_partials_.get<float>();
+      rope.splits = qkv_splits;
+      rope.split_stride = int64_t(batch.num_tokens) * (c.q_size() + 2 * c.kv_size());
+    }
     launch_decode_attention_rope(sh, rope, kv, batch, splits, po, pml, counters,
                                  attn_.get<bf16>(), stream_);
     return;
   }
+  if (qkv_splits > 0)
+    throw cuda_error("cuda_engine: qkv partials need the fused-RoPE attention");
   if (raw_qkv)
     launch_rope_kv_write(qkv_.get<bf16>(), qkv_bias, inv_freq_.get<float>(), batch, kv,
                          sh.num_heads, q_.get<bf16>(), stream_);
@@ -275,6 +284,12 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
   launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
                       stream_);
   launch_embed(embed_, sv.ids, batch, h, x, stream_);
+  // The cuBLAS path: every layer's down projection ends by normalising the
+  // residual for the next layer (or the LM head), so only the first layer
+  // launches its norm.
+  const split_choice rc = gemv || tc ? split_choice{} : splits_of(batch);
+  if (!gemv && !tc)
+    launch_rms_norm(x, nullptr, layers_.front().attn_norm, eps, batch, h, xn, stream_);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const layer& L = layers_[size_t(i)];
     const kv_view kv = kv_of(i);
@@ -295,9 +310,11 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
       project(gemv_epilogue::qkv_rope, a);
       attend(sh, kv, sv.batch, batch, false);
     } else {
-      launch_rms_norm(x, nullptr, L.attn_norm, eps, batch, h, xn, stream_);
-      gemm(xn, batch, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
-      attend(sh, kv, sv.batch, batch, true, L.qkv_bias);
+      if (rc.qkv > 0)
+        tuner_->run_split(xn, batch, L.qkv, qkv, h, split_partials_.get<float>(), rc.qkv, stream_);
+      else
+        gemm(xn, batch, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
+      attend(sh, kv, sv.batch, batch, true, L.qkv_bias, rc.qkv);
     }
     if (gemv || tc) {
       gemv_args a;
@@ -326,13 +343,12 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
       d.out_f32 = x;
       project(gemv_epilogue::residual_add, d);
     } else {
-      gemm(attn_.get<bf16>(), batch, L.o, h, q, x, true, 1.0f);
-      if (L.o_bias)
-        launch_add_bias(x, L.o_bias, batch, h, stream_);
-      launch_rms_norm(x, nullptr, L.mlp_norm, eps, batch, h, xn, stream_);
+      project_residual(attn_.get<bf16>(), batch, L.o, q, L.o_bias, rc.o, L.mlp_norm);
       gemm(xn, batch, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
       launch_swiglu(gate_up_.get<bf16>(), batch, f, act_.get<bf16>(), stream_);
-      gemm(act_.get<bf16>(), batch, L.down, h, f, x, true, 1.0f);
+      const bool last = i + 1 == c.num_layers;
+      project_residual(act_.get<bf16>(), batch, L.down, f, nullptr, rc.down,
+                       last ? final_norm_ : layers_[size_t(i) + 1].attn_norm);
     }
   }
   if (gemv || tc) {
@@ -345,10 +361,27 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
     a.out_f32 = logits_.get<float>();
     project(gemv_epilogue::store_f32, a);
   } else {
-    launch_rms_norm(x, nullptr, final_norm_, eps, batch, h, xn, stream_);
     gemm(xn, batch, lm_head_, v, h, logits_.get(), true, 0.0f);
   }
   enqueue_sampling(l, batch, penalties);
+}
+
+void cuda_engine::project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
+                                   const bf16* bias, int32_t splits, const bf16* norm) {
+  const auto& c = model_->config;
+  const int32_t h = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  float* x = x_.get<float>();
+  if (splits > 0) {
+    float* partials = split_partials_.get<float>();
+    tuner_->run_split(in_x, m, w, h, k, partials, splits, stream_);
+    launch_residual_rms_norm(partials, splits, bias, x, norm, eps, m, h, xn_.get<bf16>(), stream_);
+    return;
+  }
+  gemm(in_x, m, w, h, k, x, true, 1.0f);
+  if (bias)
+    launch_add_bias(x, bias, m, h, stream_);
+  launch_rms_norm(x, nullptr, norm, eps, m, h, xn_.get<bf16>(), stream_);
 }
 
 void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_single,

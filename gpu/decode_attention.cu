@@ -30,7 +30,10 @@
 // On the cuBLAS decode path the kernel also does what rope_kv_write_kernel
 // would do before it (ROPE): it rotates q as it loads it from the raw qkv
 // projection, and the block whose split holds the current token writes that
-// token's k and v into the cache, then reads the cache coherently.
+// token's k and v into the cache, then reads the cache coherently. The raw
+// projection may also come as split-K partials (rope_input::partials), summed
+// where they are read, so that the qkv GEMM can be split along k with no
+// reduction launch.
 //
 // Shapes outside this kernel (head_dim 256, more than 8 heads per kv head) and
 // the first generation on request go to decode_attention_v1.cu.
@@ -307,11 +310,35 @@ __global__ void __launch_bounds__(threads)
     constexpr int cw = C::kw >= 4 ? 4 : C::kw; // words a chunk
     constexpr int chunks = C::kw / cw;
     const int64_t width = int64_t(sh.num_heads + 2 * sh.kv_heads) * D;
-    const bf16* raw = rope.qkv + int64_t(qrow) * width;
+    const bf16* raw = rope.partials ? nullptr : rope.qkv + int64_t(qrow) * width;
+    const float* part = rope.partials ? rope.partials + int64_t(qrow) * width : nullptr;
+    // With partials, q's raw dims are the splits summed (one split at a time,
+    // each split's loads issued together: one round trip a split), rounded to
+    // the bf16 the unsplit projection stores; so are the writer's k and v.
     uint32_t own[C::kw], par[C::kw], bown[C::kw], bpar[C::kw];
     const int hq = (h0 + min(g, group - 1)) * D;
     const uint64_t qpol = l2_policy(false);
-    load_words<C::kw, C::k_stride>(own, raw + hq + C::k_base(t), qpol);
+    if (!part) {
+      load_words<C::kw, C::k_stride>(own, raw + hq + C::k_base(t), qpol);
+    } else {
+      float2 v[C::kw];
+#pragma unroll
+      for (int w = 0; w < C::kw; ++w)
+        v[w] = make_float2(0.0f, 0.0f);
+      for (int32_t s2 = 0; s2 < rope.splits; ++s2) {
+        const float* ps = part + s2 * rope.split_stride + hq + C::k_base(t);
+#pragma unroll
+        for (int w = 0; w < C::kw; ++w) {
+          const float2 x = __ldcg(
+            reinterpret_cast<const float2*>(ps + (w / cw) * C::k_stride + 2 * (w % cw)));
+          v[w].x += x.x;
+          v[w].y += x.y;
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < C::kw; ++w)
+        own[w] = pack_bf16x2(v[w].x, v[w].y);
+    }
     if (rope.bias)
       load_words<C::kw, C::k_stride>(bown, rope.bias + hq + C::k_base(t), qpol);
     else
@@ -330,14 +357,39 @@ __global__ void __launch_bounds__(threads)
     // cache by the block that reads that row (len >= 1: see kernels.hpp).
     const bool writer = len > 0 && (nsteps - 1) / per_split == split;
     const int64_t cur_row = writer ? row_of(pos) : -1;
+    // The writer's raw k pair (kc, kc + half) and v element (vc) of thread
+    // tid, loaded together.
+    const int kc = (sh.num_heads + kvh) * D + tid;
+    const int vc = (sh.num_heads + sh.kv_heads + kvh) * D + tid;
+    float raw_k0 = 0.0f, raw_k1 = 0.0f, raw_v = 0.0f;
+    if (writer && tid < D) {
+      if (!part) {
+        if (tid < half) {
+          raw_k0 = to_float(raw[kc]);
+          raw_k1 = to_float(raw[kc + half]);
+        }
+        raw_v = to_float(raw[vc]);
+      } else {
+        for (int32_t s2 = 0; s2 < rope.splits; ++s2) {
+          const float* ps = part + s2 * rope.split_stride;
+          if (tid < half) {
+            raw_k0 += __ldcg(ps + kc);
+            raw_k1 += __ldcg(ps + kc + half);
+          }
+          raw_v += __ldcg(ps + vc);
+        }
+        raw_k0 = to_float(__float2bfloat16_rn(raw_k0));
+        raw_k1 = to_float(__float2bfloat16_rn(raw_k1));
+        raw_v = to_float(__float2bfloat16_rn(raw_v));
+      }
+    }
     if (tid < half) {
       float cs, sn;
       gemv_detail::rope_angle(rope.inv_freq, pos, tid, cs, sn);
       sm_cos[tid] = cs;
       sm_sin[tid] = sn;
       if (writer) {
-        const int kc = (sh.num_heads + kvh) * D + tid;
-        float a = to_float(raw[kc]), b = to_float(raw[kc + half]);
+        float a = raw_k0, b = raw_k1;
         if (rope.bias) {
           a += to_float(rope.bias[kc]);
           b += to_float(rope.bias[kc + half]);
@@ -348,8 +400,7 @@ __global__ void __launch_bounds__(threads)
       }
     }
     if (writer && tid < D) {
-      const int vc = (sh.num_heads + sh.kv_heads + kvh) * D + tid;
-      float a = to_float(raw[vc]);
+      float a = raw_v;
       if (rope.bias)
         a += to_float(rope.bias[vc]);
       kv.v[cur_row + tid] = __float2bfloat16_rn(a);
@@ -643,8 +694,9 @@ void launch_decode_attention_rope(const attention_shape& sh, const rope_input& r
                                   cudaStream_t stream) {
   if (!use_v2(sh))
     throw cuda_error("launch_decode_attention_rope: this shape has no fused kernel");
-  if (!rope.qkv || !rope.inv_freq)
-    throw cuda_error("launch_decode_attention_rope: qkv and inv_freq are required");
+  if (!(rope.qkv || (rope.partials && rope.splits >= 1)) || !rope.inv_freq)
+    throw cuda_error("launch_decode_attention_rope: qkv (or its partials) and inv_freq are "
+                     "required");
   launch_checked(sh, nullptr, &rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
 }
 } // namespace metronome::gpu

@@ -37,31 +37,96 @@ __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __re
   }
 }
 
-__global__ void rms_norm_kernel(const float* __restrict__ x, const int32_t* __restrict__ row_map,
+/// float4 of a row each rms_norm_kernel thread keeps in registers (rows of up
+/// to 8,192 at 512 threads in one pass).
+constexpr int rms_cached = 4;
+
+/// What the fused form adds to the residual row before normalising it.
+struct residual_update {
+  const float* partials = nullptr; // [splits][rows][n]
+  int32_t splits = 0;
+  const bf16* bias = nullptr; // [n] or null
+};
+
+/// out[row] = RMSNorm(x[src]) * weight. ADD: first x[row] += the sum of the
+/// partial products (and the bias), written back, and normalised from
+/// registers (row_map unused).
+template <bool ADD>
+__global__ void rms_norm_kernel(float* __restrict__ x, const int32_t* __restrict__ row_map,
                                 const bf16* __restrict__ weight, float eps, int32_t n,
-                                bf16* __restrict__ out) {
+                                bf16* __restrict__ out, residual_update add) {
   pdl_wait();
   pdl_trigger();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  const int64_t src = row_map ? row_map[row] : row;
-  const float* xr = x + src * n;
+  const int64_t src = !ADD && row_map ? row_map[row] : row;
+  float* xr = x + src * n;
+  const int64_t stride = int64_t(gridDim.x) * n; // between the partials of two splits
+  // x[i .. i + 3], updated first when ADD (and written back).
+  auto load_x = [&](int32_t i) {
+    float4 v = *reinterpret_cast<const float4*>(xr + i);
+    if constexpr (ADD) {
+      const float* p = add.partials + row * n + i;
+      for (int32_t s = 0; s < add.splits; ++s) {
+        const float4 q = __ldcg(reinterpret_cast<const float4*>(p + s * stride));
+        v.x += q.x;
+        v.y += q.y;
+        v.z += q.z;
+        v.w += q.w;
+      }
+      if (add.bias) {
+        const uint2 b = *reinterpret_cast<const uint2*>(add.bias + i);
+        v.x += bf16_lo(b.x);
+        v.y += bf16_hi(b.x);
+        v.z += bf16_lo(b.y);
+        v.w += bf16_hi(b.y);
+      }
+      *reinterpret_cast<float4*>(xr + i) = v;
+    }
+    return v;
+  };
+  // One pass: the first rms_cached float4 of x a thread touches stay in
+  // registers, and their weights are loaded with them, before the reduction;
+  // only rows longer than rms_cached * 4 * blockDim.x read x a second time
+  // (which ADD rules out: see launch_residual_rms_norm).
+  float4 xv[rms_cached];
+  uint2 wv[rms_cached];
   float ss = 0;
-  for (int32_t i = threadIdx.x * 4; i < n; i += blockDim.x * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(xr + i);
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+#pragma unroll
+  for (int c = 0; c < rms_cached; ++c) {
+    const int32_t i = (threadIdx.x + c * blockDim.x) * 4;
+    if (i < n) {
+      wv[c] = *reinterpret_cast<const uint2*>(weight + i);
+      xv[c] = load_x(i);
+    }
   }
+#pragma unroll
+  for (int c = 0; c < rms_cached; ++c)
+    if ((threadIdx.x + c * blockDim.x) * 4 < n)
+      ss += xv[c].x * xv[c].x + xv[c].y * xv[c].y + xv[c].z * xv[c].z + xv[c].w * xv[c].w;
+  if constexpr (!ADD)
+    for (int32_t i = (threadIdx.x + rms_cached * blockDim.x) * 4; i < n; i += blockDim.x * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(xr + i);
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
   ss = block_sum(ss, scratch);
   const float inv = rsqrtf(ss / float(n) + eps);
   bf16* o = out + row * n;
-  for (int32_t i = threadIdx.x * 4; i < n; i += blockDim.x * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(xr + i);
-    const uint2 wv = *reinterpret_cast<const uint2*>(weight + i);
+  auto put = [&](int32_t i, const float4& v, const uint2& w) {
     uint2 r;
-    r.x = pack_bf16x2(bf16_lo(wv.x) * (v.x * inv), bf16_hi(wv.x) * (v.y * inv));
-    r.y = pack_bf16x2(bf16_lo(wv.y) * (v.z * inv), bf16_hi(wv.y) * (v.w * inv));
+    r.x = pack_bf16x2(bf16_lo(w.x) * (v.x * inv), bf16_hi(w.x) * (v.y * inv));
+    r.y = pack_bf16x2(bf16_lo(w.y) * (v.z * inv), bf16_hi(w.y) * (v.w * inv));
     *reinterpret_cast<uint2*>(o + i) = r;
+  };
+#pragma unroll
+  for (int c = 0; c < rms_cached; ++c) {
+    const int32_t i = (threadIdx.x + c * blockDim.x) * 4;
+    if (i < n)
+      put(i, xv[c], wv[c]);
   }
+  if constexpr (!ADD)
+    for (int32_t i = (threadIdx.x + rms_cached * blockDim.x) * 4; i < n; i += blockDim.x * 4)
+      put(i, *reinterpret_cast<const float4*>(xr + i), *reinterpret_cast<const uint2*>(weight + i));
 }
 
 constexpr int rope_threads = 128;
@@ -160,13 +225,34 @@ void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t h
                 stream, table, ids, hidden, x);
 }
 
+int32_t rms_threads(int32_t n) {
+  return n >= 4096 ? 512 : n >= 1024 ? 256 : 64;
+}
+
 void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight, float eps,
                      int32_t rows, int32_t n, bf16* out, cudaStream_t stream) {
   if (rows <= 0)
     return;
-  const int32_t threads = n >= 4096 ? 512 : n >= 1024 ? 256 : 64;
-  launch_kernel("rms_norm_kernel", rms_norm_kernel, dim3(rows), dim3(threads), 0,
-                stream, x, row_map, weight, eps, n, out);
+  const int32_t threads = rms_threads(n);
+  // The kernel only reads x here (float*: the fused form's signature).
+  launch_kernel("rms_norm_kernel", rms_norm_kernel<false>, dim3(rows), dim3(threads), 0, stream,
+                const_cast<float*>(x), row_map, weight, eps, n, out, residual_update{});
+}
+
+bool residual_rms_norm_supports(int32_t n) {
+  return n % 4 == 0 && n <= rms_cached * 4 * rms_threads(n);
+}
+
+void launch_residual_rms_norm(const float* partials, int32_t splits, const bf16* bias, float* x,
+                              const bf16* weight, float eps, int32_t rows, int32_t n, bf16* out,
+                              cudaStream_t stream) {
+  if (rows <= 0)
+    return;
+  if (!residual_rms_norm_supports(n) || splits < 1)
+    throw cuda_error("launch_residual_rms_norm: rows of " + std::to_string(n) + " or "
+                     + std::to_string(splits) + " splits are not supported");
+  launch_kernel("rms_norm_kernel", rms_norm_kernel<true>, dim3(rows), dim3(rms_threads(n)), 0,
+                stream, x, nullptr, weight, eps, n, out, residual_update{partials, splits, bias});
 }
 
 void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_freq,

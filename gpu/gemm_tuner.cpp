@@ -1,6 +1,8 @@
 #include "gpu/gemm_tuner.hpp"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda_check.hpp"
@@ -15,7 +17,9 @@ struct lt_shape {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
 
-  lt_shape(int32_t m, int32_t n, int32_t k, bool y_f32) {
+  /// splits > 1: a strided batch over equal slices of k (rows k / splits of
+  /// A and B at offsets k / splits), each into its own m x n block of D.
+  lt_shape(int32_t m, int32_t n, int32_t k, bool y_f32, int32_t splits = 1) {
     METRONOME_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     METRONOME_CUBLAS(
@@ -23,9 +27,20 @@ struct lt_shape {
     METRONOME_CUBLAS(
       cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     // W stored [n][k] row-major = k x n column-major; op(A) = A^T is n x k.
-    METRONOME_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k));
-    METRONOME_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, k));
+    const int32_t ks = k / splits;
+    METRONOME_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, ks, n, k));
+    METRONOME_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, ks, m, k));
     METRONOME_CUBLAS(cublasLtMatrixLayoutCreate(&c, y_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, n));
+    if (splits > 1) {
+      const int32_t count = splits;
+      const int64_t slice = ks, block = int64_t(m) * n;
+      for (auto [layout, stride] : {std::pair{a, slice}, std::pair{b, slice}, std::pair{c, block}}) {
+        METRONOME_CUBLAS(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        METRONOME_CUBLAS(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+      }
+    }
   }
 
   ~lt_shape() {
@@ -54,17 +69,25 @@ gemm_tuner::~gemm_tuner() {
 }
 
 void gemm_tuner::run_gemmex(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k,
-                            void* y, bool y_f32, float beta, cudaStream_t) {
+                            void* y, bool y_f32, float beta, int32_t splits, cudaStream_t) {
   const float alpha = 1.0f;
-  METRONOME_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF,
-                                k, x, CUDA_R_16BF, k, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                                n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const cudaDataType_t yt = y_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  if (splits == 1) {
+    METRONOME_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w,
+                                  CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y, yt, n,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  const int32_t ks = k / splits;
+  METRONOME_CUBLAS(cublasGemmStridedBatchedEx(
+    blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, ks, &alpha, w, CUDA_R_16BF, k, ks, x, CUDA_R_16BF, k,
+    ks, &beta, y, yt, n, int64_t(m) * n, splits, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void gemm_tuner::run_lt(const cublasLtMatmulAlgo_t& algo, const bf16* x, int32_t m,
                         const bf16* w, int32_t n, int32_t k, void* y, bool y_f32, float beta,
-                        cudaStream_t stream) {
-  lt_shape s(m, n, k, y_f32);
+                        int32_t splits, cudaStream_t stream) {
+  lt_shape s(m, n, k, y_f32, splits);
   const float alpha = 1.0f;
   METRONOME_CUBLAS(cublasLtMatmul(lt_, s.op, &alpha, w, s.a, x, s.b, &beta, y, s.c, y, s.c,
                                   &algo, workspace_, workspace_bytes_, stream));
@@ -72,39 +95,70 @@ void gemm_tuner::run_lt(const cublasLtMatmulAlgo_t& algo, const bf16* x, int32_t
 
 void gemm_tuner::run(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y,
                      bool y_f32, float beta, cudaStream_t stream) {
-  auto it = algos_.find(key{m, n, k, y_f32, beta != 0.0f});
+  auto it = algos_.find(key{m, n, k, y_f32, beta != 0.0f, 1});
   if (it != algos_.end() && it->second.lt)
-    run_lt(it->second.algo, x, m, w, n, k, y, y_f32, beta, stream);
+    run_lt(it->second.algo, x, m, w, n, k, y, y_f32, beta, 1, stream);
   else
-    run_gemmex(x, m, w, n, k, y, y_f32, beta, stream);
+    run_gemmex(x, m, w, n, k, y, y_f32, beta, 1, stream);
+}
+
+void gemm_tuner::run_split(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k,
+                           float* partials, int32_t splits, cudaStream_t stream) {
+  if (!split_ok(k, splits))
+    throw cuda_error("gemm_tuner::run_split: k " + std::to_string(k) + " cannot be cut into "
+                     + std::to_string(splits) + " slices");
+  auto it = algos_.find(key{m, n, k, true, false, splits});
+  if (it != algos_.end() && it->second.lt)
+    run_lt(it->second.algo, x, m, w, n, k, partials, true, 0.0f, splits, stream);
+  else
+    run_gemmex(x, m, w, n, k, partials, true, 0.0f, splits, stream);
 }
 
 double gemm_tuner::tune(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y,
                         bool y_f32, float beta) {
-  const key kk{m, n, k, y_f32, beta != 0.0f};
-  if (algos_.contains(kk))
-    return 1.0;
+  return tune_key(x, m, w, n, k, y, y_f32, beta, 1);
+}
+
+double gemm_tuner::tune_split(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k,
+                              float* partials, int32_t splits) {
+  if (!split_ok(k, splits))
+    throw cuda_error("gemm_tuner::tune_split: k " + std::to_string(k) + " cannot be cut into "
+                     + std::to_string(splits) + " slices");
+  return tune_key(x, m, w, n, k, partials, true, 0.0f, splits);
+}
+
+double gemm_tuner::tune_key(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k,
+                            void* y, bool y_f32, float beta, int32_t splits) {
+  const key kk{m, n, k, y_f32, beta != 0.0f, splits};
+  if (auto it = algos_.find(kk); it != algos_.end())
+    return it->second.ms;
   cudaEvent_t e0, e1;
   METRONOME_CUDA(cudaEventCreate(&e0));
   METRONOME_CUDA(cudaEventCreate(&e1));
+  // The mean of five launches after a warm-up, each timed alone after the
+  // flush (if any), so that the weights come from DRAM as in a step.
   auto time = [&](auto&& launch) {
-    for (int i = 0; i < 2; ++i)
-      launch();
+    launch();
     constexpr int reps = 5;
-    METRONOME_CUDA(cudaEventRecord(e0, stream_));
-    for (int i = 0; i < reps; ++i)
+    double total = 0;
+    for (int i = 0; i < reps; ++i) {
+      if (flush_)
+        METRONOME_CUDA(cudaMemsetAsync(flush_, 0, flush_bytes_, stream_));
+      METRONOME_CUDA(cudaEventRecord(e0, stream_));
       launch();
-    METRONOME_CUDA(cudaEventRecord(e1, stream_));
-    wait_event(e1, 60.0, "gemm tuning");
-    float ms = 0;
-    METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    return double(ms) / reps;
+      METRONOME_CUDA(cudaEventRecord(e1, stream_));
+      wait_event(e1, 60.0, "gemm tuning");
+      float ms = 0;
+      METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      total += double(ms);
+    }
+    return total / reps;
   };
   choice best;
-  double best_ms = 0, base_ms = 0;
+  double best_ms = 0;
   try {
-    best_ms = base_ms = time([&] { run_gemmex(x, m, w, n, k, y, y_f32, beta, stream_); });
-    lt_shape s(m, n, k, y_f32);
+    best_ms = time([&] { run_gemmex(x, m, w, n, k, y, y_f32, beta, splits, stream_); });
+    lt_shape s(m, n, k, y_f32, splits);
     cublasLtMatmulPreference_t pref = nullptr;
     METRONOME_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
@@ -119,7 +173,8 @@ double gemm_tuner::tune(const bf16* x, int32_t m, const bf16* w, int32_t n, int3
         if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS)
           continue;
         const auto& algo = results[size_t(i)].algo;
-        const double ms = time([&] { run_lt(algo, x, m, w, n, k, y, y_f32, beta, stream_); });
+        const double ms =
+          time([&] { run_lt(algo, x, m, w, n, k, y, y_f32, beta, splits, stream_); });
         if (ms < best_ms) {
           best_ms = ms;
           best = choice{true, algo};
@@ -132,8 +187,9 @@ double gemm_tuner::tune(const bf16* x, int32_t m, const bf16* w, int32_t n, int3
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  best.ms = best_ms;
   algos_[kk] = best;
-  return best_ms > 0 ? base_ms / best_ms : 1.0;
+  return best_ms;
 }
 
 } // namespace metronome::gpu

@@ -25,7 +25,8 @@ kernel_generations from_environment() {
     const size_t eq = item.find('=');
     if (eq != std::string::npos) {
       const std::string key = item.substr(0, eq);
-      const int v = item.substr(eq + 1) == "1" ? 1 : 2;
+      const std::string value = item.substr(eq + 1);
+      const int v = value == "1" ? 1 : 2;
       if (key == "gemv")
         g.gemv = v;
       else if (key == "decode")
@@ -34,6 +35,8 @@ kernel_generations from_environment() {
         g.prefill_attention = v;
       else if (key == "rope")
         g.decode_rope = v;
+      else if (key == "splits")
+        g.gemm_splits = value == "3" ? 3 : v;
     }
     at = end + 1;
   }

@@ -65,6 +65,16 @@ void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t h
 void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight, float eps,
                      int32_t rows, int32_t n, bf16* out, cudaStream_t stream);
 
+/// x[r] += sum over s < splits of partials[s][r] (+ bias), then out[r] =
+/// bf16(RMSNorm(x[r]) * weight), in one launch: the reduction of a projection
+/// split along k (gemm_tuner::run_split) fused with the residual add and the
+/// next norm. partials is [splits][rows][n] fp32.
+void launch_residual_rms_norm(const float* partials, int32_t splits, const bf16* bias, float* x,
+                              const bf16* weight, float eps, int32_t rows, int32_t n, bf16* out,
+                              cudaStream_t stream);
+/// Whether launch_residual_rms_norm takes rows of n (n % 4 == 0, n <= 8,192).
+bool residual_rms_norm_supports(int32_t n);
+
 /// Splits qkv [tokens][q + 2 kv] (plus bias), rotates q and k (Hugging Face
 /// half-split RoPE with inv_freq [head_dim / 2]) and writes q to q_out
 /// [tokens][q] and k, v into the paged cache at each token's position.
@@ -197,6 +207,12 @@ struct rope_input {
   const bf16* qkv = nullptr;       // [tokens][(heads + 2 kv_heads) * head_dim], before bias and RoPE
   const bf16* bias = nullptr;      // [(heads + 2 kv_heads) * head_dim], or null
   const float* inv_freq = nullptr; // [head_dim / 2]
+  /// Instead of qkv: the projection split along k (gemm_tuner::run_split),
+  /// `splits` fp32 blocks `split_stride` elements apart, each laid out as qkv.
+  /// The kernel sums them and rounds to bf16, the projection qkv would hold.
+  const float* partials = nullptr;
+  int32_t splits = 0;
+  int64_t split_stride = 0;
 };
 
 /// Whether launch_decode_attention_rope serves `shape` with the active kernels
@@ -252,6 +268,10 @@ struct kernel_generations {
   int decode_attention = 2;
   int prefill_attention = 2;
   int decode_rope = 2; // 1: RoPE as its own kernel before the decode attention
+  /// The cuBLAS decode path's split-K projections (cuda_engine::splits_of):
+  /// 1 never, 2 where timing favours them, 3 always (2 splits where k allows;
+  /// tests).
+  int gemm_splits = 2;
 };
 kernel_generations& active_kernels();
 

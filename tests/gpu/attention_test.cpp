@@ -145,7 +145,8 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
     test::paged_kv kv_a(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
     const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
     const int32_t tokens = kv_a.num_tokens();
-    auto d_qkv = test::upload_bf16(test::random_floats(rng, size_t(tokens) * width, -2, 2));
+    const auto qkv_f = test::random_floats(rng, size_t(tokens) * width, -2, 2);
+    auto d_qkv = test::upload_bf16(qkv_f);
     auto d_bias = test::upload_bf16(test::random_floats(rng, size_t(width), -0.5f, 0.5f));
     std::vector<float> inv(size_t(c.head_dim / 2));
     for (size_t i = 0; i < inv.size(); ++i)
@@ -172,6 +173,7 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
     const auto want = reference(c, kv_a, test::download_bf16(d_q));
     ASSERT_LT(test::relative_error(got_a, want), 5e-3);
 
+    std::vector<float> got_auto; // the fused kernel at auto_splits
     for (int32_t splits : {1, 3, auto_splits, 64}) {
       SCOPED_TRACE("splits " + std::to_string(splits));
       // A fresh cache each time (the current rows hold stale random values),
@@ -190,6 +192,41 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
       EXPECT_LT(test::relative_error(got_b, want), 5e-3);
       for (auto v : counters.download())
         ASSERT_EQ(v, 0);
+      if (splits == auto_splits)
+        got_auto = got_b;
+    }
+
+    // The projection as split-K partials (rope_input::partials) whose fp32
+    // sum is exactly the bf16 projection above (small dyadic offsets that
+    // cancel): the same cache bits and the same output bits.
+    for (int32_t parts : {1, 2, 3}) {
+      SCOPED_TRACE("qkv partials " + std::to_string(parts));
+      const size_t n = qkv_f.size();
+      std::vector<float> p(size_t(parts) * n);
+      for (size_t i = 0; i < n; ++i) {
+        float first = test::round_bf16(qkv_f[i]);
+        for (int32_t s = 1; s < parts; ++s) {
+          const float r = float(int(rng() % 17) - 8) * (1.0f / 4096.0f);
+          p[size_t(s) * n + i] = r;
+          first -= r;
+        }
+        p[i] = first;
+      }
+      dev_array<float> d_parts(p);
+      auto rng_b = rng_kv;
+      test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+      dev_array<bf16> out_b(qn);
+      gpu::rope_input rope{nullptr, bias, d_inv.get()};
+      rope.partials = d_parts.get();
+      rope.splits = parts;
+      rope.split_stride = int64_t(n);
+      gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), auto_splits,
+                                        po.get(), pml.get(), counters.get(), out_b.get(),
+                                        nullptr);
+      test::sync_check();
+      kv_b.download();
+      EXPECT_TRUE(kv_b.same_pools(kv_a));
+      EXPECT_EQ(test::download_bf16(out_b), got_auto);
     }
   }
 }

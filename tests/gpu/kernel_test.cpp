@@ -43,7 +43,8 @@ TEST(gpu_kernels, embed_gathers_rows_exactly) {
 TEST(gpu_kernels, rms_norm_matches_reference_with_and_without_row_map) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("rms_norm");
-  for (int32_t n : {64, 2048, 4096, 5120}) {
+  // 16,384: longer than the registers hold (a second pass over x).
+  for (int32_t n : {64, 2048, 4096, 5120, 16384}) {
     const int32_t rows = 19;
     auto x = test::random_floats(rng, size_t(rows) * n, -3, 3);
     auto w = test::random_floats(rng, size_t(n), 0.5f, 1.5f);
@@ -68,6 +69,52 @@ TEST(gpu_kernels, rms_norm_matches_reference_with_and_without_row_map) {
       ref_g.insert(ref_g.end(), ref.begin() + int64_t(r) * n, ref.begin() + int64_t(r + 1) * n);
     EXPECT_LT(test::relative_error(test::download_bf16(d_gathered), ref_g), 2e-3) << "n " << n;
   }
+}
+
+// The reduction of split-K partials fused with the residual add and the next
+// norm: the residual gets exactly x + p_0 + ... + p_(s-1) + bias (summed in
+// that order in fp32), the output the reference norm of that residual.
+TEST(gpu_kernels, residual_rms_norm_adds_the_partials_then_normalises) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("residual_rms_norm");
+  for (int32_t n : {64, 2048, 3584, 4096, 8192})
+    for (int32_t splits : {1, 2, 3, 4})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " splits " + std::to_string(splits)
+                     + (with_bias ? " bias" : ""));
+        ASSERT_TRUE(gpu::residual_rms_norm_supports(n));
+        const int32_t rows = 13;
+        auto x = test::random_floats(rng, size_t(rows) * n, -3, 3);
+        auto parts = test::random_floats(rng, size_t(splits) * rows * n, -2, 2);
+        auto w = test::random_floats(rng, size_t(n), 0.5f, 1.5f);
+        auto bias = test::random_floats(rng, size_t(n), -1, 1);
+        auto wb = test::to_bf16(w), bb = test::to_bf16(bias);
+        dev_array<float> d_x(x), d_parts(parts);
+        auto d_w = test::upload_bf16(w);
+        auto d_b = test::upload_bf16(bias);
+        dev_array<bf16> d_out(size_t(rows) * n);
+        gpu::launch_residual_rms_norm(d_parts.get(), splits, with_bias ? d_b.get() : nullptr,
+                                      d_x.get(), d_w.get(), 1e-5f, rows, n, d_out.get(), nullptr);
+        test::sync_check();
+        std::vector<float> want(x);
+        for (int32_t r = 0; r < rows; ++r)
+          for (int32_t i = 0; i < n; ++i) {
+            float v = x[size_t(r) * n + i];
+            for (int32_t s = 0; s < splits; ++s)
+              v += parts[(size_t(s) * rows + r) * n + i];
+            if (with_bias)
+              v += bf16_to_f32(bb[size_t(i)]);
+            want[size_t(r) * n + i] = v;
+          }
+        EXPECT_EQ(d_x.download(), want);
+        std::vector<float> ref(want.size());
+        ref::rms_norm(want.data(), bf16_view(wb, {n}), 1e-5, rows, n, ref.data());
+        for (auto& r : ref)
+          r = test::round_bf16(r);
+        EXPECT_LT(test::relative_error(test::download_bf16(d_out), ref), 2e-3);
+      }
+  EXPECT_FALSE(gpu::residual_rms_norm_supports(16384));
+  EXPECT_FALSE(gpu::residual_rms_norm_supports(4098));
 }
 
 TEST(gpu_kernels, swiglu_matches_reference) {

@@ -36,6 +36,7 @@ struct gpu_sequence {
   sampling_params params;
   std::vector<int32_t> prompt_distinct; // sorted, only with a repetition penalty
   std::unordered_map<int32_t, int32_t> output_counts; // only when penalised()
+  int32_t prior_outputs = 0; // output before a re-admission (new_sequence::num_output)
 
   bool penalised() const {
     return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f
@@ -66,8 +67,16 @@ public:
       free_slots_.pop_back();
       g.seed = n.seed;
       g.params = n.params;
+      // A re-admitted sequence's last num_output prompt tokens are its earlier
+      // output (step_plan.hpp): they count for the penalties as output and
+      // advance its random stream, as the CPU runner's sampler does.
+      const auto split = n.prompt.begin() + int64_t(n.prompt.size()) - n.num_output;
+      g.prior_outputs = n.num_output;
+      if (g.penalised())
+        for (auto t = split; t != n.prompt.end(); ++t)
+          ++g.output_counts[*t];
       if (g.params.repetition_penalty != 1.0f) {
-        g.prompt_distinct = n.prompt;
+        g.prompt_distinct.assign(n.prompt.begin(), split);
         std::sort(g.prompt_distinct.begin(), g.prompt_distinct.end());
         g.prompt_distinct.erase(std::unique(g.prompt_distinct.begin(), g.prompt_distinct.end()),
                                 g.prompt_distinct.end());
@@ -100,7 +109,7 @@ public:
       e.frequency_penalty = p.frequency_penalty;
       e.presence_penalty = p.presence_penalty;
       e.seed = g.seed;
-      e.sample_step = int32_t(s.tokens.size()) - s.prompt_len;
+      e.sample_step = int32_t(s.tokens.size()) - s.prompt_len + g.prior_outputs;
       const size_t first = entries_.size();
       if (e.sample && g.penalised())
         add_penalties(g);

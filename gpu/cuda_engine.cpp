@@ -543,7 +543,10 @@ void cuda_engine::tune_gemms(int32_t m) {
         }
         return best;
       };
-      r.o = best_split(attn_.get<bf16>(), L.o, q, L.o_bias, o_ms);
+      const double o_bias_ms =
+        L.o_bias ? time_ms(stream_, [&] { launch_add_bias(x_.get<float>(), L.o_bias, m, h, stream_); })
+                 : 0.0;
+      r.o = best_split(attn_.get<bf16>(), L.o, q, L.o_bias, o_ms + o_bias_ms);
       r.down = best_split(act_.get<bf16>(), L.down, f, nullptr, down_ms);
       splits_[m] = r;
     }
@@ -555,16 +558,21 @@ cuda_engine::split_choice cuda_engine::splits_of(int32_t m) const {
   const int mode = active_kernels().gemm_splits;
   if (mode == 1 || split_partials_.bytes() == 0)
     return {};
+  split_choice r;
   if (mode == 3) {
     const auto& c = model_->config;
     auto pick = [](int32_t k) {
       return gemm_tuner::split_ok(k, 2) ? 2 : gemm_tuner::split_ok(k, 1) ? 1 : 0;
     };
-    const bool fused = decode_attention_fuses_rope(attention_of(0));
-    return {fused ? pick(c.hidden_size) : 0, pick(c.q_size()), pick(c.intermediate_size)};
+    r = {pick(c.hidden_size), pick(c.q_size()), pick(c.intermediate_size)};
+  } else if (auto it = splits_.find(m); it != splits_.end()) {
+    r = it->second;
   }
-  auto it = splits_.find(m);
-  return it != splits_.end() ? it->second : split_choice{};
+  // qkv partials only reach the fused-RoPE attention, which the active
+  // kernels may have turned off since the choice (METRONOME_KERNELS, tests).
+  if (!decode_attention_fuses_rope(attention_of(0)))
+    r.qkv = 0;
+  return r;
 }
 
 void cuda_engine::capture_graphs() {
@@ -572,9 +580,16 @@ void cuda_engine::capture_graphs() {
   graph_path_.clear();
   // The tuner's flush: the start of the KV pool, zero now and while no
   // sequence runs (twice the L2, or what the pool has).
+  // Only at start-up: no sequence holds a page yet.
   int device = 0, l2 = 0;
   METRONOME_CUDA(cudaGetDevice(&device));
   METRONOME_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  struct flush_scope {
+    gemm_tuner& t;
+    ~flush_scope() {
+      t.set_flush(nullptr, 0);
+    }
+  } unset{*tuner_};
   tuner_->set_flush(kv_pool_.get(), std::min(kv_pool_.bytes(), 2 * size_t(l2)));
   // Full prefill chunks have exactly max_num_batched_tokens tokens.
   tune_gemms(max_tokens_);
@@ -630,7 +645,6 @@ void cuda_engine::capture_graphs() {
     graphs_.push_back(std::move(best));
     graph_path_.push_back(best_path);
   }
-  tuner_->set_flush(nullptr, 0);
 }
 
 cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {

@@ -1,6 +1,8 @@
 #include "gpu/gemm_tuner.hpp"
 
 #include <algorithm>
+#include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,23 @@ struct lt_shape {
   /// splits > 1: a strided batch over equal slices of k (rows k / splits of
   /// A and B at offsets k / splits), each into its own m x n block of D.
   lt_shape(int32_t m, int32_t n, int32_t k, bool y_f32, int32_t splits = 1) {
+    try {
+      create(m, n, k, y_f32, splits);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~lt_shape() {
+    release();
+  }
+
+  lt_shape(const lt_shape&) = delete;
+  lt_shape& operator=(const lt_shape&) = delete;
+
+private:
+  void create(int32_t m, int32_t n, int32_t k, bool y_f32, int32_t splits) {
     METRONOME_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     METRONOME_CUBLAS(
@@ -43,7 +62,7 @@ struct lt_shape {
     }
   }
 
-  ~lt_shape() {
+  void release() {
     if (c)
       cublasLtMatrixLayoutDestroy(c);
     if (b)
@@ -52,6 +71,8 @@ struct lt_shape {
       cublasLtMatrixLayoutDestroy(a);
     if (op)
       cublasLtMatmulDescDestroy(op);
+    op = nullptr;
+    a = b = c = nullptr;
   }
 };
 
@@ -161,20 +182,41 @@ double gemm_tuner::tune_key(const bf16* x, int32_t m, const bf16* w, int32_t n, 
     lt_shape s(m, n, k, y_f32, splits);
     cublasLtMatmulPreference_t pref = nullptr;
     METRONOME_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>
+      pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
     METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_));
+    if (splits > 1) {
+      // The slices after the first start k / splits elements (and blocks of
+      // D m * n elements) past 256-byte aligned bases: only algorithms that
+      // accept that alignment.
+      const auto ab = uint32_t(std::gcd(uint64_t(256), uint64_t(k / splits) * 2));
+      const auto cd = uint32_t(std::gcd(uint64_t(256), uint64_t(m) * uint64_t(n) * (y_f32 ? 4 : 2)));
+      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES}) {
+        METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &ab, sizeof ab));
+      }
+      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+        METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &cd, sizeof cd));
+      }
+    }
     std::vector<cublasLtMatmulHeuristicResult_t> results(16);
     int found = 0;
     const auto st = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.a, s.b, s.c, s.c, pref,
                                                    int(results.size()), results.data(), &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    pref_owner.reset();
     if (st == CUBLAS_STATUS_SUCCESS)
       for (int i = 0; i < found; ++i) {
         if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS)
           continue;
         const auto& algo = results[size_t(i)].algo;
-        const double ms =
-          time([&] { run_lt(algo, x, m, w, n, k, y, y_f32, beta, splits, stream_); });
+        double ms = 0;
+        try {
+          ms = time([&] { run_lt(algo, x, m, w, n, k, y, y_f32, beta, splits, stream_); });
+        } catch (const cuda_error&) {
+          continue; // a candidate cuBLASLt refuses at launch: not a choice
+        }
         if (ms < best_ms) {
           best_ms = ms;
           best = choice{true, algo};

@@ -35,7 +35,7 @@ for rep in $(seq "$reps"); do
       bin=${rest%%:*} envs=()
       [ "$rest" != "$bin" ] && IFS=, read -r -a envs <<< "${rest#*:}"
       f=$out/ab-$m-$label-$rep.json
-      env "${envs[@]}" timeout 120 "$root/$bin" --model "$work/models/$m" --name "$m/$label" \
+      env ${envs[@]+"${envs[@]}"} timeout 120 "$root/$bin" --model "$work/models/$m" --name "$m/$label" \
         --out "$f" --decode-only --max-batch 64 --quick > "${f%.json}.log" 2>&1 \
         || echo "FAILED: $m $label (exit $?)"
       python3 - "$f" <<'PY'

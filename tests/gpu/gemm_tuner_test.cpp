@@ -66,8 +66,9 @@ TEST(gpu_gemm_tuner, split_partials_sum_to_the_product) {
         const std::string what =
           "m " + std::to_string(s.m) + " splits " + std::to_string(splits) + (tuned ? " tuned" : "");
         dev_array<float> parts(size_t(splits) * s.m * s.n);
-        if (tuned)
+        if (tuned) {
           EXPECT_GT(tuner.tune_split(d_x.get(), s.m, d_w.get(), s.n, s.k, parts.get(), splits), 0.0);
+        }
         parts.poison();
         tuner.run_split(d_x.get(), s.m, d_w.get(), s.n, s.k, parts.get(), splits, nullptr);
         test::sync_check();

@@ -419,8 +419,9 @@ TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
       path == "cublas" ? 1 : path == "cublas-split" ? 3 : saved.gemm_splits;
     auto gpu = make_cuda_runner(model, o);
     const std::string choice = describe_cuda_runner(*gpu);
-    if (path == "gemv" || path == "skinny")
+    if (path == "gemv" || path == "skinny") {
       EXPECT_NE(choice.find(path), std::string::npos) << choice;
+    }
     for (bool graphs : {true, false}) {
       ASSERT_TRUE(set_cuda_graphs(*gpu, graphs));
       auto got = generate(*gpu, prompts, 12, 1 << 20, false);

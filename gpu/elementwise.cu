@@ -208,6 +208,11 @@ __global__ void to_bf16_kernel(const void* src, bool is_f16, int64_t n, bf16* ds
   }
 }
 
+/// Threads of an rms_norm_kernel block for rows of n.
+int32_t rms_threads(int32_t n) {
+  return n >= 4096 ? 512 : n >= 1024 ? 256 : 64;
+}
+
 int32_t grid_for(int64_t n, int32_t block) {
   const int64_t g = (n + block - 1) / block;
   return int32_t(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
@@ -223,10 +228,6 @@ void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t h
     return;
   launch_kernel("embed_kernel", embed_kernel, dim3(rows), dim3(128), 0,
                 stream, table, ids, hidden, x);
-}
-
-int32_t rms_threads(int32_t n) {
-  return n >= 4096 ? 512 : n >= 1024 ? 256 : 64;
 }
 
 void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight, float eps,

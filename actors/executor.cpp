@@ -1,6 +1,7 @@
 #include "actors/executor.hpp"
 
 #include <deque>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -30,12 +31,20 @@ public:
 
   executor_actor::behavior_type make_behavior() override {
     // First code on the executor's own thread.
-    set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& ep) { return describe(ep); });
+    // A failure ends the executor; the steps it still owed hear of it now.
+    set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& ep) {
+      auto err = describe(ep);
+      for (auto& rp : waiting_)
+        rp.deliver(err);
+      waiting_.clear();
+      return err;
+    });
     try {
       runner_ = factory_();
     } catch (const std::exception& e) {
       quit(caf::make_error(caf::sec::runtime_error, std::string("cannot start the model: ") + e.what()));
-      return {[](step_plan&) -> step_output { return {}; }, [](crash_atom, std::string&) {}};
+      return {[](step_plan&) -> caf::result<step_output> { return step_output{}; }, [](tick_atom) {},
+              [](crash_atom, std::string&) {}};
     }
     executor_up_msg up;
     up.executor = caf::actor_cast<caf::actor>(this);
@@ -44,7 +53,25 @@ public:
     up.device = runner_->device();
     caf::anon_send(supervisor_, std::move(up)); // typed actors may not send() to untyped ones
     return {
-      [this](step_plan& plan) -> step_output { return runner_->execute(plan); },
+      [this](step_plan& plan) -> caf::result<step_output> {
+        auto rp = make_response_promise<step_output>();
+        runner_->submit(plan);
+        waiting_.push_back(rp);
+        // The step before this one ends now, with this one already queued
+        // behind it on the device; a runner that ran it at once is ready.
+        while (waiting_.size() > 1 || (!waiting_.empty() && runner_->ready()))
+          deliver_oldest();
+        poll();
+        return rp;
+      },
+      [this](tick_atom) {
+        polling_ = false;
+        if (!waiting_.empty() && runner_->ready())
+          deliver_oldest();
+        else
+          std::this_thread::yield();
+        poll();
+      },
       [this](crash_atom, std::string& why) {
         quit(caf::make_error(caf::sec::runtime_error, std::move(why)));
       },
@@ -56,6 +83,25 @@ public:
   }
 
 private:
+  void deliver_oldest() {
+    auto out = runner_->collect();
+    auto rp = std::move(waiting_.front());
+    waiting_.pop_front();
+    rp.deliver(std::move(out));
+  }
+
+  /// While a step is in flight, the executor polls it with a message to
+  /// itself, so a plan arriving meanwhile is handled first (submitted behind
+  /// the running step) instead of waiting for the step's end.
+  void poll() {
+    if (waiting_.empty() || polling_)
+      return;
+    polling_ = true;
+    caf::anon_send(caf::actor_cast<executor_actor>(this), tick_atom::value);
+  }
+
+  std::deque<caf::typed_response_promise<step_output>> waiting_; // oldest first
+  bool polling_ = false;
   caf::actor supervisor_;
   runner_factory factory_;
   std::unique_ptr<model_runner> runner_;

@@ -2,9 +2,12 @@
 // The executor actor and its supervisor.
 //
 // The executor runs on its own thread (detached): it builds its model runner
-// there (CUDA state is per thread), then serves step plans one at a time in
-// mailbox order, so a plan queued while a step runs starts the moment the
-// step ends. A runner exception ends the actor with that error.
+// there (CUDA state is per thread), then serves step plans in mailbox order.
+// A plan handled while the previous step runs is submitted behind it, then
+// the previous step is collected and answered: the host's work for step
+// n + 1 overlaps step n on the device. With no plan waiting, the executor
+// polls its step with messages to itself, so a plan arriving meanwhile is
+// still taken first. A runner exception ends the actor with that error.
 //
 // The supervisor links to the executor and turns its failures into
 // decisions: it tells the scheduler (which fails the requests whose state

@@ -97,6 +97,8 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
   METRONOME_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   METRONOME_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  for (auto& e : step_done_)
+    METRONOME_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   METRONOME_CUBLAS(cublasCreate(&cublas_));
   METRONOME_CUBLAS(cublasSetStream(cublas_, stream_));
   graphs_enabled_ = options_.cuda_graphs;
@@ -107,13 +109,24 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
 }
 
 cuda_engine::~cuda_engine() {
+  // Steps still in flight finish first (bounded: a hung device is left).
+  if (!flight_.empty()) {
+    try {
+      wait_event(step_done_[flight_.back().slot], options_.step_timeout_s, "engine shutdown");
+    } catch (...) {
+    }
+  }
   // Release in reverse: graphs and buffers free themselves; then handles.
   graphs_.clear();
+  twin_graphs_.clear();
   tuner_.reset();
   if (cublas_)
     cublasDestroy(cublas_);
   if (done_)
     cudaEventDestroy(done_);
+  for (auto e : step_done_)
+    if (e)
+      cudaEventDestroy(e);
   if (stream_)
     cudaStreamDestroy(stream_);
 }
@@ -298,10 +311,12 @@ void cuda_engine::allocate_activations() {
   input_capacity_ =
     make_layout(max_tokens_, max_batch_, update_capacity_, 0, item_capacity_).bytes;
   inputs_ = device_buffer(input_capacity_);
-  staging_ = pinned_buffer(input_capacity_);
   outputs_ = device_buffer(b * 8);
-  results_ = pinned_buffer(b * 8);
-  std::memset(staging_.get(), 0, input_capacity_);
+  for (int slot = 0; slot < 2; ++slot) {
+    staging_[slot] = pinned_buffer(input_capacity_);
+    results_[slot] = pinned_buffer(b * 8);
+    std::memset(staging_[slot].get(), 0, input_capacity_);
+  }
   const size_t workspaces = part_o_.bytes() + part_ml_.bytes() + split_counters_.bytes()
                             + sample_ws_.bytes() + cublas_ws_.bytes() + inputs_.bytes()
                             + outputs_.bytes() + skinny_partials_.bytes()
@@ -346,7 +361,9 @@ void cuda_engine::plan_kv_and_capture() {
       METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
     }
     const size_t one = before > after ? before - after : 0;
-    const size_t count = graph_sizes_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
+    // Every size twice (a twin per staging slot), plus the candidates "auto"
+    // times.
+    const size_t count = 2 * graph_sizes_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
     graph_estimate = (one + (2ull << 20)) * count;
     kv_pool_.reset();
     page_table_.reset();
@@ -409,15 +426,15 @@ int32_t cuda_engine::graph_index(int32_t batch) const {
   return -1;
 }
 
-size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out) {
+size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot) {
   const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
   METRONOME_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   try {
-    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_.get(), l.bytes,
+    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
                                    cudaMemcpyHostToDevice, stream_));
     enqueue_decode(l, batch, path, 0);
-    METRONOME_CUDA(cudaMemcpyAsync(results_.get(), outputs_.get(), outputs_.bytes(),
+    METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
                                    cudaMemcpyDeviceToHost, stream_));
   } catch (...) {
     cudaStreamEndCapture(stream_, &graph);
@@ -433,6 +450,9 @@ size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out
   cudaGraphDestroy(graph);
   METRONOME_CUDA(st);
   out = graph_exec(exec);
+  // Uploaded now: a graph's first launch would otherwise carry it (about
+  // half a millisecond at batch 64 on the H200), on a serving step.
+  METRONOME_CUDA(cudaGraphUpload(out.get(), stream_));
   return nodes;
 }
 
@@ -440,10 +460,26 @@ double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
   const int32_t gi = graph_index(batch);
   if (gi < 0 || (repeat_last_step && gi != last_graph_))
     return std::nan("");
-  return time_graph(graphs_[size_t(gi)], graph_sizes_[size_t(gi)], !repeat_last_step);
+  require_idle("graph timing");
+  if (repeat_last_step) {
+    // Fed ids become the ids they stood for (the step before the last one
+    // sampled them into the other slot's results): replays read the ids
+    // their own sampling writes, and must rewrite the same keys and values.
+    const int32_t b = graph_sizes_[size_t(gi)];
+    const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
+    const int32_t slot = last_slot_;
+    auto* ids = reinterpret_cast<int32_t*>(staging_[slot].get<unsigned char>() + l.ids);
+    const auto* earlier = results_[1 - slot].get<int32_t>();
+    for (int32_t r = 0; r < b; ++r)
+      if (ids[r] < 0)
+        ids[r] = earlier[-1 - ids[r]];
+  }
+  const auto& g = repeat_last_step && last_slot_ == 1 ? twin_graphs_ : graphs_;
+  return time_graph(g[size_t(gi)], graph_sizes_[size_t(gi)], !repeat_last_step);
 }
 
 double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
+  require_idle("graph timing");
   if (pad) {
     fill_pad_inputs(batch);
     last_graph_ = -1;
@@ -645,6 +681,22 @@ void cuda_engine::capture_graphs() {
     graphs_.push_back(std::move(best));
     graph_path_.push_back(best_path);
   }
+  // Each size's twin: the same step reading staging slot 1 and writing
+  // result slot 1, for the step launched behind one in flight. (Pointing
+  // one graph's copy nodes at the other slot before each launch made the
+  // launch wait for the graph's previous run: no overlap.)
+  twin_graphs_.clear();
+  for (size_t i = 0; i < graphs_.size(); ++i) {
+    graph_exec twin;
+    capture_one(graph_sizes_[i], graph_path_[i], twin, 1);
+    twin_graphs_.push_back(std::move(twin));
+  }
+}
+
+void cuda_engine::require_idle(const char* what) const {
+  if (!flight_.empty())
+    throw std::logic_error(std::string("cuda runner: ") + what
+                           + " while steps are in flight");
 }
 
 cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {

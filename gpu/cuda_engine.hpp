@@ -11,7 +11,14 @@
 // sequence owns. Its graph holds the input copy, the page-table update, the
 // whole forward pass, sampling and the copy of ids back, so a decode step is
 // one graph launch and one wait. Page tables live on the device per sequence
-// slot and change only by the updates of each step. Prefill and mixed steps
+// slot and change only by the updates of each step.
+//
+// Two steps can be in flight (launch, then finish): each has its own pinned
+// staging and result block (slots 0 and 1, alternating), and each decode
+// size is captured twice, once per slot. A token the
+// previous step samples reaches the next one on the device: the runner
+// passes its row (engine_chunk::fed_row) and the embedding gather reads the
+// id from that step's sampled ids, so the host never waits for it. Prefill and mixed steps
 // run the same kernels uncaptured, with cuBLAS GEMMs and the flash-style
 // attention. The KV pool gets what the configured share of device memory
 // leaves after weights, activations and (measured) graphs.
@@ -39,7 +46,10 @@ namespace metronome::gpu {
 struct engine_chunk {
   int32_t slot = 0;
   int32_t start_pos = 0;                // tokens already cached
-  std::span<const int32_t> tokens;      // tokens to compute
+  std::span<const int32_t> tokens;      // tokens to compute; -1: fed (below)
+  /// For a token of -1: the row of the previous step's sampled ids to read
+  /// it from on the device (that step must be the last one launched).
+  int32_t fed_row = -1;
   bool sample = false;                  // the chunk completes the sequence's tokens
   // Sampling (when sample).
   float temperature = 1.0f;
@@ -77,8 +87,30 @@ public:
   cuda_engine(const cuda_engine&) = delete;
   cuda_engine& operator=(const cuda_engine&) = delete;
 
-  /// Runs one step and waits for its ids (bounded by step_timeout_s).
+  /// Runs one step and waits for its ids (bounded by step_timeout_s); none
+  /// may be in flight.
   engine_result run(std::span<const engine_chunk> chunks, std::span<const page_update> updates);
+
+  /// Enqueues one step and returns without waiting for it. At most two are
+  /// in flight (std::logic_error beyond); a step with penalties only when
+  /// none is (they share one pinned block). Throws std::invalid_argument for
+  /// a step beyond the capacities, before enqueuing anything.
+  void launch(std::span<const engine_chunk> chunks, std::span<const page_update> updates);
+
+  /// Steps launched and not yet finished.
+  size_t in_flight() const {
+    return flight_.size();
+  }
+
+  /// True when the oldest step in flight has finished (false when none is).
+  bool oldest_done();
+
+  /// Seconds since the oldest step in flight was launched (0 when none).
+  double oldest_age_s() const;
+
+  /// Waits (bounded by step_timeout_s) for the oldest step in flight and
+  /// returns its ids; std::logic_error when none is in flight.
+  engine_result finish();
 
   const model_config& config() const {
     return model_->config;
@@ -108,6 +140,7 @@ public:
     return plan_;
   }
 
+  /// Between steps (none in flight).
   void set_graphs(bool on) {
     graphs_enabled_ = on;
   }
@@ -177,7 +210,9 @@ private:
   void allocate_activations();
   void plan_kv_and_capture();
   void capture_graphs();
-  size_t capture_one(int32_t batch, decode_path path, graph_exec& out);
+  /// Captures the decode step of `batch` sequences copying its inputs from
+  /// staging block `slot` and its ids to result block `slot`.
+  size_t capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot = 0);
   /// Times g replayed back to back; pads the inputs first unless `pad` is false.
   double time_graph(const graph_exec& g, int32_t batch, bool pad = true);
 
@@ -220,11 +255,12 @@ private:
   void project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
                         const bf16* bias, int32_t splits, const bf16* norm);
 
-  /// Packs the step into the pinned staging block with layout l; sequences
-  /// past the chunks (up to l.seqs) become padding rows.
-  void pack(const layout& l, std::span<const engine_chunk> chunks,
+  /// Packs the step into pinned staging block `slot` with layout l;
+  /// sequences past the chunks (up to l.seqs) become padding rows.
+  void pack(int32_t slot, const layout& l, std::span<const engine_chunk> chunks,
             std::span<const page_update> updates, std::span<const prefill_item> items,
             int32_t num_penalties);
+  void require_idle(const char* what) const;
   void fill_pad_inputs(int32_t batch);
 
   kv_view kv_of(int32_t layer_index) const;
@@ -236,6 +272,7 @@ private:
   int32_t num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  cudaEvent_t step_done_[2] = {nullptr, nullptr}; // per staging slot
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<gemm_tuner> tuner_;
 
@@ -258,7 +295,7 @@ private:
   static constexpr int32_t max_gemm_splits = 4;
   bool skinny_ok_ = false; // the model's shapes suit the skinny GEMM
   device_buffer inputs_, outputs_;
-  pinned_buffer staging_, results_;
+  pinned_buffer staging_[2], results_[2]; // per slot: two steps in flight
   device_buffer penalties_dev_;
   pinned_buffer penalties_pinned_;
   std::vector<prefill_item> items_;
@@ -272,10 +309,22 @@ private:
 
   // Graphs, one per padded decode batch.
   std::vector<int32_t> graph_sizes_;
-  std::vector<graph_exec> graphs_;
+  std::vector<graph_exec> graphs_;      // copying through staging/result slot 0
+  std::vector<graph_exec> twin_graphs_; // the same steps through slot 1
   std::vector<decode_path> graph_path_;
   bool graphs_enabled_ = true;
   int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
+  int32_t last_slot_ = 0;   // the staging slot of the last step launched
+
+  /// Steps launched and not finished, oldest first.
+  struct flight {
+    int32_t slot = 0;
+    int32_t sampled = 0;
+    bool graph = false;
+    std::chrono::steady_clock::time_point launched;
+  };
+  std::vector<flight> flight_; // at most two
+  int32_t next_slot_ = 0;
 
   std::vector<memory_plan_entry> plan_;
 };

@@ -2,6 +2,7 @@
 // forward passes, sampling, and the bounded wait for the ids.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -94,10 +95,10 @@ cuda_engine::step_views cuda_engine::views(const layout& l) const {
   return v;
 }
 
-void cuda_engine::pack(const layout& l, std::span<const engine_chunk> chunks,
+void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chunk> chunks,
                        std::span<const page_update> updates, std::span<const prefill_item> items,
                        int32_t num_penalties) {
-  auto* base = staging_.get<unsigned char>();
+  auto* base = staging_[slot].get<unsigned char>();
   auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
   auto f32 = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
   int32_t* header = i32(l.header);
@@ -127,7 +128,10 @@ void cuda_engine::pack(const layout& l, std::span<const engine_chunk> chunks,
       const auto& ch = chunks[size_t(c)];
       const int32_t n = int32_t(ch.tokens.size());
       for (int32_t i = 0; i < n; ++i, ++row) {
-        ids[row] = ch.tokens[size_t(i)];
+        const int32_t token = ch.tokens[size_t(i)];
+        // A fed token: -1 - its row in the previous step's sampled ids,
+        // which the embedding gather reads on the device.
+        ids[row] = token >= 0 ? token : -1 - ch.fed_row;
         positions[row] = ch.start_pos + i;
         token_seq[row] = c;
       }
@@ -180,7 +184,8 @@ void cuda_engine::pack(const layout& l, std::span<const engine_chunk> chunks,
 
 void cuda_engine::fill_pad_inputs(int32_t batch) {
   const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
-  pack(l, {}, {}, {}, 0);
+  for (int32_t slot = 0; slot < 2; ++slot)
+    pack(slot, l, {}, {}, {}, 0);
 }
 
 // -- views of the model ------------------------------------------------------------------
@@ -283,7 +288,7 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
   };
   launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
                       stream_);
-  launch_embed(embed_, sv.ids, batch, h, x, stream_);
+  launch_embed(embed_, sv.ids, outputs_.get<int32_t>(), batch, h, x, stream_);
   // The cuBLAS path: every layer's down projection ends by normalising the
   // residual for the next layer (or the LM head), so only the first layer
   // launches its norm.
@@ -396,7 +401,7 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
   bf16* xn = xn_.get<bf16>();
   launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
                       stream_);
-  launch_embed(embed_, sv.ids, t, h, x, stream_);
+  launch_embed(embed_, sv.ids, outputs_.get<int32_t>(), t, h, x, stream_);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const layer& L = layers_[size_t(i)];
     const kv_view kv = kv_of(i);
@@ -444,14 +449,24 @@ void cuda_engine::enqueue_sampling(const layout& l, int32_t rows, int32_t penalt
 
 engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
                                std::span<const page_update> updates) {
-  engine_result result;
+  require_idle("a synchronous step");
+  launch(chunks, updates);
+  if (flight_.empty())
+    return {};
+  return finish();
+}
+
+void cuda_engine::launch(std::span<const engine_chunk> chunks,
+                         std::span<const page_update> updates) {
   const int32_t n = int32_t(chunks.size());
   int64_t tokens = 0;
   int32_t sampled = 0, penalties = 0;
-  bool all_single = true;
+  bool all_single = true, fed = false;
   for (const auto& ch : chunks) {
     tokens += int64_t(ch.tokens.size());
     all_single = all_single && ch.tokens.size() == 1;
+    for (auto t : ch.tokens)
+      fed = fed || t < 0;
     if (ch.sample) {
       ++sampled;
       penalties += int32_t(ch.penalties.size());
@@ -469,10 +484,23 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
     throw std::invalid_argument("cuda runner: " + std::to_string(updates.size())
                                 + " new pages in one step exceed the capacity of "
                                 + std::to_string(update_capacity_));
+  if (flight_.size() >= 2)
+    throw std::logic_error("cuda runner: a third step launched while two are in flight");
+  if (penalties > 0 && !flight_.empty())
+    throw std::logic_error("cuda runner: a step with penalties launched behind another");
+  if (fed) {
+    // Fed tokens come from the step launched last, still in flight.
+    for (const auto& ch : chunks)
+      for (auto t : ch.tokens)
+        if (t < 0 && (flight_.empty() || ch.fed_row < 0 || ch.fed_row >= flight_.back().sampled))
+          throw std::logic_error("cuda runner: a fed token without its row in the step in flight");
+  }
   if (n == 0 && updates.empty())
-    return result;
+    return;
 
-  // Penalty entries travel in their own block (rare; grown on demand).
+  const int32_t slot = next_slot_;
+  // Penalty entries travel in their own block (rare; grown on demand; only
+  // with no other step in flight, checked above).
   if (penalties > 0) {
     const size_t bytes = size_t(penalties) * sizeof(penalty_entry);
     if (penalties_pinned_.bytes() < bytes) {
@@ -500,12 +528,17 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
     if (gi >= 0 && int64_t(updates.size()) > updates_capacity(graph_sizes_[size_t(gi)]))
       gi = -1;
   }
+  flight f;
+  f.slot = slot;
+  f.sampled = sampled;
+  f.launched = std::chrono::steady_clock::now();
   if (gi >= 0) {
     const int32_t b = graph_sizes_[size_t(gi)];
     const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
-    pack(l, chunks, updates, {}, 0);
-    METRONOME_CUDA(cudaGraphLaunch(graphs_[size_t(gi)].get(), stream_));
-    result.graph = true;
+    pack(slot, l, chunks, updates, {}, 0);
+    const auto& g = slot == 0 ? graphs_ : twin_graphs_;
+    METRONOME_CUDA(cudaGraphLaunch(g[size_t(gi)].get(), stream_));
+    f.graph = true;
     last_graph_ = gi;
   } else {
     last_graph_ = -1;
@@ -528,8 +561,8 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
     }
     const layout l = make_layout(int32_t(tokens), n, int32_t(updates.size()), penalties,
                                  int32_t(items_.size()));
-    pack(l, chunks, updates, items_, penalties);
-    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_.get(), l.bytes,
+    pack(slot, l, chunks, updates, items_, penalties);
+    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
                                    cudaMemcpyHostToDevice, stream_));
     if (penalties > 0)
       METRONOME_CUDA(cudaMemcpyAsync(penalties_dev_.get(), penalties_pinned_.get(),
@@ -540,17 +573,47 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
     else
       enqueue_general(l, sampled, all_single, penalties);
     if (sampled > 0)
-      METRONOME_CUDA(cudaMemcpyAsync(results_.get(), outputs_.get(), outputs_.bytes(),
+      METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
                                      cudaMemcpyDeviceToHost, stream_));
   }
-  METRONOME_CUDA(cudaEventRecord(done_, stream_));
-  wait_event(done_, options_.step_timeout_s, "cuda runner step");
+  METRONOME_CUDA(cudaEventRecord(step_done_[slot], stream_));
+  flight_.push_back(f);
+  last_slot_ = slot;
+  next_slot_ = 1 - slot;
+}
 
-  const auto* out = results_.get<unsigned char>();
+bool cuda_engine::oldest_done() {
+  if (flight_.empty())
+    return false;
+  const cudaError_t st = cudaEventQuery(step_done_[flight_.front().slot]);
+  if (st == cudaSuccess)
+    return true;
+  if (st != cudaErrorNotReady)
+    METRONOME_CUDA(st);
+  return false;
+}
+
+double cuda_engine::oldest_age_s() const {
+  if (flight_.empty())
+    return 0.0;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now()
+                                       - flight_.front().launched)
+    .count();
+}
+
+engine_result cuda_engine::finish() {
+  if (flight_.empty())
+    throw std::logic_error("cuda runner: no step in flight to finish");
+  const flight f = flight_.front();
+  wait_event(step_done_[f.slot], options_.step_timeout_s, "cuda runner step");
+  flight_.erase(flight_.begin());
+  engine_result result;
+  result.graph = f.graph;
+  const auto* out = results_[f.slot].get<unsigned char>();
   const auto* ids = reinterpret_cast<const int32_t*>(out);
   const auto* lp = reinterpret_cast<const float*>(out + size_t(max_batch_) * 4);
-  result.tokens.assign(ids, ids + sampled);
-  result.logprobs.assign(lp, lp + sampled);
+  result.tokens.assign(ids, ids + f.sampled);
+  result.logprobs.assign(lp, lp + f.sampled);
   return result;
 }
 
@@ -559,6 +622,7 @@ engine_result cuda_engine::run(std::span<const engine_chunk> chunks,
 namespace metronome::gpu {
 
 std::vector<float> cuda_engine::logits(int32_t rows) {
+  require_idle("reading logits");
   rows = std::max(0, std::min(rows, max_batch_));
   std::vector<float> out(size_t(rows) * size_t(model_->config.vocab_size));
   METRONOME_CUDA(cudaMemcpyAsync(out.data(), logits_.get(), out.size() * sizeof(float),

@@ -6,11 +6,19 @@
 // distinct prompt tokens, output counts). A plan is checked completely before
 // anything changes: a plan_error leaves the runner as it was. The engine gets
 // each chunk's tokens, position and slot and the page-table rows that grew.
+//
+// Steps overlap (submit/collect): a sampled token is appended to its
+// sequence as pending the moment its step is launched, so the next plan's
+// decode chunk can be launched behind it with the token fed on the device;
+// the step's end writes the real id into the table. At most two steps are in
+// the engine; a step with penalties first waits for every earlier one.
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -25,6 +33,7 @@ namespace metronome {
 namespace {
 
 using gpu::engine_chunk;
+using gpu::engine_result;
 using gpu::page_update;
 using gpu::penalty_entry;
 
@@ -33,16 +42,22 @@ struct gpu_sequence {
   int32_t slot = 0;
   int32_t pages = 0;
   uint64_t seed = 0;
+  uint64_t incarnation = 0; // tells a re-admitted sequence from its earlier self
   sampling_params params;
   std::vector<int32_t> prompt_distinct; // sorted, only with a repetition penalty
   std::unordered_map<int32_t, int32_t> output_counts; // only when penalised()
   int32_t prior_outputs = 0; // output before a re-admission (new_sequence::num_output)
+  int32_t fed_row = -1; // its row in the sampled ids of the step launched last
 
   bool penalised() const {
     return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f
            || params.presence_penalty != 0.0f;
   }
 };
+
+/// Marks a sampled token the host does not know yet: the step in flight
+/// samples it on the device (the next step reads it there, fed_row).
+constexpr int32_t pending_token = -1;
 
 class cuda_runner final : public model_runner {
 public:
@@ -53,8 +68,20 @@ public:
   }
 
   step_output execute(const step_plan& plan) override {
+    if (!pending_.empty())
+      throw std::logic_error("cuda runner: execute() while submitted steps are uncollected");
+    submit(plan);
+    return collect();
+  }
+
+  void submit(const step_plan& plan) override {
     const auto start = std::chrono::steady_clock::now();
     check(plan);
+    // At most one step stays in flight under this one; none when this one
+    // needs the host to know every earlier token (penalties).
+    const size_t keep = needs_known_tokens(plan) ? 0 : 1;
+    while (engine_.in_flight() > keep)
+      finish_oldest();
     table_.apply(plan, page_size(), num_pages());
     for (auto id : plan.released)
       if (auto i = seqs_.find(id); i != seqs_.end()) {
@@ -67,6 +94,7 @@ public:
       free_slots_.pop_back();
       g.seed = n.seed;
       g.params = n.params;
+      g.incarnation = ++incarnations_;
       // A re-admitted sequence's last num_output prompt tokens are its earlier
       // output (step_plan.hpp): they count for the penalties as output and
       // advance its random stream, as the CPU runner's sampler does.
@@ -87,7 +115,7 @@ public:
     chunks_.clear();
     updates_.clear();
     entries_.clear();
-    std::vector<std::pair<size_t, size_t>> entry_ranges;
+    entry_ranges_.clear();
     for (const auto& c : plan.chunks) {
       auto& s = table_.at(c.id);
       auto& g = seqs_.at(c.id);
@@ -99,6 +127,10 @@ public:
       e.start_pos = s.num_computed;
       e.tokens = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed),
                                                            size_t(c.num_tokens));
+      // Only the last known token can be pending (the table's checks), and
+      // only the step launched last can have sampled it (finish_oldest).
+      if (e.tokens.back() == pending_token)
+        e.fed_row = g.fed_row;
       e.sample = s.num_computed + c.num_tokens == int32_t(s.tokens.size());
       const auto& p = g.params;
       e.temperature = p.temperature;
@@ -113,37 +145,58 @@ public:
       const size_t first = entries_.size();
       if (e.sample && g.penalised())
         add_penalties(g);
-      entry_ranges.emplace_back(first, entries_.size());
+      entry_ranges_.emplace_back(first, entries_.size());
       chunks_.push_back(e);
     }
     for (size_t i = 0; i < chunks_.size(); ++i)
       chunks_[i].penalties = std::span<const penalty_entry>(entries_).subspan(
-        entry_ranges[i].first, entry_ranges[i].second - entry_ranges[i].first);
+        entry_ranges_[i].first, entry_ranges_[i].second - entry_ranges_[i].first);
 
-    auto result = engine_.run(chunks_, updates_);
+    const size_t before = engine_.in_flight();
+    engine_.launch(chunks_, updates_);
 
-    step_output out;
-    out.step = plan.step;
-    out.num_seqs = int32_t(plan.chunks.size());
-    size_t r = 0;
+    pending_step p;
+    p.step = plan.step;
+    p.num_seqs = int32_t(plan.chunks.size());
+    p.submitted = start;
+    p.launched = engine_.in_flight() > before;
+    int32_t row = 0;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const auto& c = plan.chunks[i];
       auto& s = table_.at(c.id);
       s.num_computed += c.num_tokens;
-      out.num_tokens += c.num_tokens;
+      p.num_tokens += c.num_tokens;
       if (!chunks_[i].sample)
         continue;
-      const int32_t token = result.tokens.at(r);
-      const float logprob = result.logprobs.at(r);
-      ++r;
-      s.tokens.push_back(token);
-      // Counted only for the penalties that read them (a map insert per
-      // sequence and step otherwise, on the step's critical path).
-      if (auto& g = seqs_.at(c.id); g.penalised())
-        ++g.output_counts[token];
-      out.tokens.push_back({c.id, token, logprob});
+      auto& g = seqs_.at(c.id);
+      p.sampled.push_back({c.id, g.incarnation, s.tokens.size()});
+      s.tokens.push_back(pending_token);
+      g.fed_row = row++;
     }
-    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!p.launched)
+      p.output = make_output(p, {});
+    pending_.push_back(std::move(p));
+  }
+
+  size_t in_flight() const override {
+    return pending_.size();
+  }
+
+  bool ready() override {
+    if (pending_.empty())
+      return false;
+    if (pending_.front().output)
+      return true;
+    return engine_.oldest_done() || engine_.oldest_age_s() > engine_.options().step_timeout_s;
+  }
+
+  step_output collect() override {
+    if (pending_.empty())
+      throw std::logic_error("cuda runner: collect() with no step in flight");
+    if (!pending_.front().output)
+      finish_oldest();
+    step_output out = std::move(*pending_.front().output);
+    pending_.pop_front();
     return out;
   }
 
@@ -216,6 +269,72 @@ private:
                        + std::to_string(max_tokens));
   }
 
+  /// A submitted step until collect() returns it.
+  struct pending_step {
+    uint64_t step = 0;
+    int32_t num_seqs = 0;
+    int64_t num_tokens = 0;
+    bool launched = false; // false: nothing for the device (releases only)
+    struct sampled_at {
+      uint64_t id = 0, incarnation = 0;
+      size_t index = 0; // of its pending token in the table
+    };
+    std::vector<sampled_at> sampled; // in the engine's row order
+    std::chrono::steady_clock::time_point submitted;
+    std::optional<step_output> output; // once finished
+  };
+
+  /// True when a chunk of `plan` samples for a sequence with penalties: its
+  /// penalty entries need every earlier token on the host.
+  bool needs_known_tokens(const step_plan& plan) const {
+    for (const auto& n : plan.added)
+      if (n.params.repetition_penalty != 1.0f || n.params.frequency_penalty != 0.0f
+          || n.params.presence_penalty != 0.0f)
+        return true;
+    for (const auto& c : plan.chunks)
+      if (auto i = seqs_.find(c.id); i != seqs_.end() && i->second.penalised())
+        return true;
+    return false;
+  }
+
+  /// Waits for the oldest step the engine runs and files its tokens: into
+  /// the table where the pending token's sequence still lives (not
+  /// released, not re-admitted since), and into the step's output.
+  void finish_oldest() {
+    for (auto& p : pending_)
+      if (!p.output) {
+        p.output = make_output(p, engine_.finish());
+        return;
+      }
+    throw std::logic_error("cuda runner: no step to finish");
+  }
+
+  step_output make_output(const pending_step& p, const engine_result& result) {
+    step_output out;
+    out.step = p.step;
+    out.num_seqs = p.num_seqs;
+    out.num_tokens = p.num_tokens;
+    for (size_t r = 0; r < p.sampled.size(); ++r) {
+      const auto& at = p.sampled[r];
+      const int32_t token = result.tokens.at(r);
+      if (auto i = seqs_.find(at.id); i != seqs_.end() && i->second.incarnation == at.incarnation) {
+        table_.at(at.id).tokens.at(at.index) = token;
+        // Counted only for the penalties that read them (a map insert per
+        // sequence and step otherwise, on the step's critical path).
+        if (i->second.penalised())
+          ++i->second.output_counts[token];
+      }
+      out.tokens.push_back({at.id, token, result.logprobs.at(r)});
+    }
+    // The time of a step behind another starts when that one ended.
+    const auto now = std::chrono::steady_clock::now();
+    out.seconds = std::chrono::duration<double>(now - std::max(p.submitted, last_finished_))
+                    .count();
+    if (p.launched)
+      last_finished_ = now;
+    return out;
+  }
+
   void add_penalties(const gpu_sequence& g) {
     const bool rep = g.params.repetition_penalty != 1.0f;
     if (rep)
@@ -236,6 +355,10 @@ private:
   std::vector<engine_chunk> chunks_;
   std::vector<page_update> updates_;
   std::vector<penalty_entry> entries_;
+  std::vector<std::pair<size_t, size_t>> entry_ranges_;
+  std::deque<pending_step> pending_;
+  uint64_t incarnations_ = 0;
+  std::chrono::steady_clock::time_point last_finished_;
 };
 
 } // namespace

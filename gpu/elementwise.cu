@@ -23,11 +23,15 @@ namespace {
 // -- kernels ------------------------------------------------------------------------
 
 __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ ids,
-                             int32_t hidden, float* __restrict__ x) {
+                             const int32_t* __restrict__ fed, int32_t hidden,
+                             float* __restrict__ x) {
   pdl_wait();
   pdl_trigger();
   const int64_t row = blockIdx.x;
-  const bf16* src = table + int64_t(ids[row]) * hidden;
+  int32_t id = ids[row];
+  if (id < 0)
+    id = fed[-1 - id]; // sampled by the previous step (launch_embed)
+  const bf16* src = table + int64_t(id) * hidden;
   float* dst = x + row * hidden;
   for (int32_t i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
     float f[8];
@@ -222,12 +226,12 @@ int32_t grid_for(int64_t n, int32_t block) {
 
 // -- launchers ------------------------------------------------------------------------
 
-void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden, float* x,
-                  cudaStream_t stream) {
+void launch_embed(const bf16* table, const int32_t* ids, const int32_t* fed, int32_t rows,
+                  int32_t hidden, float* x, cudaStream_t stream) {
   if (rows <= 0)
     return;
   launch_kernel("embed_kernel", embed_kernel, dim3(rows), dim3(128), 0,
-                stream, table, ids, hidden, x);
+                stream, table, ids, fed, hidden, x);
 }
 
 void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight, float eps,

@@ -56,9 +56,11 @@ struct attention_shape {
 
 // -- elementwise -----------------------------------------------------------------------
 
-/// x[t] = float(table[ids[t]]) for t < rows.
-void launch_embed(const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden, float* x,
-                  cudaStream_t stream);
+/// x[t] = float(table[id]) for t < rows, with id = ids[t], or, where ids[t]
+/// is negative, fed[-1 - ids[t]]: a token the previous step sampled on the
+/// device (fed may be null when no id is negative).
+void launch_embed(const bf16* table, const int32_t* ids, const int32_t* fed, int32_t rows,
+                  int32_t hidden, float* x, cudaStream_t stream);
 
 /// out[r] = bf16(x[src] * rsqrt(mean(x[src]^2) + eps) * weight) with
 /// src = row_map ? row_map[r] : r.

@@ -2,6 +2,7 @@
 // The interface every device's engine offers to its executor actor, and the
 // per-sequence bookkeeping the runners share.
 
+#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -30,14 +31,52 @@ struct memory_plan_entry {
 };
 
 /// Executes step plans on one device. Called from one thread only, the
-/// executor's; implementations may use more threads inside.
+/// executor's; implementations may use more threads inside. Steps go either
+/// through execute() or through submit() and collect(); execute() while
+/// submitted steps are uncollected throws std::logic_error (CUDA runner).
 class model_runner {
 public:
   virtual ~model_runner() = default;
 
   /// Runs one step: releases, admits, computes every chunk, samples where a
-  /// chunk completes its sequence's known tokens.
+  /// chunk completes its sequence's known tokens. Waits for the step.
   virtual step_output execute(const step_plan& plan) = 0;
+
+  /// Starts one step and returns without waiting for it where the device
+  /// allows (the CUDA runner); the step's output comes from collect(), in
+  /// submission order. While step n runs, submitting step n + 1 does its
+  /// host work (checks, packing, launch) during n's device time, and a
+  /// decode chunk of one token reads the token n samples on the device, so
+  /// consecutive steps run back to back. At most two steps are in flight: a
+  /// third submit first waits for the oldest. A step that needs the host to
+  /// know n's tokens (penalties) waits for n first. Throws plan_error, with
+  /// nothing changed, as execute() does. The default runs the step at once.
+  virtual void submit(const step_plan& plan) {
+    done_.push_back(execute(plan));
+  }
+
+  /// Steps submitted and not yet collected.
+  virtual size_t in_flight() const {
+    return done_.size();
+  }
+
+  /// True when collect() would not wait: the oldest submitted step has
+  /// finished (or is overdue, so collect() throws at once). False when none
+  /// is in flight.
+  virtual bool ready() {
+    return !done_.empty();
+  }
+
+  /// Waits (bounded by the runner's step timeout) for the oldest submitted
+  /// step and returns its output. Throws std::logic_error when none is in
+  /// flight.
+  virtual step_output collect() {
+    if (done_.empty())
+      throw std::logic_error("model_runner::collect: no step in flight");
+    step_output out = std::move(done_.front());
+    done_.pop_front();
+    return out;
+  }
 
   /// The model's configuration.
   virtual const model_config& config() const = 0;
@@ -54,6 +93,9 @@ public:
   virtual std::vector<memory_plan_entry> memory_plan() const {
     return {};
   }
+
+private:
+  std::deque<step_output> done_; // the default submit()'s outputs
 };
 
 /// A sequence as a runner tracks it.

@@ -5,9 +5,12 @@
 // second of a 2 GiB cudaMemcpy) bounds memory-bound steps: a decode step must
 // read every weight once plus each sequence's KV. The cuBLAS bf16 GEMM rate
 // (8192^3, random data) bounds prefill: FLOPs of the projections plus causal
-// attention. Every figure is the wall time of runner->execute() as the
-// executor sees it (host work, copies and the bounded wait included), the
-// median of repeated steps after warm-up.
+// attention. Decode figures are steps as the executor runs them: each
+// submitted behind the one in flight, timed from the previous step's end to
+// its own (host work for the next step overlaps this one); `_sync` rows run
+// one execute() at a time (host work, copies and the wait on the step's
+// path), as the rounds before the ninth measured. Prefill figures are wall
+// time of execute(). Medians of repeated steps after warm-up.
 //
 // Output: rows {"engine", "model", "metric", "value", "unit", "floor"} (--out)
 // and the step-time grid {"kind", "num_seqs", "kv_tokens", "prefill_tokens",
@@ -22,6 +25,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -176,6 +180,68 @@ public:
 
   /// One step of the given (sequence, tokens) chunks; returns the wall ms.
   double step(const std::vector<std::pair<uint64_t, int32_t>>& chunks) {
+    auto out = r_.execute(plan(chunks));
+    account(out);
+    return out.seconds * 1e3;
+  }
+
+  /// Median ms of `steps` decode steps of `ids` after `warm` unmeasured
+  /// ones. overlap: each step submitted behind the one in flight, as the
+  /// executor runs them (a step's time then runs from the previous step's
+  /// end to its own); else one execute() at a time, host work included.
+  double decode(const std::vector<uint64_t>& ids, int warm, int steps, bool overlap = true) {
+    std::vector<double> ms;
+    decode_into(ids, warm, steps, overlap, ms);
+    return median(ms);
+  }
+
+  /// Overlapped and one-at-a-time steps of `ids` in `rounds` alternating
+  /// blocks of `steps`, after `warm` overlapped ones (the first steps after
+  /// a prefill run slower while the device settles: a step trace showed the
+  /// batch-64 step fall from 7.6 to 6.9 ms over ten steps): the medians.
+  std::pair<double, double> decode_both(const std::vector<uint64_t>& ids, int warm, int steps,
+                                        int rounds) {
+    std::vector<double> overlapped, sync;
+    decode_into(ids, warm, 0, true, overlapped);
+    for (int r = 0; r < rounds; ++r) {
+      decode_into(ids, 1, steps, true, overlapped);
+      decode_into(ids, 1, steps, false, sync);
+    }
+    return {median(overlapped), median(sync)};
+  }
+
+  /// Appends the ms of `steps` decode steps after `warm` unmeasured ones.
+  void decode_into(const std::vector<uint64_t>& ids, int warm, int steps, bool overlap,
+                   std::vector<double>& ms) {
+    std::vector<std::pair<uint64_t, int32_t>> chunks;
+    for (auto id : ids)
+      chunks.push_back({id, 1});
+    int done = 0;
+    auto collect = [&] {
+      auto out = r_.collect();
+      account(out);
+      if (done++ >= warm)
+        ms.push_back(out.seconds * 1e3);
+    };
+    for (int i = 0; i < warm + steps; ++i) {
+      if (!overlap) {
+        const double t = step(chunks);
+        if (i >= warm)
+          ms.push_back(t);
+        continue;
+      }
+      r_.submit(plan(chunks));
+      if (r_.in_flight() > 1)
+        collect();
+    }
+    while (r_.in_flight() > 0)
+      collect();
+  }
+
+private:
+  /// The plan of one step of (sequence, tokens) chunks; counts the tokens
+  /// computed (a plan never depends on the ids of the steps before it).
+  step_plan plan(const std::vector<std::pair<uint64_t, int32_t>>& chunks) {
     step_plan plan;
     plan.step = step_no_++;
     plan.added = std::move(pending_);
@@ -192,27 +258,18 @@ public:
       }
       plan.chunks.push_back(c);
     }
-    auto out = r_.execute(plan);
     for (auto [id, n] : chunks)
       seqs_.at(id).computed += n;
-    for (const auto& t : out.tokens)
-      ++seqs_.at(t.id).known;
-    return out.seconds * 1e3;
+    return plan;
   }
 
-  /// Median ms of `steps` decode steps of `ids` after `warm` unmeasured ones.
-  double decode(const std::vector<uint64_t>& ids, int warm, int steps) {
-    std::vector<std::pair<uint64_t, int32_t>> chunks;
-    for (auto id : ids)
-      chunks.push_back({id, 1});
-    std::vector<double> ms;
-    for (int i = 0; i < warm + steps; ++i) {
-      const double t = step(chunks);
-      if (i >= warm)
-        ms.push_back(t);
-    }
-    return median(ms);
+  void account(const step_output& out) {
+    for (const auto& t : out.tokens)
+      if (auto i = seqs_.find(t.id); i != seqs_.end())
+        ++i->second.known;
   }
+
+public:
 
   void release(const std::vector<uint64_t>& ids) {
     step_plan plan;
@@ -376,14 +433,20 @@ int run(const options& o) {
   double bs1_ctx1024 = NAN;
   for (int32_t ctx : {128, 1024, 4096}) {
     auto ids = d.prefill(1, ctx);
-    const double ms = d.decode(ids, 5, o.quick ? 30 : 100);
+    // Overlapped as the executor runs them, and (_sync) one step at a time:
+    // the host's work and the wait on the step's path.
+    double ms = NAN, sync = NAN;
+    if (o.headline)
+      ms = d.decode(ids, 10, o.quick ? 30 : 100);
+    else
+      std::tie(ms, sync) = d.decode_both(ids, 10, o.quick ? 15 : 50, 2);
     // The device's share: the last step's graph replayed back to back on its
-    // own inputs, no host work between (the rest of `ms` is the host's).
+    // own inputs, no host work between.
     const double replay = cuda_graph_replay_ms(*runner, 1, true);
     double eager = NAN;
     if (!o.headline) {
       set_cuda_graphs(*runner, false);
-      eager = d.decode(ids, 3, o.quick ? 10 : 30);
+      eager = d.decode(ids, 3, o.quick ? 10 : 30, false);
       set_cuda_graphs(*runner, true);
     }
     const double fl = decode_floor(ctx + 60);
@@ -392,13 +455,17 @@ int run(const options& o) {
       row("decode_step_ms_bs1_ctx1024", ms, "ms", fl);
       if (std::isfinite(replay))
         row("decode_graph_replay_ms_bs1_ctx1024", replay, "ms", fl);
+      if (!o.headline)
+        row("decode_step_ms_bs1_ctx1024_sync", sync, "ms", fl);
     } else {
       row("decode_bs1_ms_ctx" + std::to_string(ctx), ms, "ms", fl);
       if (std::isfinite(replay))
         row("decode_bs1_graph_replay_ms_ctx" + std::to_string(ctx), replay, "ms", fl);
       row("decode_bs1_floor_fraction_ctx" + std::to_string(ctx), fl / ms, "fraction", 1.0);
-      if (!o.headline)
+      if (!o.headline) {
+        row("decode_bs1_ms_ctx" + std::to_string(ctx) + "_sync", sync, "ms", fl);
         row("decode_bs1_ms_ctx" + std::to_string(ctx) + "_uncaptured", eager, "ms", fl);
+      }
     }
     d.release(ids);
   }
@@ -413,22 +480,27 @@ int run(const options& o) {
     if (b > o.max_batch)
       continue;
     auto ids = d.prefill(b, 1024);
-    const double ms = d.decode(ids, 3, o.quick ? 10 : 20);
+    double ms = NAN, sync = NAN;
+    if (o.headline)
+      ms = d.decode(ids, 10, o.quick ? 10 : 20);
+    else
+      std::tie(ms, sync) = d.decode_both(ids, 10, o.quick ? 6 : 10, 2);
     const double replay = cuda_graph_replay_ms(*runner, b, true);
     row("decode_step_ms_bs" + std::to_string(b) + "_ctx1024", ms, "ms",
-        decode_floor(double(b) * 1030));
+        decode_floor(double(b) * 1045));
     if (std::isfinite(replay))
       row("decode_graph_replay_ms_bs" + std::to_string(b) + "_ctx1024", replay, "ms",
-          decode_floor(double(b) * 1030));
+          decode_floor(double(b) * 1048));
     if (b == 64) {
       if (!o.headline) {
+        row("decode_step_ms_bs64_ctx1024_sync", sync, "ms", decode_floor(64.0 * 1045));
         set_cuda_graphs(*runner, false);
-        row("decode_step_ms_bs64_ctx1024_uncaptured", d.decode(ids, 2, 5), "ms",
-            decode_floor(64.0 * 1040));
+        row("decode_step_ms_bs64_ctx1024_uncaptured", d.decode(ids, 2, 5, false), "ms",
+            decode_floor(64.0 * 1068));
         set_cuda_graphs(*runner, true);
       }
       row("decode_bs64_over_bs1_ctx1024", ms / bs1_ctx1024, "x",
-          decode_floor(64.0 * 1030) / decode_floor(1030));
+          decode_floor(64.0 * 1045) / decode_floor(1030));
     }
     d.release(ids);
   }

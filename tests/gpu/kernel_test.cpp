@@ -19,20 +19,33 @@ using test::bf16_view;
 using test::rope_case;
 
 
-TEST(gpu_kernels, embed_gathers_rows_exactly) {
+TEST(gpu_kernels, embed_gathers_rows_exactly_and_reads_fed_ids) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("embed");
   for (int32_t hidden : {64, 2048, 4104}) {
     const int32_t vocab = 1000, rows = 37;
     auto table = test::random_floats(rng, size_t(vocab) * hidden, -1, 1);
     auto bits = test::to_bf16(table);
-    std::vector<int32_t> ids(rows);
-    for (auto& id : ids)
+    std::vector<int32_t> ids(rows), fed(11), packed(rows);
+    for (auto& id : fed)
       id = int32_t(rng() % vocab);
+    // Every third row is fed: its id is -1 - a row of `fed` (the previous
+    // step's sampled ids), the rest are plain ids.
+    for (int32_t r = 0; r < rows; ++r) {
+      if (r % 3 == 1) {
+        const int32_t f = int32_t(rng() % fed.size());
+        packed[size_t(r)] = -1 - f;
+        ids[size_t(r)] = fed[size_t(f)];
+      } else {
+        ids[size_t(r)] = int32_t(rng() % vocab);
+        packed[size_t(r)] = ids[size_t(r)];
+      }
+    }
     auto d_table = test::upload_bf16(table);
-    dev_array<int32_t> d_ids(ids);
+    dev_array<int32_t> d_ids(packed), d_fed(fed);
     dev_array<float> d_x(size_t(rows) * hidden);
-    gpu::launch_embed(d_table.get(), d_ids.get(), rows, hidden, d_x.get(), nullptr);
+    d_x.poison();
+    gpu::launch_embed(d_table.get(), d_ids.get(), d_fed.get(), rows, hidden, d_x.get(), nullptr);
     test::sync_check();
     std::vector<float> ref(size_t(rows) * hidden);
     ref::embed(bf16_view(bits, {vocab, hidden}), ids, ref.data());

@@ -43,7 +43,7 @@ public:
       runner_ = factory_();
     } catch (const std::exception& e) {
       quit(caf::make_error(caf::sec::runtime_error, std::string("cannot start the model: ") + e.what()));
-      return {[](step_plan&) -> caf::result<step_output> { return step_output{}; }, [](tick_atom) {},
+      return {[](step_plan&) -> caf::result<step_output> { return step_output{}; }, [](tick_atom, uint64_t) {},
               [](crash_atom, std::string&) {}};
     }
     executor_up_msg up;
@@ -54,9 +54,11 @@ public:
     caf::anon_send(supervisor_, std::move(up)); // typed actors may not send() to untyped ones
     return {
       [this](step_plan& plan) -> caf::result<step_output> {
-        auto rp = make_response_promise<step_output>();
+        // A plan the runner rejects throws here, before the promise takes
+        // the request: CAF answers it with the error.
         runner_->submit(plan);
-        waiting_.push_back(rp);
+        waiting_.push_back(make_response_promise<step_output>());
+        auto rp = waiting_.back();
         // The step before this one ends now, with this one already queued
         // behind it on the device; a runner that ran it at once is ready.
         while (waiting_.size() > 1 || (!waiting_.empty() && runner_->ready()))
@@ -64,7 +66,9 @@ public:
         poll();
         return rp;
       },
-      [this](tick_atom) {
+      [this](tick_atom, uint64_t n) {
+        if (n != polls_)
+          return; // not this executor's current poll
         polling_ = false;
         if (!waiting_.empty() && runner_->ready())
           deliver_oldest();
@@ -79,6 +83,11 @@ public:
   }
 
   void on_exit() override {
+    // Stopped (shutdown, crash_atom) with steps owed: their requesters hear
+    // of it now, and the promises' references to this actor go.
+    for (auto& rp : waiting_)
+      rp.deliver(caf::make_error(caf::sec::request_receiver_down));
+    waiting_.clear();
     runner_.reset(); // device memory goes on the thread that made it
   }
 
@@ -97,11 +106,12 @@ private:
     if (waiting_.empty() || polling_)
       return;
     polling_ = true;
-    caf::anon_send(caf::actor_cast<executor_actor>(this), tick_atom::value);
+    caf::anon_send(caf::actor_cast<executor_actor>(this), tick_atom::value, ++polls_);
   }
 
   std::deque<caf::typed_response_promise<step_output>> waiting_; // oldest first
   bool polling_ = false;
+  uint64_t polls_ = 0; // the current poll's number (ticks from elsewhere are ignored)
   caf::actor supervisor_;
   runner_factory factory_;
   std::unique_ptr<model_runner> runner_;

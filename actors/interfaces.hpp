@@ -10,12 +10,13 @@ namespace metronome {
 /// One per device, on its own thread: runs a plan, replies with its tokens,
 /// in plan order. A plan that arrives while the previous step runs is
 /// submitted behind it (model_runner::submit), so the device goes from one
-/// step to the next without waiting for the host. tick_atom is its own poll
-/// of the step in flight (sent only by itself). crash_atom makes it fail as
+/// step to the next without waiting for the host. tick_atom + n is its own
+/// poll of the step in flight (a tick whose n is not its current poll's is
+/// ignored). crash_atom makes it fail as
 /// if its runner had thrown: fault injection for tests and drills, and how
 /// the scheduler has a hung executor replaced.
 using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>,
-                                        caf::reacts_to<tick_atom>,
+                                        caf::reacts_to<tick_atom, uint64_t>,
                                         caf::reacts_to<crash_atom, std::string>>;
 
 /// Owns the page bookkeeping of one executor's KV memory.

@@ -108,8 +108,9 @@ public:
   /// Seconds since the oldest step in flight was launched (0 when none).
   double oldest_age_s() const;
 
-  /// Waits (bounded by step_timeout_s) for the oldest step in flight and
-  /// returns its ids; std::logic_error when none is in flight.
+  /// Waits for the oldest step in flight, at most until step_timeout_s after
+  /// its launch (then cuda_error), and returns its ids; std::logic_error
+  /// when none is in flight.
   engine_result finish();
 
   const model_config& config() const {

@@ -605,7 +605,10 @@ engine_result cuda_engine::finish() {
   if (flight_.empty())
     throw std::logic_error("cuda runner: no step in flight to finish");
   const flight f = flight_.front();
-  wait_event(step_done_[f.slot], options_.step_timeout_s, "cuda runner step");
+  // The step's timeout runs from its launch (a step queued behind another
+  // waits for it within its own timeout).
+  const double left = std::max(options_.step_timeout_s - oldest_age_s(), 1e-3);
+  wait_event(step_done_[f.slot], left, "cuda runner step");
   flight_.erase(flight_.begin());
   engine_result result;
   result.graph = f.graph;

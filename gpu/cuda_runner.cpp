@@ -11,7 +11,8 @@
 // sequence as pending the moment its step is launched, so the next plan's
 // decode chunk can be launched behind it with the token fed on the device;
 // the step's end writes the real id into the table. At most two steps are in
-// the engine; a step with penalties first waits for every earlier one.
+// the engine; a step that samples for a sequence with penalties first waits
+// for the step in flight (its penalty entries count the earlier tokens).
 
 #include <algorithm>
 #include <chrono>
@@ -127,8 +128,10 @@ public:
       e.start_pos = s.num_computed;
       e.tokens = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed),
                                                            size_t(c.num_tokens));
-      // Only the last known token can be pending (the table's checks), and
-      // only the step launched last can have sampled it (finish_oldest).
+      // Only a sequence's last token can be pending (one is appended only
+      // where a chunk samples, i.e. computes every known token), and only the
+      // step launched last can have sampled it: older ones were finished
+      // above, which filed their tokens.
       if (e.tokens.back() == pending_token)
         e.fed_row = g.fed_row;
       e.sample = s.num_computed + c.num_tokens == int32_t(s.tokens.size());
@@ -285,15 +288,23 @@ private:
   };
 
   /// True when a chunk of `plan` samples for a sequence with penalties: its
-  /// penalty entries need every earlier token on the host.
-  bool needs_known_tokens(const step_plan& plan) const {
-    for (const auto& n : plan.added)
-      if (n.params.repetition_penalty != 1.0f || n.params.frequency_penalty != 0.0f
-          || n.params.presence_penalty != 0.0f)
-        return true;
-    for (const auto& c : plan.chunks)
-      if (auto i = seqs_.find(c.id); i != seqs_.end() && i->second.penalised())
-        return true;
+  /// penalty entries need the sequence's earlier tokens on the host, and the
+  /// engine takes a step with penalties only when none is in flight.
+  bool needs_known_tokens(const step_plan& plan) {
+    for (const auto& c : plan.chunks) {
+      auto added = std::find_if(plan.added.begin(), plan.added.end(),
+                                [&](const new_sequence& n) { return n.id == c.id; });
+      if (added != plan.added.end()) {
+        gpu_sequence g;
+        g.params = added->params;
+        if (g.penalised() && c.num_tokens == int32_t(added->prompt.size()))
+          return true;
+      } else if (auto i = seqs_.find(c.id); i != seqs_.end() && i->second.penalised()) {
+        const auto& s = table_.at(c.id);
+        if (s.num_computed + c.num_tokens == int32_t(s.tokens.size()))
+          return true;
+      }
+    }
     return false;
   }
 

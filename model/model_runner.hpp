@@ -49,8 +49,10 @@ public:
   /// decode chunk of one token reads the token n samples on the device, so
   /// consecutive steps run back to back. At most two steps are in flight: a
   /// third submit first waits for the oldest. A step that needs the host to
-  /// know n's tokens (penalties) waits for n first. Throws plan_error, with
-  /// nothing changed, as execute() does. The default runs the step at once.
+  /// know n's tokens (penalties) waits for n first. Throws plan_error as
+  /// execute() does: the plan changed nothing (steps it waited for before
+  /// the check still come out of collect()). The default runs the step at
+  /// once.
   virtual void submit(const step_plan& plan) {
     done_.push_back(execute(plan));
   }
@@ -61,8 +63,8 @@ public:
   }
 
   /// True when collect() would not wait: the oldest submitted step has
-  /// finished (or is overdue, so collect() throws at once). False when none
-  /// is in flight.
+  /// finished, or is past the step timeout (collect() then throws at once).
+  /// False when none is in flight.
   virtual bool ready() {
     return !done_.empty();
   }

@@ -42,8 +42,8 @@ struct call_log {
 class fake_device_runner : public model_runner {
 public:
   fake_device_runner(std::shared_ptr<call_log> log, clock_type::duration device_time,
-                     uint64_t fail_at = UINT64_MAX)
-    : log_(std::move(log)), device_time_(device_time), fail_at_(fail_at) {
+                     uint64_t fail_at = UINT64_MAX, uint64_t reject_at = UINT64_MAX)
+    : log_(std::move(log)), device_time_(device_time), fail_at_(fail_at), reject_at_(reject_at) {
     config_.vocab_size = 100;
   }
 
@@ -53,6 +53,8 @@ public:
   }
 
   void submit(const step_plan& plan) override {
+    if (plan.step == reject_at_)
+      throw plan_error("step " + std::to_string(plan.step) + " rejected");
     log_->add("submit " + std::to_string(plan.step));
     const auto start = std::max(clock_type::now(), device_free_);
     device_free_ = start + device_time_;
@@ -102,11 +104,17 @@ private:
   };
   std::shared_ptr<call_log> log_;
   clock_type::duration device_time_;
-  uint64_t fail_at_;
+  uint64_t fail_at_, reject_at_;
   clock_type::time_point device_free_{};
   std::vector<flight> flight_;
   model_config config_;
 };
+
+step_plan plan_of(uint64_t step) {
+  step_plan p;
+  p.step = step;
+  return p;
+}
 
 class executor_test : public ::testing::Test {
 protected:
@@ -123,12 +131,13 @@ protected:
 
   /// Starts the supervisor with `self` as its scheduler; the executor's
   /// handle from its executor_up_msg.
-  executor_actor start(clock_type::duration device_time, uint64_t fail_at = UINT64_MAX) {
+  executor_actor start(clock_type::duration device_time, uint64_t fail_at = UINT64_MAX,
+                       uint64_t reject_at = UINT64_MAX) {
     auto l = log;
     supervisor = spawn_executor_supervisor(
       sys, caf::actor_cast<caf::actor>(self),
-      [l, device_time, fail_at] {
-        return std::make_unique<fake_device_runner>(l, device_time, fail_at);
+      [l, device_time, fail_at, reject_at] {
+        return std::make_unique<fake_device_runner>(l, device_time, fail_at, reject_at);
       },
       executor_supervision{0, std::chrono::seconds(60)}, nullptr);
     executor_actor exec;
@@ -197,6 +206,59 @@ TEST_F(executor_test, a_runner_failing_while_collecting_ends_the_executor_and_is
     },
     caf::after(10s) >> [] {});
   EXPECT_TRUE(reported);
+}
+
+TEST_F(executor_test, a_rejected_plan_is_answered_with_the_error_at_once) {
+  auto exec = start(10ms, UINT64_MAX, 5);
+  ASSERT_TRUE(exec);
+  const auto t0 = clock_type::now();
+  self->request(exec, 30s, plan(5)).receive(
+    [&](step_output&) { ADD_FAILURE() << "a rejected plan was answered"; },
+    [&](caf::error& e) { EXPECT_NE(sys.render(e).find("rejected"), std::string::npos); });
+  EXPECT_LT(clock_type::now() - t0, 10s);
+}
+
+TEST_F(executor_test, stopping_with_a_step_in_flight_answers_it_and_frees_the_executor) {
+  // crash_atom (how the scheduler replaces a hung executor) and a shutdown
+  // of the supervisor, each while a step runs: its requester gets an error
+  // at once, and the actor system can still shut down (no executor kept
+  // alive by its own unanswered promises).
+  auto exec = start(300ms);
+  ASSERT_TRUE(exec);
+  auto pending = self->request(exec, 30s, plan(1));
+  caf::anon_send(exec, crash_atom::value, std::string("drill"));
+  const auto t0 = clock_type::now();
+  pending.receive([&](step_output&) { /* it may finish before the crash lands */ },
+                  [&](caf::error&) {});
+  EXPECT_LT(clock_type::now() - t0, 10s);
+  self->receive([&](executor_down_msg&) {}, caf::after(10s) >> [] {
+    ADD_FAILURE() << "the crash was not reported";
+  });
+}
+
+TEST(executor_shutdown, an_engine_stopped_mid_step_shuts_down) {
+  test::actor_test_config cfg;
+  auto log = std::make_shared<call_log>();
+  {
+    caf::actor_system sys{cfg};
+    caf::scoped_actor self{sys};
+    auto supervisor = spawn_executor_supervisor(
+      sys, caf::actor_cast<caf::actor>(self),
+      [log] { return std::make_unique<fake_device_runner>(log, 300ms); },
+      executor_supervision{}, nullptr);
+    executor_actor exec;
+    self->receive([&](executor_up_msg& up) { exec = caf::actor_cast<executor_actor>(up.executor); },
+                  caf::after(10s) >> [&] { ADD_FAILURE() << "the executor did not start"; });
+    ASSERT_TRUE(exec);
+    auto pending = self->request(exec, 30s, plan_of(1));
+    std::this_thread::sleep_for(50ms); // the step is on the fake device
+    self->send_exit(supervisor, caf::exit_reason::user_shutdown);
+    const auto t0 = clock_type::now();
+    pending.receive([&](step_output&) { ADD_FAILURE() << "answered after the shutdown"; },
+                    [&](caf::error&) {});
+    EXPECT_LT(clock_type::now() - t0, 10s);
+  } // ~actor_system waits for the executor's thread: it must end
+  SUCCEED();
 }
 
 } // namespace

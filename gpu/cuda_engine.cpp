@@ -19,29 +19,7 @@ namespace {
 /// runs after two unmeasured ones. Synchronous; not while capturing.
 template <class F>
 double time_ms(cudaStream_t stream, F&& launch) {
-  cudaEvent_t a = nullptr, b = nullptr;
-  METRONOME_CUDA(cudaEventCreate(&a));
-  METRONOME_CUDA(cudaEventCreate(&b));
-  float ms = 0;
-  try {
-    for (int i = 0; i < 2; ++i)
-      launch();
-    constexpr int reps = 5;
-    METRONOME_CUDA(cudaEventRecord(a, stream));
-    for (int i = 0; i < reps; ++i)
-      launch();
-    METRONOME_CUDA(cudaEventRecord(b, stream));
-    wait_event(b, 60.0, "kernel timing");
-    METRONOME_CUDA(cudaEventElapsedTime(&ms, a, b));
-    ms /= reps;
-  } catch (...) {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    throw;
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return double(ms);
+  return mean_launch_ms(stream, 2, 5, launch, 60.0, "kernel timing");
 }
 
 constexpr size_t align_up(size_t v, size_t a) {
@@ -484,40 +462,21 @@ double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
     fill_pad_inputs(batch);
     last_graph_ = -1;
   }
-  cudaEvent_t a = nullptr, b = nullptr;
-  METRONOME_CUDA(cudaEventCreate(&a));
-  METRONOME_CUDA(cudaEventCreate(&b));
-  float ms = 0;
-  try {
-    for (int i = 0; i < 3; ++i)
-      METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_));
-    constexpr int reps = 10;
-    METRONOME_CUDA(cudaEventRecord(a, stream_));
-    for (int i = 0; i < reps; ++i)
-      METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_));
-    METRONOME_CUDA(cudaEventRecord(b, stream_));
-    wait_event(b, options_.step_timeout_s, "graph timing");
-    METRONOME_CUDA(cudaEventElapsedTime(&ms, a, b));
-    ms /= reps;
-    // One more replay inside a profiler range, for `ncu --profile-from-start
-    // off` (METRONOME_PROFILE_BATCH=<batch>: that size's step on real inputs).
-    static bool profiled = false; // the first such replay of the process
-    const char* profile = std::getenv("METRONOME_PROFILE_BATCH");
-    if (!pad && !profiled && profile && std::atoi(profile) == batch) {
-      profiled = true;
-      METRONOME_CUDA(cudaStreamSynchronize(stream_));
-      METRONOME_CUDA(cudaProfilerStart());
-      METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_));
-      METRONOME_CUDA(cudaStreamSynchronize(stream_));
-      METRONOME_CUDA(cudaProfilerStop());
-    }
-  } catch (...) {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    throw;
+  const double ms = mean_launch_ms(
+    stream_, 3, 10, [&] { METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_)); },
+    options_.step_timeout_s, "graph timing");
+  // One more replay inside a profiler range, for `ncu --profile-from-start
+  // off` (METRONOME_PROFILE_BATCH=<batch>: that size's step on real inputs).
+  static bool profiled = false; // the first such replay of the process
+  const char* profile = std::getenv("METRONOME_PROFILE_BATCH");
+  if (!pad && !profiled && profile && std::atoi(profile) == batch) {
+    profiled = true;
+    METRONOME_CUDA(cudaStreamSynchronize(stream_));
+    METRONOME_CUDA(cudaProfilerStart());
+    METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_));
+    METRONOME_CUDA(cudaStreamSynchronize(stream_));
+    METRONOME_CUDA(cudaProfilerStop());
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   return ms;
 }
 

@@ -140,4 +140,59 @@ private:
 /// `timeout_s` instead of an endless wait. Spins briefly, then yields.
 void wait_event(cudaEvent_t event, double timeout_s, const char* what);
 
+/// Two timing events on one stream: what lies between start() and stop()
+/// on the device, in milliseconds. Calls on the stream's host thread.
+class event_timer {
+public:
+  explicit event_timer(cudaStream_t stream = nullptr) : stream_(stream) {
+    METRONOME_CUDA(cudaEventCreate(&start_));
+    if (const cudaError_t st = cudaEventCreate(&stop_); st != cudaSuccess) {
+      cudaEventDestroy(start_);
+      throw_cuda_error(st, "cudaEventCreate", __FILE__, __LINE__);
+    }
+  }
+  event_timer(const event_timer&) = delete;
+  event_timer& operator=(const event_timer&) = delete;
+  ~event_timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+
+  void start() {
+    METRONOME_CUDA(cudaEventRecord(start_, stream_));
+  }
+
+  void stop() {
+    METRONOME_CUDA(cudaEventRecord(stop_, stream_));
+  }
+
+  /// Waits for stop() (bounded: wait_event) and returns the milliseconds
+  /// since start().
+  double ms(double timeout_s, const char* what) {
+    wait_event(stop_, timeout_s, what);
+    float ms = 0;
+    METRONOME_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    return double(ms);
+  }
+
+private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+/// Milliseconds per call of `launch` on `stream`: `warm` calls unmeasured,
+/// then `reps` calls timed together, the mean.
+template <class F>
+double mean_launch_ms(cudaStream_t stream, int warm, int reps, F&& launch,
+                      double timeout_s = 60.0, const char* what = "timing") {
+  for (int i = 0; i < warm; ++i)
+    launch();
+  event_timer t(stream);
+  t.start();
+  for (int i = 0; i < reps; ++i)
+    launch();
+  t.stop();
+  return t.ms(timeout_s, what) / reps;
+}
+
 } // namespace metronome::gpu

@@ -153,9 +153,7 @@ double gemm_tuner::tune_key(const bf16* x, int32_t m, const bf16* w, int32_t n, 
   const key kk{m, n, k, y_f32, beta != 0.0f, splits};
   if (auto it = algos_.find(kk); it != algos_.end())
     return it->second.ms;
-  cudaEvent_t e0, e1;
-  METRONOME_CUDA(cudaEventCreate(&e0));
-  METRONOME_CUDA(cudaEventCreate(&e1));
+  event_timer timer(stream_);
   // The mean of five launches after a warm-up, each timed alone after the
   // flush (if any), so that the weights come from DRAM as in a step.
   auto time = [&](auto&& launch) {
@@ -165,70 +163,58 @@ double gemm_tuner::tune_key(const bf16* x, int32_t m, const bf16* w, int32_t n, 
     for (int i = 0; i < reps; ++i) {
       if (flush_)
         METRONOME_CUDA(cudaMemsetAsync(flush_, 0, flush_bytes_, stream_));
-      METRONOME_CUDA(cudaEventRecord(e0, stream_));
+      timer.start();
       launch();
-      METRONOME_CUDA(cudaEventRecord(e1, stream_));
-      wait_event(e1, 60.0, "gemm tuning");
-      float ms = 0;
-      METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      total += double(ms);
+      timer.stop();
+      total += timer.ms(60.0, "gemm tuning");
     }
     return total / reps;
   };
   choice best;
-  double best_ms = 0;
-  try {
-    best_ms = time([&] { run_gemmex(x, m, w, n, k, y, y_f32, beta, splits, stream_); });
-    lt_shape s(m, n, k, y_f32, splits);
-    cublasLtMatmulPreference_t pref = nullptr;
-    METRONOME_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
-    METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_));
-    if (splits > 1) {
-      // The slices after the first start k / splits elements (and blocks of
-      // D m * n elements) past 256-byte aligned bases: only algorithms that
-      // accept that alignment.
-      const auto ab = uint32_t(std::gcd(uint64_t(256), uint64_t(k / splits) * 2));
-      const auto cd = uint32_t(std::gcd(uint64_t(256), uint64_t(m) * uint64_t(n) * (y_f32 ? 4 : 2)));
-      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES}) {
-        METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &ab, sizeof ab));
+  double best_ms = time([&] { run_gemmex(x, m, w, n, k, y, y_f32, beta, splits, stream_); });
+  lt_shape s(m, n, k, y_f32, splits);
+  cublasLtMatmulPreference_t pref = nullptr;
+  METRONOME_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>
+    pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
+  METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_));
+  if (splits > 1) {
+    // The slices after the first start k / splits elements (and blocks of
+    // D m * n elements) past 256-byte aligned bases: only algorithms that
+    // accept that alignment.
+    const auto ab = uint32_t(std::gcd(uint64_t(256), uint64_t(k / splits) * 2));
+    const auto cd = uint32_t(std::gcd(uint64_t(256), uint64_t(m) * uint64_t(n) * (y_f32 ? 4 : 2)));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES}) {
+      METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &ab, sizeof ab));
+    }
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &cd, sizeof cd));
+    }
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> results(16);
+  int found = 0;
+  const auto st = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.a, s.b, s.c, s.c, pref,
+                                                 int(results.size()), results.data(), &found);
+  pref_owner.reset();
+  if (st == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; i < found; ++i) {
+      if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS)
+        continue;
+      const auto& algo = results[size_t(i)].algo;
+      double ms = 0;
+      try {
+        ms = time([&] { run_lt(algo, x, m, w, n, k, y, y_f32, beta, splits, stream_); });
+      } catch (const cuda_error&) {
+        continue; // a candidate cuBLASLt refuses at launch: not a choice
       }
-      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-        METRONOME_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &cd, sizeof cd));
+      if (ms < best_ms) {
+        best_ms = ms;
+        best = choice{true, algo};
       }
     }
-    std::vector<cublasLtMatmulHeuristicResult_t> results(16);
-    int found = 0;
-    const auto st = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.a, s.b, s.c, s.c, pref,
-                                                   int(results.size()), results.data(), &found);
-    pref_owner.reset();
-    if (st == CUBLAS_STATUS_SUCCESS)
-      for (int i = 0; i < found; ++i) {
-        if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS)
-          continue;
-        const auto& algo = results[size_t(i)].algo;
-        double ms = 0;
-        try {
-          ms = time([&] { run_lt(algo, x, m, w, n, k, y, y_f32, beta, splits, stream_); });
-        } catch (const cuda_error&) {
-          continue; // a candidate cuBLASLt refuses at launch: not a choice
-        }
-        if (ms < best_ms) {
-          best_ms = ms;
-          best = choice{true, algo};
-        }
-      }
-  } catch (...) {
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    throw;
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   best.ms = best_ms;
   algos_[kk] = best;
   return best_ms;

@@ -59,23 +59,17 @@ double copy_bandwidth() {
   gpu::device_buffer a(bytes), b(bytes);
   METRONOME_CUDA(cudaMemset(a.get(), 0x5a, bytes));
   METRONOME_CUDA(cudaMemset(b.get(), 0x33, bytes));
-  cudaEvent_t e0, e1;
-  METRONOME_CUDA(cudaEventCreate(&e0));
-  METRONOME_CUDA(cudaEventCreate(&e1));
+  gpu::event_timer timer;
   std::vector<double> rates;
   for (int i = 0; i < 13; ++i) {
-    METRONOME_CUDA(cudaEventRecord(e0));
+    timer.start();
     METRONOME_CUDA(cudaMemcpyAsync(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), bytes,
                                    cudaMemcpyDeviceToDevice));
-    METRONOME_CUDA(cudaEventRecord(e1));
-    gpu::wait_event(e1, 60, "copy bandwidth");
-    float ms = 0;
-    METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    timer.stop();
+    const double ms = timer.ms(60, "copy bandwidth");
     if (i >= 3)
-      rates.push_back(2.0 * double(bytes) / (double(ms) * 1e-3));
+      rates.push_back(2.0 * double(bytes) / (ms * 1e-3));
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   return median(rates);
 }
 
@@ -105,23 +99,9 @@ double gemm_rate() {
                                   CUDA_R_16BF, n, b.get(), CUDA_R_16BF, n, &beta, c.get(),
                                   CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };
-  for (int i = 0; i < 3; ++i)
-    run();
-  cudaEvent_t e0, e1;
-  METRONOME_CUDA(cudaEventCreate(&e0));
-  METRONOME_CUDA(cudaEventCreate(&e1));
-  METRONOME_CUDA(cudaEventRecord(e0));
-  const int reps = 10;
-  for (int i = 0; i < reps; ++i)
-    run();
-  METRONOME_CUDA(cudaEventRecord(e1));
-  gpu::wait_event(e1, 60, "gemm rate");
-  float ms = 0;
-  METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const double ms = gpu::mean_launch_ms(nullptr, 3, 10, run, 60, "gemm rate");
   cublasDestroy(h);
-  return 2.0 * n * double(n) * n * reps / (double(ms) * 1e-3);
+  return 2.0 * n * double(n) * n / (ms * 1e-3);
 }
 
 // -- a small scheduler for the benchmark ---------------------------------------------------

@@ -54,23 +54,16 @@ int default_reps() {
 /// Median microseconds of fn(i) over `reps` launches (after up to 3
 /// warm-ups), each timed with events.
 double time_us(const std::function<void(int)>& fn, int reps = default_reps()) {
-  cudaEvent_t a, b;
-  METRONOME_CUDA(cudaEventCreate(&a));
-  METRONOME_CUDA(cudaEventCreate(&b));
+  gpu::event_timer timer;
   for (int i = 0; i < std::min(3, reps); ++i)
     fn(i);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    METRONOME_CUDA(cudaEventRecord(a, nullptr));
+    timer.start();
     fn(i);
-    METRONOME_CUDA(cudaEventRecord(b, nullptr));
-    gpu::wait_event(b, 60, "kernel timing");
-    float ms = 0;
-    METRONOME_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(double(ms) * 1e3);
+    timer.stop();
+    t.push_back(timer.ms(60, "kernel timing") * 1e3);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -321,23 +314,11 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
           METRONOME_CUDA(cudaStreamEndCapture(st, &g));
           cudaGraphExec_t ge;
           METRONOME_CUDA(cudaGraphInstantiate(&ge, g, 0));
-          cudaEvent_t e0, e1;
-          METRONOME_CUDA(cudaEventCreate(&e0));
-          METRONOME_CUDA(cudaEventCreate(&e1));
-          for (int i = 0; i < 3; ++i)
-            METRONOME_CUDA(cudaGraphLaunch(ge, st));
-          METRONOME_CUDA(cudaEventRecord(e0, st));
-          for (int i = 0; i < 20; ++i)
-            METRONOME_CUDA(cudaGraphLaunch(ge, st));
-          METRONOME_CUDA(cudaEventRecord(e1, st));
-          gpu::wait_event(e1, 60, "chain timing");
-          float ms = 0;
-          METRONOME_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-          cudaEventDestroy(e0);
-          cudaEventDestroy(e1);
+          const double ms = gpu::mean_launch_ms(
+            st, 3, 20, [&] { METRONOME_CUDA(cudaGraphLaunch(ge, st)); }, 60, "chain timing");
           cudaGraphExecDestroy(ge);
           cudaGraphDestroy(g);
-          return double(ms) * 1e3 / (20 * 32);
+          return ms * 1e3 / 32;
         };
         device_buffer one(4);
         row("chain_one_thread_kernel",

@@ -19,16 +19,6 @@
 namespace metronome {
 namespace {
 
-cuda_runner_options options() {
-  cuda_runner_options o;
-  o.max_batch_size = 8;
-  o.max_num_batched_tokens = 256;
-  o.page_size = 16;
-  o.kv_cache_tokens = 4096;
-  o.gpu_memory_fraction = 0.9;
-  return o;
-}
-
 /// A request of the schedule: its prompt joins at step `join`; it leaves
 /// after `outputs` sampled tokens, or is released at step `release` (>= 0)
 /// whatever it has produced.
@@ -175,7 +165,7 @@ TEST_P(overlapped_steps, give_the_ids_and_logprobs_of_steps_run_one_at_a_time) {
   METRONOME_REQUIRE_GPU();
   const auto& [preset, graphs] = GetParam();
   auto model = model_folder::open(test::tiny_model(preset, 11));
-  auto gpu = make_cuda_runner(model, options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   ASSERT_TRUE(set_cuda_graphs(*gpu, graphs));
   int32_t overlapped = 0;
   const auto one_at_a_time = run(*gpu, 0, false, &overlapped);
@@ -197,7 +187,7 @@ TEST_P(overlapped_steps, give_the_ids_and_logprobs_of_steps_run_one_at_a_time) {
 TEST(overlapped_steps_contract, execute_with_steps_in_flight_and_collect_with_none_throw) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model("tiny-llama3", 11));
-  auto gpu = make_cuda_runner(model, options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   EXPECT_FALSE(gpu->ready());
   EXPECT_THROW(gpu->collect(), std::logic_error);
   step_plan plan;

@@ -103,16 +103,6 @@ json load_golden(const std::string& preset) {
   return json::parse(in);
 }
 
-cuda_runner_options small_options(int32_t page_size = 16) {
-  cuda_runner_options o;
-  o.max_batch_size = 8;
-  o.max_num_batched_tokens = 256;
-  o.page_size = page_size;
-  o.kv_cache_tokens = 4096;
-  o.gpu_memory_fraction = 0.9;
-  return o;
-}
-
 /// Drives a runner with the plans a simple scheduler would make: prompts in
 /// chunks of at most `chunk` tokens, then one token per step; pages handed
 /// out from a counter in a scattered order.
@@ -250,7 +240,7 @@ TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
   METRONOME_REQUIRE_GPU();
   auto ref = load_golden(GetParam());
   auto model = model_folder::open(test::tiny_model(GetParam(), ref["seed"].get<uint64_t>()));
-  auto runner = make_cuda_runner(model, small_options());
+  auto runner = make_cuda_runner(model, test::small_runner_options());
   const auto& runs = ref["runs"];
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& r : runs)
@@ -310,7 +300,7 @@ TEST_P(gpu_runner, greedy_ids_follow_the_cpu_engine_for_32_steps) {
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   auto prompts = test_prompts(model->config.vocab_size);
   auto cpu = make_cpu_runner(model, 256, 16);
-  auto gpu = make_cuda_runner(model, small_options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   auto want = generate(*cpu, prompts, 32, 1 << 20, false);
   auto got = generate(*gpu, prompts, 32, 1 << 20, false);
   int32_t exact = 0, total = 0;
@@ -329,7 +319,7 @@ TEST_P(gpu_runner, a_mixed_batch_gives_the_same_ids_as_each_request_alone) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   auto prompts = test_prompts(model->config.vocab_size);
-  auto gpu = make_cuda_runner(model, small_options(8));
+  auto gpu = make_cuda_runner(model, test::small_runner_options(8));
   std::vector<std::vector<int32_t>> alone;
   for (const auto& p : prompts)
     alone.push_back(generate(*gpu, {p}, 24, 1 << 20, false)[0]);
@@ -344,7 +334,7 @@ TEST_P(gpu_runner, graph_replay_and_eager_launches_give_the_same_ids) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   auto prompts = test_prompts(model->config.vocab_size);
-  auto gpu = make_cuda_runner(model, small_options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   auto with_graphs = generate(*gpu, prompts, 16, 1 << 20, false);
   ASSERT_TRUE(set_cuda_graphs(*gpu, false));
   auto eager = generate(*gpu, prompts, 16, 1 << 20, false);
@@ -357,7 +347,7 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   auto prompts = test_prompts(model->config.vocab_size);
-  const auto o = small_options();
+  const auto o = test::small_runner_options();
   auto gpu = make_cuda_runner(model, o);
   auto undisturbed = generate(*gpu, prompts, 12, 1 << 20, false);
   // Replays of the last step on its own inputs (idempotent), then on
@@ -410,7 +400,7 @@ TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
     }
   } restore_on_exit{saved};
   for (const std::string path : {"gemv", "skinny", "cublas", "cublas-split"}) {
-    auto o = small_options();
+    auto o = test::small_runner_options();
     o.max_batch_size = 24;
     o.kv_cache_tokens = 8192;
     o.max_num_batched_tokens = 512;
@@ -444,7 +434,7 @@ TEST_P(gpu_runner, a_readmitted_sequence_counts_its_earlier_output_for_the_penal
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   const int32_t vocab = model->config.vocab_size;
   auto cpu = make_cpu_runner(model, 256, 16);
-  auto gpu = make_cuda_runner(model, small_options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   auto first_token = [](model_runner& r, const std::vector<int32_t>& prompt,
                         const sampling_params& p, int32_t num_output) {
     driver d(r, 1 << 20);
@@ -479,7 +469,7 @@ TEST_P(gpu_runner, seeded_sampling_repeats_for_the_same_schedule_and_follows_the
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   auto prompts = test_prompts(model->config.vocab_size);
-  auto gpu = make_cuda_runner(model, small_options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   sampling_params p;
   p.temperature = 1.0f;
   p.top_p = 0.95f;
@@ -506,7 +496,7 @@ INSTANTIATE_TEST_SUITE_P(presets, gpu_runner,
 TEST(gpu_runner_plans, bad_plans_are_rejected_and_change_nothing) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model("tiny-llama3", 11));
-  auto gpu = make_cuda_runner(model, small_options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   step_plan bad;
   bad.added.push_back({1, {1, 2, model->config.vocab_size}, greedy(), 0});
   bad.chunks.push_back({1, 3, {0}});
@@ -522,7 +512,7 @@ TEST(gpu_runner_plans, bad_plans_are_rejected_and_change_nothing) {
   EXPECT_THROW(gpu->execute(too_many), plan_error);
   // Still usable: the same ids as a fresh runner (same schedule, same path).
   auto prompts = test_prompts(model->config.vocab_size);
-  auto fresh = make_cuda_runner(model, small_options());
+  auto fresh = make_cuda_runner(model, test::small_runner_options());
   EXPECT_EQ(generate(*gpu, prompts, 8, 1 << 20, false),
             generate(*fresh, prompts, 8, 1 << 20, false));
 }
@@ -530,7 +520,7 @@ TEST(gpu_runner_plans, bad_plans_are_rejected_and_change_nothing) {
 TEST(gpu_runner_plans, reports_its_memory_plan) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model("tiny-qwen2", 11));
-  auto gpu = make_cuda_runner(model, small_options());
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
   auto plan = gpu->memory_plan();
   std::map<std::string, int64_t> by;
   for (const auto& e : plan)

@@ -100,8 +100,9 @@ TEST(gpu_skinny_gemm, store_and_residual_match_reference_split_or_not) {
     EXPECT_LT(test::relative_error(d_res.download(), want), 1e-5);
     EXPECT_TRUE(sc.counters_zero());
   }
-  if (!test::quick_mode())
+  if (!test::quick_mode()) {
     EXPECT_TRUE(some_split) << "no case split k: the fix-up path went untested";
+  }
 }
 
 TEST(gpu_skinny_gemm, swiglu_matches_reference) {

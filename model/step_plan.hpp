@@ -65,7 +65,8 @@ struct step_output {
   int64_t num_tokens = 0;
   /// Sequences in the step.
   int32_t num_seqs = 0;
-  /// Wall time of the step on the device, seconds.
+  /// Wall time of the step, seconds: from its submission, or from the end of
+  /// the step it was queued behind (overlapped steps), to its end.
   double seconds = 0;
 };
 

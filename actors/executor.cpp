@@ -43,8 +43,8 @@ public:
       runner_ = factory_();
     } catch (const std::exception& e) {
       quit(caf::make_error(caf::sec::runtime_error, std::string("cannot start the model: ") + e.what()));
-      return {[](step_plan&) -> caf::result<step_output> { return step_output{}; }, [](tick_atom, uint64_t) {},
-              [](crash_atom, std::string&) {}};
+      return {[](step_plan&) -> caf::result<step_output> { return step_output{}; },
+              [](tick_atom, uint64_t) {}, [](crash_atom, std::string&) {}};
     }
     executor_up_msg up;
     up.executor = caf::actor_cast<caf::actor>(this);

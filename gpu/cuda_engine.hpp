@@ -15,12 +15,12 @@
 //
 // Two steps can be in flight (launch, then finish): each has its own pinned
 // staging and result block (slots 0 and 1, alternating), and each decode
-// size is captured twice, once per slot. A token the
-// previous step samples reaches the next one on the device: the runner
-// passes its row (engine_chunk::fed_row) and the embedding gather reads the
-// id from that step's sampled ids, so the host never waits for it. Prefill and mixed steps
-// run the same kernels uncaptured, with cuBLAS GEMMs and the flash-style
-// attention. The KV pool gets what the configured share of device memory
+// size is captured twice, once per slot. A token the previous step samples
+// reaches the next one on the device: the runner passes its row
+// (engine_chunk::fed_row) and the embedding gather reads the id from that
+// step's sampled ids, so the host never waits for it. Prefill and mixed
+// steps run the same kernels uncaptured, with cuBLAS GEMMs and the
+// flash-style attention. The KV pool gets what the configured share of device memory
 // leaves after weights, activations and (measured) graphs.
 
 #include <chrono>

@@ -135,6 +135,11 @@ void gemm_tuner::run_split(const bf16* x, int32_t m, const bf16* w, int32_t n, i
     run_gemmex(x, m, w, n, k, partials, true, 0.0f, splits, stream);
 }
 
+bool gemm_tuner::split_uses_lt(int32_t m, int32_t n, int32_t k, int32_t splits) const {
+  auto it = algos_.find(key{m, n, k, true, false, splits});
+  return it != algos_.end() && it->second.lt;
+}
+
 double gemm_tuner::tune(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y,
                         bool y_f32, float beta) {
   return tune_key(x, m, w, n, k, y, y_f32, beta, 1);
@@ -210,7 +215,7 @@ double gemm_tuner::tune_key(const bf16* x, int32_t m, const bf16* w, int32_t n, 
       } catch (const cuda_error&) {
         continue; // a candidate cuBLASLt refuses at launch: not a choice
       }
-      if (ms < best_ms) {
+      if (ms < best_ms || (lt_only_ && !best.lt)) {
         best_ms = ms;
         best = choice{true, algo};
       }

@@ -70,9 +70,20 @@ public:
     flush_bytes_ = bytes;
   }
 
-  /// Shapes tuned and how many use a cuBLASLt algorithm.
+  /// Shapes tuned.
   int32_t tuned() const {
     return int32_t(algos_.size());
+  }
+
+  /// Whether run_split of this shape runs a cuBLASLt algorithm (tuned and
+  /// chosen), rather than GemmEx's strided batch.
+  bool split_uses_lt(int32_t m, int32_t n, int32_t k, int32_t splits) const;
+
+  /// For tests: tuning keeps a cuBLASLt algorithm whenever cuBLASLt offers
+  /// one that runs, even where GemmEx is faster, so that the cuBLASLt forms
+  /// (the split slices' layouts among them) are checked on any device.
+  void set_lt_only(bool on) {
+    lt_only_ = on;
   }
 
 private:
@@ -100,6 +111,7 @@ private:
   std::map<key, choice> algos_;
   void* flush_ = nullptr;
   size_t flush_bytes_ = 0;
+  bool lt_only_ = false;
 };
 
 } // namespace metronome::gpu

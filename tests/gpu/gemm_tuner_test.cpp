@@ -1,6 +1,8 @@
 // The GEMM tuner's projections against a host product: the ordinary GEMM, and
 // the split-K partials of run_split (strided batches over slices of k) before
-// and after tuning picks a cuBLASLt algorithm for them.
+// tuning, after it, and through cuBLASLt's algorithms wherever it has one.
+
+#include <cstdio>
 
 #include <cublas_v2.h>
 
@@ -31,6 +33,11 @@ TEST(gpu_gemm_tuner, split_partials_sum_to_the_product) {
   dev_array<unsigned char> ws(size_t(32) << 20);
   METRONOME_CUBLAS(cublasSetWorkspace(blas.h, ws.get(), 32u << 20));
   gpu::gemm_tuner tuner(blas.h, nullptr, ws.get(), size_t(32) << 20);
+  // A second tuner that keeps cuBLASLt's algorithms even where GemmEx wins:
+  // run_split through cuBLASLt's strided layouts is checked on any device.
+  gpu::gemm_tuner lt_tuner(blas.h, nullptr, ws.get(), size_t(32) << 20);
+  lt_tuner.set_lt_only(true);
+  int32_t lt_splits = 0;
   struct shape {
     int32_t m, n, k;
   };
@@ -62,15 +69,18 @@ TEST(gpu_gemm_tuner, split_partials_sum_to_the_product) {
     close(y.download(), "plain");
     for (int32_t splits : {1, 2, 4, 8}) {
       ASSERT_TRUE(gpu::gemm_tuner::split_ok(s.k, splits));
-      for (bool tuned : {false, true}) {
-        const std::string what =
-          "m " + std::to_string(s.m) + " splits " + std::to_string(splits) + (tuned ? " tuned" : "");
+      for (int tuned : {0, 1, 2}) { // untuned, tuned, tuned to cuBLASLt only
+        auto& t = tuned == 2 ? lt_tuner : tuner;
+        const std::string what = "m " + std::to_string(s.m) + " splits " + std::to_string(splits)
+                                 + (tuned == 1 ? " tuned" : tuned == 2 ? " tuned, cuBLASLt" : "");
         dev_array<float> parts(size_t(splits) * s.m * s.n);
-        if (tuned) {
-          EXPECT_GT(tuner.tune_split(d_x.get(), s.m, d_w.get(), s.n, s.k, parts.get(), splits), 0.0);
+        if (tuned > 0) {
+          EXPECT_GT(t.tune_split(d_x.get(), s.m, d_w.get(), s.n, s.k, parts.get(), splits), 0.0);
         }
+        if (tuned == 2 && splits > 1 && t.split_uses_lt(s.m, s.n, s.k, splits))
+          ++lt_splits;
         parts.poison();
-        tuner.run_split(d_x.get(), s.m, d_w.get(), s.n, s.k, parts.get(), splits, nullptr);
+        t.run_split(d_x.get(), s.m, d_w.get(), s.n, s.k, parts.get(), splits, nullptr);
         test::sync_check();
         const auto p = parts.download();
         std::vector<float> sum(want.size(), 0.0f);
@@ -94,6 +104,9 @@ TEST(gpu_gemm_tuner, split_partials_sum_to_the_product) {
       }
     }
   }
+  // cuBLASLt ran split shapes (of the nine split configurations above).
+  std::printf("[ metric   ] split configurations run through cuBLASLt: %d of 9\n", lt_splits);
+  EXPECT_GT(lt_splits, 0);
   EXPECT_FALSE(gpu::gemm_tuner::split_ok(512, 3));
   EXPECT_FALSE(gpu::gemm_tuner::split_ok(100, 2));
   dev_array<float> scratch(96);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/cpu_engine.hpp"
+#include "model/make_model.hpp"
 #include "model/model_weights.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/model/test_support.hpp"
@@ -377,9 +378,11 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
   EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, o.max_batch_size + 1)));
 }
 
-TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
-  METRONOME_REQUIRE_GPU();
-  auto model = model_folder::open(test::tiny_model(GetParam(), 11));
+/// Greedy decoding of 20 sequences together on every decode path (GEMV,
+/// skinny GEMM, cuBLAS whole, cuBLAS split-K), graphs and eager, against the
+/// CPU engine.
+void expect_every_decode_path_follows_the_cpu_engine(
+  const std::shared_ptr<const model_folder>& model, const std::string& label) {
   // 20 sequences decoding together: the skinny GEMM runs with several token
   // tiles (eager: 20 rows; captured: the graph of 24, padding rows included).
   auto base = test_prompts(model->config.vocab_size);
@@ -417,10 +420,32 @@ TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
       auto got = generate(*gpu, prompts, 12, 1 << 20, false);
       for (size_t i = 0; i < prompts.size(); ++i)
         expect_greedy_matches_cpu(model, prompts[i], got[i],
-                                  GetParam() + " path " + path + (graphs ? "" : " eager")
+                                  label + " path " + path + (graphs ? "" : " eager")
                                     + " prompt " + std::to_string(i));
     }
   }
+}
+
+TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model(GetParam(), 11));
+  expect_every_decode_path_follows_the_cpu_engine(model, GetParam());
+}
+
+// Llama's attention_bias: biases on q, k, v and o, the o bias on each path
+// (the GEMV's residual epilogue, a bias launch after cuBLAS's epilogue, the
+// fused residual + norm kernel of the split path). No preset has it.
+TEST(gpu_runner_bias, llama_attention_bias_on_every_decode_path_follows_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  make_model_options mo;
+  mo.config = *preset_config("tiny-llama3");
+  mo.config.qkv_bias = mo.config.o_bias = true;
+  mo.seed = 23;
+  mo.out_dir = test::scratch_dir("tiny-llama3-attention-bias");
+  make_model(mo);
+  auto model = model_folder::open(mo.out_dir);
+  ASSERT_TRUE(model->config.o_bias);
+  expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3 + attention_bias");
 }
 
 // A sequence re-admitted with earlier output (new_sequence::num_output): that

@@ -12,9 +12,9 @@ namespace metronome {
 /// submitted behind it (model_runner::submit), so the device goes from one
 /// step to the next without waiting for the host. tick_atom + n is its own
 /// poll of the step in flight (a tick whose n is not its current poll's is
-/// ignored). crash_atom makes it fail as
-/// if its runner had thrown: fault injection for tests and drills, and how
-/// the scheduler has a hung executor replaced.
+/// ignored). crash_atom makes it fail as if its runner had thrown: fault
+/// injection for tests and drills, and how the scheduler has a hung
+/// executor replaced.
 using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>,
                                         caf::reacts_to<tick_atom, uint64_t>,
                                         caf::reacts_to<crash_atom, std::string>>;

@@ -445,14 +445,14 @@ double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
     // their own sampling writes, and must rewrite the same keys and values.
     const int32_t b = graph_sizes_[size_t(gi)];
     const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
-    const int32_t slot = last_slot_;
+    const int32_t slot = 1 - next_slot_; // the last step's
     auto* ids = reinterpret_cast<int32_t*>(staging_[slot].get<unsigned char>() + l.ids);
     const auto* earlier = results_[1 - slot].get<int32_t>();
     for (int32_t r = 0; r < b; ++r)
       if (ids[r] < 0)
         ids[r] = earlier[-1 - ids[r]];
   }
-  const auto& g = repeat_last_step && last_slot_ == 1 ? twin_graphs_ : graphs_;
+  const auto& g = repeat_last_step && next_slot_ == 0 ? twin_graphs_ : graphs_;
   return time_graph(g[size_t(gi)], graph_sizes_[size_t(gi)], !repeat_last_step);
 }
 

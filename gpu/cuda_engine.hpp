@@ -75,7 +75,6 @@ struct page_update {
 struct engine_result {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
-  bool graph = false;
 };
 
 class cuda_engine {
@@ -315,17 +314,15 @@ private:
   std::vector<decode_path> graph_path_;
   bool graphs_enabled_ = true;
   int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
-  int32_t last_slot_ = 0;   // the staging slot of the last step launched
 
   /// Steps launched and not finished, oldest first.
   struct flight {
     int32_t slot = 0;
     int32_t sampled = 0;
-    bool graph = false;
     std::chrono::steady_clock::time_point launched;
   };
   std::vector<flight> flight_; // at most two
-  int32_t next_slot_ = 0;
+  int32_t next_slot_ = 0; // the staging slot of the next step; the last one used 1 - it
 
   std::vector<memory_plan_entry> plan_;
 };

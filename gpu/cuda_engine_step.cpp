@@ -461,12 +461,15 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   const int32_t n = int32_t(chunks.size());
   int64_t tokens = 0;
   int32_t sampled = 0, penalties = 0;
-  bool all_single = true, fed = false;
+  bool all_single = true, fed_unknown = false;
+  // Fed tokens (negative ids) come from the step launched last, still in
+  // flight, at the chunk's fed_row of its sampled ids.
+  const int32_t fed_rows = flight_.empty() ? 0 : flight_.back().sampled;
   for (const auto& ch : chunks) {
     tokens += int64_t(ch.tokens.size());
     all_single = all_single && ch.tokens.size() == 1;
     for (auto t : ch.tokens)
-      fed = fed || t < 0;
+      fed_unknown = fed_unknown || (t < 0 && (ch.fed_row < 0 || ch.fed_row >= fed_rows));
     if (ch.sample) {
       ++sampled;
       penalties += int32_t(ch.penalties.size());
@@ -488,13 +491,8 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     throw std::logic_error("cuda runner: a third step launched while two are in flight");
   if (penalties > 0 && !flight_.empty())
     throw std::logic_error("cuda runner: a step with penalties launched behind another");
-  if (fed) {
-    // Fed tokens come from the step launched last, still in flight.
-    for (const auto& ch : chunks)
-      for (auto t : ch.tokens)
-        if (t < 0 && (flight_.empty() || ch.fed_row < 0 || ch.fed_row >= flight_.back().sampled))
-          throw std::logic_error("cuda runner: a fed token without its row in the step in flight");
-  }
+  if (fed_unknown)
+    throw std::logic_error("cuda runner: a fed token without its row in the step in flight");
   if (n == 0 && updates.empty())
     return;
 
@@ -538,7 +536,6 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     pack(slot, l, chunks, updates, {}, 0);
     const auto& g = slot == 0 ? graphs_ : twin_graphs_;
     METRONOME_CUDA(cudaGraphLaunch(g[size_t(gi)].get(), stream_));
-    f.graph = true;
     last_graph_ = gi;
   } else {
     last_graph_ = -1;
@@ -578,7 +575,6 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   }
   METRONOME_CUDA(cudaEventRecord(step_done_[slot], stream_));
   flight_.push_back(f);
-  last_slot_ = slot;
   next_slot_ = 1 - slot;
 }
 
@@ -611,7 +607,6 @@ engine_result cuda_engine::finish() {
   wait_event(step_done_[f.slot], left, "cuda runner step");
   flight_.erase(flight_.begin());
   engine_result result;
-  result.graph = f.graph;
   const auto* out = results_[f.slot].get<unsigned char>();
   const auto* ids = reinterpret_cast<const int32_t*>(out);
   const auto* lp = reinterpret_cast<const float*>(out + size_t(max_batch_) * 4);

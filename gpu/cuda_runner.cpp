@@ -51,8 +51,7 @@ struct gpu_sequence {
   int32_t fed_row = -1; // its row in the sampled ids of the step launched last
 
   bool penalised() const {
-    return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f
-           || params.presence_penalty != 0.0f;
+    return params.penalised();
   }
 };
 
@@ -295,9 +294,7 @@ private:
       auto added = std::find_if(plan.added.begin(), plan.added.end(),
                                 [&](const new_sequence& n) { return n.id == c.id; });
       if (added != plan.added.end()) {
-        gpu_sequence g;
-        g.params = added->params;
-        if (g.penalised() && c.num_tokens == int32_t(added->prompt.size()))
+        if (added->params.penalised() && c.num_tokens == int32_t(added->prompt.size()))
           return true;
       } else if (auto i = seqs_.find(c.id); i != seqs_.end() && i->second.penalised()) {
         const auto& s = table_.at(c.id);

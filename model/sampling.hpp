@@ -40,6 +40,11 @@ struct sampling_params {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
 
+  /// Whether any penalty is on (the sampler then counts earlier tokens).
+  bool penalised() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
+
   /// Empty when valid, else "field: problem" for the first bad field.
   std::string validate() const;
 };

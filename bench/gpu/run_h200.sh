@@ -80,11 +80,12 @@ if want tests; then
     || { echo "gpu_tests FAILED (exit $?)"; status=1; }
 fi
 if want pdlon; then
-  # The runner end to end with programmatic dependent launch (the kernel
-  # tests launch on the legacy stream, where PDL is never used).
+  # The runner end to end with programmatic dependent launch, and the GEMV
+  # chain on a stream (the other kernel tests launch on the legacy stream,
+  # where PDL is never used).
   stamp "gpu_tests, runner, PDL on"
   METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
-    --gtest_filter='presets/gpu_runner.*:gpu_runner_plans.*' \
+    --gtest_filter='presets/gpu_runner.*:gpu_runner_plans.*:presets/overlapped_steps.*:gpu_kernels.gemv_chain*' \
     || { echo "gpu_tests (PDL on) FAILED (exit $?)"; status=1; }
 fi
 # -- benchmark -----------------------------------------------------------------------------

@@ -204,7 +204,8 @@ TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
   std::vector<gemv_case> cases = {{128, 64, 1},    {127, 64, 3},    {4096, 4096, 1},
                                   {4096, 4096, 4},  {2048, 8192, 2}, {1000, 14336, 4},
                                   {130, 520, 2},    {6144, 4096, 1}, {2048, 2048, 1},
-                                  {4096, 14336, 1}, {3072, 2048, 8}, {515, 4096, 2}};
+                                  {4096, 14336, 1}, {3072, 2048, 8}, {515, 4096, 2},
+                                  {20000, 1024, 2}, {3072, 2048, 1}};
   if (test::quick_mode())
     cases.resize(3);
   for (const auto& c : cases) {
@@ -275,6 +276,100 @@ TEST(gpu_kernels, gemv_with_norm_prologue_and_swiglu_matches_reference) {
       EXPECT_LT(test::relative_error(test::download_bf16(d_act), ref), 5e-3);
     }
   }
+}
+
+TEST(gpu_kernels, gemv_chain_on_a_stream_reads_what_the_kernel_before_wrote) {
+  // MLP blocks back to back, as a decode step runs them: gate_up with the
+  // norm prologue and SwiGLU reads the residual the previous down projection
+  // added into, and down reads gate_up's activations. On a stream, launched
+  // directly and captured into a graph, programmatic dependent launch is on
+  // (the default): each GEMV fills its weight ring before it waits for the
+  // kernel before it, so a missing or early wait gives a wrong residual
+  // (errors of order 1; the 1e-2 bound leaves room for bf16 rounding that
+  // differs from the reference's and compounds over the layers, 2-3e-3).
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("gemv_chain");
+  const int32_t hidden = 2048, inter = 5632, layers = 4;
+  const float eps = 1e-5f;
+  struct layer {
+    std::vector<uint16_t> gu_bits, down_bits, g_bits;
+    dev_array<bf16> gu, down, g;
+  };
+  std::vector<layer> ls;
+  for (int32_t l = 0; l < layers; ++l) {
+    auto gu = test::random_floats(rng, size_t(2 * inter) * hidden, -0.05f, 0.05f);
+    auto down = test::random_floats(rng, size_t(hidden) * inter, -0.05f, 0.05f);
+    auto g = test::random_floats(rng, size_t(hidden), 0.8f, 1.2f);
+    ls.push_back(layer{test::to_bf16(gu), test::to_bf16(down), test::to_bf16(g),
+                       test::upload_bf16(gu), test::upload_bf16(down), test::upload_bf16(g)});
+  }
+  // A blocking stream, and a device synchronisation after each upload: a
+  // cudaMemset or a pageable cudaMemcpy may still be running when it returns.
+  cudaStream_t stream = nullptr;
+  METRONOME_CUDA(cudaStreamCreate(&stream));
+  for (int32_t m : {1, 2}) {
+    SCOPED_TRACE("m " + std::to_string(m));
+    const auto r0 = test::random_floats(rng, size_t(m) * hidden, -2, 2);
+    auto want = r0;
+    for (const auto& l : ls) {
+      std::vector<float> xn(want.size()), y(want.size());
+      ref::rms_norm(want.data(), bf16_view(l.g_bits, {hidden}), eps, m, hidden, xn.data());
+      for (auto& v : xn)
+        v = test::round_bf16(v);
+      const auto act = test::reference_swiglu(l.gu_bits, 2 * inter, hidden, xn, m);
+      ref::linear(bf16_view(l.down_bits, {hidden, inter}), nullptr, act.data(), m, y.data());
+      for (size_t i = 0; i < want.size(); ++i)
+        want[i] += y[i];
+    }
+    dev_array<float> d_r(r0);
+    dev_array<bf16> d_act(size_t(m) * inter);
+    METRONOME_CUDA(cudaDeviceSynchronize());
+    auto chain = [&] {
+      for (const auto& l : ls) {
+        gpu::gemv_args a;
+        a.w = l.gu.get();
+        a.n = 2 * inter;
+        a.k = hidden;
+        a.m = m;
+        a.residual_in = d_r.get();
+        a.norm_weight = l.g.get();
+        a.eps = eps;
+        a.out_bf16 = d_act.get();
+        gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, stream);
+        gpu::gemv_args b;
+        b.w = l.down.get();
+        b.n = hidden;
+        b.k = inter;
+        b.m = m;
+        b.x = d_act.get();
+        b.out_f32 = d_r.get();
+        gpu::launch_gemv(gpu::gemv_epilogue::residual_add, b, stream);
+      }
+    };
+    chain();
+    METRONOME_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_LT(test::relative_error(d_r.download(), want), 1e-2) << "launched directly";
+
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    METRONOME_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    chain();
+    METRONOME_CUDA(cudaStreamEndCapture(stream, &graph));
+    METRONOME_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      d_act.poison();
+      METRONOME_CUDA(cudaMemcpy(d_r.get(), r0.data(), r0.size() * sizeof(float),
+                                cudaMemcpyHostToDevice));
+      METRONOME_CUDA(cudaDeviceSynchronize());
+      METRONOME_CUDA(cudaGraphLaunch(exec, stream));
+      METRONOME_CUDA(cudaStreamSynchronize(stream));
+      EXPECT_LT(test::relative_error(d_r.download(), want), 1e-2);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_write) {

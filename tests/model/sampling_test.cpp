@@ -163,5 +163,20 @@ TEST(sampling, validation_names_the_parameter) {
   EXPECT_TRUE(p.validate().starts_with("min_p"));
 }
 
+TEST(sampling, penalised_means_any_penalty_is_on) {
+  sampling_params p;
+  p.temperature = 0.5f;
+  p.top_k = 3;
+  EXPECT_FALSE(p.penalised());
+  p.repetition_penalty = 1.1f;
+  EXPECT_TRUE(p.penalised());
+  p = {};
+  p.frequency_penalty = -0.5f;
+  EXPECT_TRUE(p.penalised());
+  p = {};
+  p.presence_penalty = 0.2f;
+  EXPECT_TRUE(p.penalised());
+}
+
 } // namespace
 } // namespace metronome

@@ -340,8 +340,9 @@ void cuda_engine::plan_kv_and_capture() {
     }
     const size_t one = before > after ? before - after : 0;
     // Every size twice (a twin per staging slot), plus the candidates "auto"
-    // times.
-    const size_t count = 2 * graph_sizes_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
+    // (and METRONOME_PDL=auto) time.
+    const size_t count = 2 * graph_sizes_.size() + (options_.small_batch_path == "auto" ? 3 : 0)
+                         + (pdl_setting() == pdl_mode::per_graph ? 1 : 0);
     graph_estimate = (one + (2ull << 20)) * count;
     kv_pool_.reset();
     page_table_.reset();
@@ -573,6 +574,7 @@ cuda_engine::split_choice cuda_engine::splits_of(int32_t m) const {
 void cuda_engine::capture_graphs() {
   graphs_.clear();
   graph_path_.clear();
+  graph_pdl_.clear();
   // The tuner's flush: the start of the KV pool, zero now and while no
   // sequence runs (twice the L2, or what the pool has).
   // Only at start-up: no sequence holds a page yet.
@@ -601,10 +603,16 @@ void cuda_engine::capture_graphs() {
       candidates.push_back(decode_path::blas);
     graph_exec best;
     decode_path best_path = candidates.front();
+    // With METRONOME_PDL=auto each candidate path is captured without PDL
+    // and with it, both timed; otherwise as METRONOME_PDL says.
+    const bool forced_pdl = pdl_setting() == pdl_mode::on;
+    const bool pdl_both = pdl_setting() == pdl_mode::per_graph;
+    bool best_pdl = forced_pdl;
     double best_ms = 0.0;
     for (decode_path path : candidates) {
       if (path == decode_path::blas)
         tune_gemms(n);
+      const pdl_scope base_pdl(forced_pdl);
       graph_exec g;
       capture_one(n, path, g);
       // cuBLAS with the split-K projections the tuner chose, against all
@@ -625,20 +633,34 @@ void cuda_engine::capture_graphs() {
           splits_[n] = chosen;
         }
       }
-      if (candidates.size() == 1) {
+      if (candidates.size() == 1 && !pdl_both) {
         best = std::move(g);
         break;
       }
       if (std::isnan(ms))
         ms = time_graph(g, n);
+      bool pdl = forced_pdl;
+      if (pdl_both) {
+        const pdl_scope with_pdl(true);
+        graph_exec gp;
+        capture_one(n, path, gp);
+        const double pdl_ms = time_graph(gp, n);
+        if (pdl_ms < ms) {
+          g = std::move(gp);
+          ms = pdl_ms;
+          pdl = true;
+        }
+      }
       if (!best || ms < best_ms) {
         best = std::move(g);
         best_path = path;
+        best_pdl = pdl;
         best_ms = ms;
       }
     }
     graphs_.push_back(std::move(best));
     graph_path_.push_back(best_path);
+    graph_pdl_.push_back(best_pdl);
   }
   // Each size's twin: the same step reading staging slot 1 and writing
   // result slot 1, for the step launched behind one in flight. (Pointing
@@ -646,6 +668,7 @@ void cuda_engine::capture_graphs() {
   // launch wait for the graph's previous run: no overlap.)
   twin_graphs_.clear();
   for (size_t i = 0; i < graphs_.size(); ++i) {
+    const pdl_scope same_pdl(graph_pdl_[i]);
     graph_exec twin;
     capture_one(graph_sizes_[i], graph_path_[i], twin, 1);
     twin_graphs_.push_back(std::move(twin));
@@ -679,7 +702,8 @@ std::string cuda_engine::small_batch_choice() const {
       break;
     const decode_path p = graph_path_[i];
     s += (s.empty() ? "" : ",") + std::to_string(graph_sizes_[i]) + ":"
-         + (p == decode_path::gemv ? "gemv" : p == decode_path::skinny ? "skinny" : "cublas");
+         + (p == decode_path::gemv ? "gemv" : p == decode_path::skinny ? "skinny" : "cublas")
+         + (i < graph_pdl_.size() && graph_pdl_[i] ? "+pdl" : "");
   }
   if (s.empty())
     s = "eager";

@@ -312,6 +312,7 @@ private:
   std::vector<graph_exec> graphs_;      // copying through staging/result slot 0
   std::vector<graph_exec> twin_graphs_; // the same steps through slot 1
   std::vector<decode_path> graph_path_;
+  std::vector<bool> graph_pdl_; // whether each size's graphs launch with PDL (kernels.hpp)
   bool graphs_enabled_ = true;
   int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
 

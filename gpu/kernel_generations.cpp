@@ -1,7 +1,9 @@
 // The process-wide choice of kernel generation (see kernels.hpp), read once
-// from METRONOME_KERNELS.
+// from METRONOME_KERNELS, and the programmatic-dependent-launch setting, from
+// METRONOME_PDL, with its per-thread override.
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "gpu/kernels.hpp"
@@ -48,6 +50,34 @@ kernel_generations from_environment() {
 kernel_generations& active_kernels() {
   static kernel_generations g = from_environment();
   return g;
+}
+
+namespace {
+thread_local int pdl_override = -1; // -1: none; 0 off; 1 on
+} // namespace
+
+pdl_mode pdl_setting() {
+  static const pdl_mode mode = [] {
+    const char* v = std::getenv("METRONOME_PDL");
+    if (v && std::strcmp(v, "1") == 0)
+      return pdl_mode::on;
+    if (v && std::strcmp(v, "auto") == 0)
+      return pdl_mode::per_graph;
+    return pdl_mode::off;
+  }();
+  return mode;
+}
+
+bool pdl_active() {
+  return pdl_override >= 0 ? pdl_override == 1 : pdl_setting() == pdl_mode::on;
+}
+
+pdl_scope::pdl_scope(bool on) : saved_(pdl_override) {
+  pdl_override = on ? 1 : 0;
+}
+
+pdl_scope::~pdl_scope() {
+  pdl_override = saved_;
 }
 
 } // namespace metronome::gpu

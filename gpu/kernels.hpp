@@ -278,6 +278,35 @@ struct kernel_generations {
 };
 kernel_generations& active_kernels();
 
+// -- programmatic dependent launch ---------------------------------------------------------
+
+/// How launches on a stream use programmatic dependent launch (launch.cuh),
+/// from METRONOME_PDL, read once: unset or "0" off, "1" on everywhere,
+/// "auto" (per_graph) off except in the decode graphs an engine captures with
+/// it on, a choice it makes per batch size by timing both at start-up. PDL
+/// moves decode steps by -3 to +3% depending on batch size and model, and
+/// "auto" can pick by timing noise (bench/results/h200-2026-12-01-r10.md).
+enum class pdl_mode { off, on, per_graph };
+pdl_mode pdl_setting();
+
+/// Whether a kernel launched now from this thread on a stream uses PDL: the
+/// innermost live pdl_scope's choice, else pdl_setting() == on.
+bool pdl_active();
+
+/// Sets PDL for the launches of this thread while alive (an engine capturing
+/// one decode graph); nests. Not for use while another thread's launches
+/// should see it: the choice is per thread.
+class pdl_scope {
+public:
+  explicit pdl_scope(bool on);
+  ~pdl_scope();
+  pdl_scope(const pdl_scope&) = delete;
+  pdl_scope& operator=(const pdl_scope&) = delete;
+
+private:
+  int saved_;
+};
+
 // -- sampling ----------------------------------------------------------------------------
 
 /// Per-row sampling settings (device arrays of `rows` entries).

@@ -9,8 +9,9 @@
 // a chain of kernels become resident and spin, each holding registers and
 // issuing its weight loads out of order: the 8B batch-1 step lost 7%;
 // bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
-// programmatic edges. Off by default; METRONOME_PDL=1 turns it on. Off, both
-// calls are no-ops and launches serialise as usual.
+// programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
+// off unless METRONOME_PDL turns it on, or "auto" lets the engine choose per
+// decode graph). Off, both calls are no-ops and launches serialise as usual.
 
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/kernels.hpp"
 
 namespace metronome::gpu {
 
@@ -31,15 +33,6 @@ __device__ __forceinline__ void pdl_wait() {
 /// it); called right after pdl_wait().
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;");
-}
-
-/// Whether launches use PDL (environment METRONOME_PDL=1; default off).
-inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("METRONOME_PDL");
-    return v && std::strcmp(v, "1") == 0;
-  }();
-  return on;
 }
 
 /// The streams of once-read bytes that carry the L2 evict-first hint
@@ -74,7 +67,7 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = (stream != nullptr && pdl_enabled()) ? 1 : 0;
+  cfg.numAttrs = (stream != nullptr && pdl_active()) ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess)
     throw_cuda_error(err, name, __FILE__, __LINE__);

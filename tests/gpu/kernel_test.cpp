@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "model/cpu_ops.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
@@ -370,6 +371,27 @@ TEST(gpu_kernels, gemv_chain_on_a_stream_reads_what_the_kernel_before_wrote) {
     cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
+}
+
+TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
+  // Host logic only (no device needed): the engine captures each decode
+  // graph inside a pdl_scope; launches elsewhere follow METRONOME_PDL.
+  const bool outside = gpu::pdl_active();
+  EXPECT_EQ(outside, gpu::pdl_setting() == gpu::pdl_mode::on);
+  {
+    const gpu::pdl_scope on(true);
+    EXPECT_TRUE(gpu::pdl_active());
+    {
+      const gpu::pdl_scope off(false);
+      EXPECT_FALSE(gpu::pdl_active());
+    }
+    EXPECT_TRUE(gpu::pdl_active());
+    bool other = !outside;
+    std::thread t([&] { other = gpu::pdl_active(); });
+    t.join();
+    EXPECT_EQ(other, outside) << "a scope is this thread's only";
+  }
+  EXPECT_EQ(gpu::pdl_active(), outside);
 }
 
 TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_write) {

@@ -14,7 +14,6 @@
 // decode graph). Off, both calls are no-ops and launches serialise as usual.
 
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include <cuda_runtime.h>

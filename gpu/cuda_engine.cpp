@@ -612,7 +612,6 @@ void cuda_engine::capture_graphs() {
     for (decode_path path : candidates) {
       if (path == decode_path::blas)
         tune_gemms(n);
-      const pdl_scope base_pdl(forced_pdl);
       graph_exec g;
       capture_one(n, path, g);
       // cuBLAS with the split-K projections the tuner chose, against all

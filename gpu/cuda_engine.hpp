@@ -323,7 +323,7 @@ private:
     std::chrono::steady_clock::time_point launched;
   };
   std::vector<flight> flight_; // at most two
-  int32_t next_slot_ = 0; // the staging slot of the next step; the last one used 1 - it
+  int32_t next_slot_ = 0; // the staging slot of the next step (after one: the last used 1 - it)
 
   std::vector<memory_plan_entry> plan_;
 };

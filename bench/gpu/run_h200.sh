@@ -5,13 +5,14 @@
 # against the device's floors and against Hugging Face transformers on the
 # same folders.
 #
-#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon]
+#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon] [pdlauto]
 #                         [paths] [sweep] [ncu] [profile] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
 #   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
 #   with programmatic dependent launch on (and the runner tests with it);
+#   pdlauto: the runner tests with PDL chosen per decode graph (METRONOME_PDL=auto);
 #   paths: the decode figures again with every decode projection on cuBLAS
 #   ("<name>/cublas-path") and on the skinny GEMM ("<name>/skinny-path"),
 #   against the default per-size choice; sweep: the decode figures once per
@@ -79,14 +80,20 @@ if want tests; then
   timeout $(left 240) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" --gtest_output=json:"$out/tests.json" \
     || { echo "gpu_tests FAILED (exit $?)"; status=1; }
 fi
+# The runner end to end with programmatic dependent launch, and the kernel
+# tests that launch on a stream (the GEMV chain, the skinny GEMM's graph; the
+# other kernel tests launch on the legacy stream, where PDL is never used).
+pdl_filter='presets/gpu_runner.*:gpu_runner_plans.*:presets/overlapped_steps.*:gpu_kernels.gemv_chain*:gpu_skinny_gemm.split_launches*'
 if want pdlon; then
-  # The runner end to end with programmatic dependent launch, and the GEMV
-  # chain on a stream (the other kernel tests launch on the legacy stream,
-  # where PDL is never used).
   stamp "gpu_tests, runner, PDL on"
   METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
-    --gtest_filter='presets/gpu_runner.*:gpu_runner_plans.*:presets/overlapped_steps.*:gpu_kernels.gemv_chain*' \
-    || { echo "gpu_tests (PDL on) FAILED (exit $?)"; status=1; }
+    --gtest_filter="$pdl_filter" || { echo "gpu_tests (PDL on) FAILED (exit $?)"; status=1; }
+fi
+if want pdlauto; then
+  # The same with each decode graph's PDL chosen by timing (METRONOME_PDL=auto).
+  stamp "gpu_tests, runner, PDL per graph"
+  METRONOME_PDL=auto timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
+    --gtest_filter="$pdl_filter" || { echo "gpu_tests (PDL auto) FAILED (exit $?)"; status=1; }
 fi
 # -- benchmark -----------------------------------------------------------------------------
 rows=() grids=()

@@ -286,7 +286,7 @@ TEST(gpu_kernels, gemv_chain_on_a_stream_reads_what_the_kernel_before_wrote) {
   // directly and captured into a graph. With programmatic dependent launch
   // on (METRONOME_PDL=1, run_h200.sh's pdlon step) each GEMV issues its first
   // weight loads before it waits for the kernel before it, so a missing or
-  // early wait gives a wrong residual
+  // early wait can give a wrong residual
   // (errors of order 1; the 1e-2 bound leaves room for bf16 rounding that
   // differs from the reference's and compounds over the layers, 2-3e-3).
   METRONOME_REQUIRE_GPU();

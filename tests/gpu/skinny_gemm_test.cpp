@@ -237,6 +237,9 @@ TEST(gpu_skinny_gemm, split_launches_replayed_from_a_graph_share_their_counters)
     SCOPED_TRACE("replay " + std::to_string(replay));
     ya.poison();
     yb.poison();
+    // The poison is a cudaMemset on the legacy stream, which a non-blocking
+    // stream does not wait for.
+    METRONOME_CUDA(cudaDeviceSynchronize());
     METRONOME_CUDA(cudaGraphLaunch(exec, stream));
     METRONOME_CUDA(cudaStreamSynchronize(stream));
     EXPECT_LT(test::relative_error(ya.download(), a.ref), 1e-5);

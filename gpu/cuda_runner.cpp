@@ -46,13 +46,9 @@ struct gpu_sequence {
   uint64_t incarnation = 0; // tells a re-admitted sequence from its earlier self
   sampling_params params;
   std::vector<int32_t> prompt_distinct; // sorted, only with a repetition penalty
-  std::unordered_map<int32_t, int32_t> output_counts; // only when penalised()
+  std::unordered_map<int32_t, int32_t> output_counts; // only when params.penalised()
   int32_t prior_outputs = 0; // output before a re-admission (new_sequence::num_output)
   int32_t fed_row = -1; // its row in the sampled ids of the step launched last
-
-  bool penalised() const {
-    return params.penalised();
-  }
 };
 
 /// Marks a sampled token the host does not know yet: the step in flight
@@ -100,7 +96,7 @@ public:
       // advance its random stream, as the CPU runner's sampler does.
       const auto split = n.prompt.begin() + int64_t(n.prompt.size()) - n.num_output;
       g.prior_outputs = n.num_output;
-      if (g.penalised())
+      if (g.params.penalised())
         for (auto t = split; t != n.prompt.end(); ++t)
           ++g.output_counts[*t];
       if (g.params.repetition_penalty != 1.0f) {
@@ -145,7 +141,7 @@ public:
       e.seed = g.seed;
       e.sample_step = int32_t(s.tokens.size()) - s.prompt_len + g.prior_outputs;
       const size_t first = entries_.size();
-      if (e.sample && g.penalised())
+      if (e.sample && g.params.penalised())
         add_penalties(g);
       entry_ranges_.emplace_back(first, entries_.size());
       chunks_.push_back(e);
@@ -296,7 +292,7 @@ private:
       if (added != plan.added.end()) {
         if (added->params.penalised() && c.num_tokens == int32_t(added->prompt.size()))
           return true;
-      } else if (auto i = seqs_.find(c.id); i != seqs_.end() && i->second.penalised()) {
+      } else if (auto i = seqs_.find(c.id); i != seqs_.end() && i->second.params.penalised()) {
         const auto& s = table_.at(c.id);
         if (s.num_computed + c.num_tokens == int32_t(s.tokens.size()))
           return true;
@@ -329,7 +325,7 @@ private:
         table_.at(at.id).tokens.at(at.index) = token;
         // Counted only for the penalties that read them (a map insert per
         // sequence and step otherwise, on the step's critical path).
-        if (i->second.penalised())
+        if (i->second.params.penalised())
           ++i->second.output_counts[token];
       }
       out.tokens.push_back({at.id, token, result.logprobs.at(r)});

@@ -218,6 +218,22 @@ public:
       collect();
   }
 
+  void release(const std::vector<uint64_t>& ids) {
+    step_plan plan;
+    plan.step = step_no_++;
+    for (auto id : ids) {
+      plan.released.push_back(id);
+      auto& s = seqs_.at(id);
+      free_pages_.insert(free_pages_.end(), s.pages.begin(), s.pages.end());
+      seqs_.erase(id);
+    }
+    r_.execute(plan);
+  }
+
+  int32_t context(uint64_t id) const {
+    return seqs_.at(id).computed;
+  }
+
 private:
   /// The plan of one step of (sequence, tokens) chunks; counts the tokens
   /// computed (a plan never depends on the ids of the steps before it).
@@ -249,25 +265,6 @@ private:
         ++i->second.known;
   }
 
-public:
-
-  void release(const std::vector<uint64_t>& ids) {
-    step_plan plan;
-    plan.step = step_no_++;
-    for (auto id : ids) {
-      plan.released.push_back(id);
-      auto& s = seqs_.at(id);
-      free_pages_.insert(free_pages_.end(), s.pages.begin(), s.pages.end());
-      seqs_.erase(id);
-    }
-    r_.execute(plan);
-  }
-
-  int32_t context(uint64_t id) const {
-    return seqs_.at(id).computed;
-  }
-
-private:
   static sampling_params greedy() {
     sampling_params p;
     p.temperature = 0;

@@ -96,7 +96,6 @@ cuda_engine::~cuda_engine() {
   }
   // Release in reverse: graphs and buffers free themselves; then handles.
   graphs_.clear();
-  twin_graphs_.clear();
   tuner_.reset();
   if (cublas_)
     cublasDestroy(cublas_);
@@ -313,10 +312,10 @@ void cuda_engine::plan_kv_and_capture() {
   max_seqs_ = options_.max_seqs > 0 ? options_.max_seqs : 4 * max_batch_;
   check_shape(max_seqs_ >= max_batch_, "max_seqs", "must be at least max_batch_size");
 
-  graph_sizes_.clear();
+  graphs_.clear();
   if (graphs_enabled_)
     for (int32_t n = 1; n <= max_batch_;) {
-      graph_sizes_.push_back(n);
+      graphs_.emplace_back().size = n;
       const int32_t next = n < 8 ? n * 2 : n + 8;
       n = next > max_batch_ && n < max_batch_ ? max_batch_ : next;
     }
@@ -324,7 +323,7 @@ void cuda_engine::plan_kv_and_capture() {
   // Graph memory, measured on one capture of the largest size against a
   // placeholder pool (graphs are captured for real once the pool exists).
   size_t graph_estimate = 0;
-  if (!graph_sizes_.empty()) {
+  if (!graphs_.empty()) {
     num_pages_ = 1;
     page_stride_ = 1;
     kv_layer_bytes_ = 2 * 2 * ps * size_t(c.kv_size()) * 2;
@@ -335,13 +334,13 @@ void cuda_engine::plan_kv_and_capture() {
     METRONOME_CUDA(cudaMemGetInfo(&before, &total_b));
     {
       graph_exec probe;
-      capture_one(graph_sizes_.back(), decode_path::blas, probe);
+      capture_one(graphs_.back().size, decode_path::blas, probe);
       METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
     }
     const size_t one = before > after ? before - after : 0;
     // Every size twice (a twin per staging slot), plus the candidates "auto"
     // (and METRONOME_PDL=auto) time.
-    const size_t count = 2 * graph_sizes_.size() + (options_.small_batch_path == "auto" ? 3 : 0)
+    const size_t count = 2 * graphs_.size() + (options_.small_batch_path == "auto" ? 3 : 0)
                          + (pdl_setting() == pdl_mode::per_graph ? 1 : 0);
     graph_estimate = (one + (2ull << 20)) * count;
     kv_pool_.reset();
@@ -399,8 +398,8 @@ void cuda_engine::plan_kv_and_capture() {
 // -- graphs ------------------------------------------------------------------------------
 
 int32_t cuda_engine::graph_index(int32_t batch) const {
-  for (size_t i = 0; i < graph_sizes_.size(); ++i)
-    if (graph_sizes_[i] >= batch && graphs_[i])
+  for (size_t i = 0; i < graphs_.size(); ++i)
+    if (graphs_[i].size >= batch && graphs_[i].exec[0])
       return int32_t(i);
   return -1;
 }
@@ -444,7 +443,7 @@ double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
     // Fed ids become the ids they stood for (the step before the last one
     // sampled them into the other slot's results): replays read the ids
     // their own sampling writes, and must rewrite the same keys and values.
-    const int32_t b = graph_sizes_[size_t(gi)];
+    const int32_t b = graphs_[size_t(gi)].size;
     const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
     const int32_t slot = 1 - next_slot_; // the last step's
     auto* ids = reinterpret_cast<int32_t*>(staging_[slot].get<unsigned char>() + l.ids);
@@ -453,8 +452,9 @@ double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
       if (ids[r] < 0)
         ids[r] = earlier[-1 - ids[r]];
   }
-  const auto& g = repeat_last_step && next_slot_ == 0 ? twin_graphs_ : graphs_;
-  return time_graph(g[size_t(gi)], graph_sizes_[size_t(gi)], !repeat_last_step);
+  const decode_graph& g = graphs_[size_t(gi)];
+  return time_graph(g.exec[repeat_last_step && next_slot_ == 0 ? 1 : 0], g.size,
+                    !repeat_last_step);
 }
 
 double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
@@ -572,9 +572,8 @@ cuda_engine::split_choice cuda_engine::splits_of(int32_t m) const {
 }
 
 void cuda_engine::capture_graphs() {
-  graphs_.clear();
-  graph_path_.clear();
-  graph_pdl_.clear();
+  for (decode_graph& dg : graphs_)
+    dg = decode_graph{dg.size};
   // The tuner's flush: the start of the KV pool, zero now and while no
   // sequence runs (twice the L2, or what the pool has).
   // Only at start-up: no sequence holds a page yet.
@@ -591,7 +590,8 @@ void cuda_engine::capture_graphs() {
   // Full prefill chunks have exactly max_num_batched_tokens tokens.
   tune_gemms(max_tokens_);
   const std::string& want = options_.small_batch_path;
-  for (int32_t n : graph_sizes_) {
+  for (decode_graph& dg : graphs_) {
+    const int32_t n = dg.size;
     // The candidates for this size; "auto" times each captured graph and
     // keeps the fastest, the other settings force a path where it applies.
     std::vector<decode_path> candidates;
@@ -603,8 +603,7 @@ void cuda_engine::capture_graphs() {
       candidates.push_back(decode_path::blas);
     graph_exec best;
     decode_path best_path = candidates.front();
-    // With METRONOME_PDL=auto each candidate path is captured without PDL
-    // and with it, both timed; otherwise as METRONOME_PDL says.
+    // PDL as METRONOME_PDL says; with "auto" (the default), decided below.
     const bool forced_pdl = pdl_setting() == pdl_mode::on;
     const bool pdl_both = pdl_setting() == pdl_mode::per_graph;
     bool best_pdl = forced_pdl;
@@ -632,45 +631,53 @@ void cuda_engine::capture_graphs() {
           splits_[n] = chosen;
         }
       }
-      if (candidates.size() == 1 && !pdl_both) {
+      if (candidates.size() == 1) {
         best = std::move(g);
         break;
       }
       if (std::isnan(ms))
         ms = time_graph(g, n);
-      bool pdl = forced_pdl;
-      if (pdl_both) {
-        const pdl_scope with_pdl(true);
-        graph_exec gp;
-        capture_one(n, path, gp);
-        const double pdl_ms = time_graph(gp, n);
-        if (pdl_ms < ms) {
-          g = std::move(gp);
-          ms = pdl_ms;
-          pdl = true;
-        }
-      }
       if (!best || ms < best_ms) {
         best = std::move(g);
         best_path = path;
-        best_pdl = pdl;
         best_ms = ms;
       }
     }
-    graphs_.push_back(std::move(best));
-    graph_path_.push_back(best_path);
-    graph_pdl_.push_back(best_pdl);
+    // METRONOME_PDL=auto: the GEMV path's graph again with PDL, the path
+    // whose short kernels it can help (the 1B batch-1 step 2% faster; when
+    // every candidate was tried with it, no cuBLAS-path size of either
+    // model won by the margin: bench/results/h200-2026-12-01-r11.md). Both
+    // timed four times in alternating order, so that a drift within the
+    // start-up favours neither; PDL must win by pdl_margin, or the plain
+    // graph stays (single timings picked by noise at 8B, -r10.md).
+    if (pdl_both && best_path == decode_path::gemv) {
+      graph_exec gp;
+      {
+        const pdl_scope with_pdl(true);
+        capture_one(n, best_path, gp);
+      }
+      double off_ms = 0.0, on_ms = 0.0;
+      for (int round = 0; round < 4; ++round) {
+        const bool on_first = round % 3 != 0; // off on | on off | on off | off on
+        (on_first ? on_ms : off_ms) += time_graph(on_first ? gp : best, n);
+        (on_first ? off_ms : on_ms) += time_graph(on_first ? best : gp, n);
+      }
+      if (on_ms < (1.0 - pdl_margin) * off_ms) {
+        best = std::move(gp);
+        best_pdl = true;
+      }
+    }
+    dg.exec[0] = std::move(best);
+    dg.path = best_path;
+    dg.pdl = best_pdl;
   }
   // Each size's twin: the same step reading staging slot 1 and writing
   // result slot 1, for the step launched behind one in flight. (Pointing
   // one graph's copy nodes at the other slot before each launch made the
   // launch wait for the graph's previous run: no overlap.)
-  twin_graphs_.clear();
-  for (size_t i = 0; i < graphs_.size(); ++i) {
-    const pdl_scope same_pdl(graph_pdl_[i]);
-    graph_exec twin;
-    capture_one(graph_sizes_[i], graph_path_[i], twin, 1);
-    twin_graphs_.push_back(std::move(twin));
+  for (decode_graph& dg : graphs_) {
+    const pdl_scope same_pdl(dg.pdl);
+    capture_one(dg.size, dg.path, dg.exec[1], 1);
   }
 }
 
@@ -683,7 +690,7 @@ void cuda_engine::require_idle(const char* what) const {
 cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {
   const int32_t i = graph_index(batch);
   if (i >= 0)
-    return graph_path_[size_t(i)];
+    return graphs_[size_t(i)].path;
   // No graph timed this size: forced paths where they apply, else what won
   // on the H200 (the GEMV up to 2 sequences, cuBLAS beyond).
   const std::string& want = options_.small_batch_path;
@@ -696,13 +703,13 @@ cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {
 
 std::string cuda_engine::small_batch_choice() const {
   std::string s;
-  for (size_t i = 0; i < graph_sizes_.size() && i < graph_path_.size(); ++i) {
-    if (graph_sizes_[i] > skinny_gemm_max_m)
+  for (const decode_graph& dg : graphs_) {
+    if (dg.size > skinny_gemm_max_m || !dg.exec[0])
       break;
-    const decode_path p = graph_path_[i];
-    s += (s.empty() ? "" : ",") + std::to_string(graph_sizes_[i]) + ":"
+    const decode_path p = dg.path;
+    s += (s.empty() ? "" : ",") + std::to_string(dg.size) + ":"
          + (p == decode_path::gemv ? "gemv" : p == decode_path::skinny ? "skinny" : "cublas")
-         + (i < graph_pdl_.size() && graph_pdl_[i] ? "+pdl" : "");
+         + (dg.pdl ? "+pdl" : "");
   }
   if (s.empty())
     s = "eager";

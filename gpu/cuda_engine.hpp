@@ -293,6 +293,9 @@ private:
   device_buffer split_partials_;
   std::map<int32_t, split_choice> splits_;
   static constexpr int32_t max_gemm_splits = 4;
+  /// METRONOME_PDL=auto keeps a decode graph with PDL only if its mean of
+  /// four timings beats the plain graph's by this fraction.
+  static constexpr double pdl_margin = 0.01;
   bool skinny_ok_ = false; // the model's shapes suit the skinny GEMM
   device_buffer inputs_, outputs_;
   pinned_buffer staging_[2], results_[2]; // per slot: two steps in flight
@@ -307,12 +310,16 @@ private:
   device_buffer kv_pool_, page_table_;
   size_t kv_layer_bytes_ = 0;
 
-  // Graphs, one per padded decode batch.
-  std::vector<int32_t> graph_sizes_;
-  std::vector<graph_exec> graphs_;      // copying through staging/result slot 0
-  std::vector<graph_exec> twin_graphs_; // the same steps through slot 1
-  std::vector<decode_path> graph_path_;
-  std::vector<bool> graph_pdl_; // whether each size's graphs launch with PDL (kernels.hpp)
+  /// One padded decode batch size and its captured step.
+  struct decode_graph {
+    int32_t size = 0;
+    /// [slot]: the step copying through staging/result slot 0, and its twin
+    /// through slot 1 (empty until captured).
+    graph_exec exec[2];
+    decode_path path = decode_path::blas;
+    bool pdl = false; // whether its launches use PDL (kernels.hpp)
+  };
+  std::vector<decode_graph> graphs_; // ascending sizes
   bool graphs_enabled_ = true;
   int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
 

@@ -523,7 +523,7 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   int32_t gi = -1;
   if (graphs_enabled_ && decode && penalties == 0) {
     gi = graph_index(n);
-    if (gi >= 0 && int64_t(updates.size()) > updates_capacity(graph_sizes_[size_t(gi)]))
+    if (gi >= 0 && int64_t(updates.size()) > updates_capacity(graphs_[size_t(gi)].size))
       gi = -1;
   }
   flight f;
@@ -531,11 +531,10 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   f.sampled = sampled;
   f.launched = std::chrono::steady_clock::now();
   if (gi >= 0) {
-    const int32_t b = graph_sizes_[size_t(gi)];
+    const int32_t b = graphs_[size_t(gi)].size;
     const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
     pack(slot, l, chunks, updates, {}, 0);
-    const auto& g = slot == 0 ? graphs_ : twin_graphs_;
-    METRONOME_CUDA(cudaGraphLaunch(g[size_t(gi)].get(), stream_));
+    METRONOME_CUDA(cudaGraphLaunch(graphs_[size_t(gi)].exec[slot].get(), stream_));
     last_graph_ = gi;
   } else {
     last_graph_ = -1;

@@ -2,9 +2,11 @@
 // from METRONOME_KERNELS, and the programmatic-dependent-launch setting, from
 // METRONOME_PDL, with its per-thread override.
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gpu/kernels.hpp"
 
@@ -12,12 +14,27 @@ namespace metronome::gpu {
 
 namespace {
 
+/// Says on stderr that an environment setting was not understood and what is
+/// used instead (these switches are read before any logger exists).
+void ignored(const char* var, const std::string& item, const char* instead) {
+  std::fprintf(stderr, "metronome: %s: ignoring \"%s\" (%s)\n", var, item.c_str(), instead);
+}
+
 kernel_generations from_environment() {
-  kernel_generations g;
   const char* env = std::getenv("METRONOME_KERNELS");
-  if (!env)
-    return g;
-  const std::string s = env;
+  std::vector<std::string> bad;
+  const kernel_generations g = parse_kernel_generations(env ? env : "", &bad);
+  for (const std::string& item : bad)
+    ignored("METRONOME_KERNELS", item,
+            "expected gemv, decode, prefill, rope or splits = 1 or 2, or splits=3");
+  return g;
+}
+
+} // namespace
+
+kernel_generations parse_kernel_generations(const std::string& s,
+                                            std::vector<std::string>* ignored_items) {
+  kernel_generations g;
   size_t at = 0;
   while (at < s.size()) {
     size_t end = s.find(',', at);
@@ -25,9 +42,15 @@ kernel_generations from_environment() {
       end = s.size();
     const std::string item = s.substr(at, end - at);
     const size_t eq = item.find('=');
-    if (eq != std::string::npos) {
-      const std::string key = item.substr(0, eq);
-      const std::string value = item.substr(eq + 1);
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    const bool known_key =
+      key == "gemv" || key == "decode" || key == "prefill" || key == "rope" || key == "splits";
+    const bool known_value = value == "1" || value == "2" || (key == "splits" && value == "3");
+    if (!known_key || !known_value) {
+      if (!item.empty() && ignored_items)
+        ignored_items->push_back(item);
+    } else {
       const int v = value == "1" ? 1 : 2;
       if (key == "gemv")
         g.gemv = v;
@@ -37,15 +60,13 @@ kernel_generations from_environment() {
         g.prefill_attention = v;
       else if (key == "rope")
         g.decode_rope = v;
-      else if (key == "splits")
+      else
         g.gemm_splits = value == "3" ? 3 : v;
     }
     at = end + 1;
   }
   return g;
 }
-
-} // namespace
 
 kernel_generations& active_kernels() {
   static kernel_generations g = from_environment();
@@ -56,14 +77,28 @@ namespace {
 thread_local int pdl_override = -1; // -1: none; 0 off; 1 on
 } // namespace
 
+pdl_mode parse_pdl_mode(const char* v, bool* ignored_value) {
+  if (ignored_value)
+    *ignored_value = false;
+  if (!v || !*v || std::strcmp(v, "auto") == 0)
+    return pdl_mode::per_graph;
+  if (std::strcmp(v, "1") == 0)
+    return pdl_mode::on;
+  if (std::strcmp(v, "0") == 0)
+    return pdl_mode::off;
+  if (ignored_value)
+    *ignored_value = true;
+  return pdl_mode::per_graph;
+}
+
 pdl_mode pdl_setting() {
   static const pdl_mode mode = [] {
     const char* v = std::getenv("METRONOME_PDL");
-    if (v && std::strcmp(v, "1") == 0)
-      return pdl_mode::on;
-    if (v && std::strcmp(v, "auto") == 0)
-      return pdl_mode::per_graph;
-    return pdl_mode::off;
+    bool bad = false;
+    const pdl_mode m = parse_pdl_mode(v, &bad);
+    if (bad)
+      ignored("METRONOME_PDL", v, "expected 0, 1 or auto; auto");
+    return m;
   }();
   return mode;
 }

@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -278,16 +280,28 @@ struct kernel_generations {
 };
 kernel_generations& active_kernels();
 
+/// METRONOME_KERNELS's syntax: comma-separated key=value items; items it does
+/// not understand are left out of the result and appended to ignored_items
+/// (if given), in order. Any thread.
+kernel_generations parse_kernel_generations(const std::string& spec,
+                                            std::vector<std::string>* ignored_items);
+
 // -- programmatic dependent launch ---------------------------------------------------------
 
 /// How launches on a stream use programmatic dependent launch (launch.cuh),
-/// from METRONOME_PDL, read once: unset or "0" off, "1" on everywhere,
+/// from METRONOME_PDL, read once: "0" off, "1" on everywhere, unset or
 /// "auto" (per_graph) off except in the decode graphs an engine captures with
-/// it on, a choice it makes per batch size by timing both at start-up. PDL
-/// moves decode steps by -3 to +3% depending on batch size and model, and
-/// "auto" can pick by timing noise (bench/results/h200-2026-12-01-r10.md).
+/// it on: where a batch size takes the GEMV path, the engine times its graph
+/// with and without PDL at start-up (four alternating timings each) and keeps
+/// PDL if it wins by 1% (the 1B batch-1 step, 2%;
+/// bench/results/h200-2026-12-01-r11.md). Any other value: auto, with a
+/// warning on stderr.
 enum class pdl_mode { off, on, per_graph };
 pdl_mode pdl_setting();
+
+/// METRONOME_PDL's syntax (value may be null: unset); *ignored_value tells
+/// whether the value was not understood (and auto used). Any thread.
+pdl_mode parse_pdl_mode(const char* value, bool* ignored_value);
 
 /// Whether a kernel launched now from this thread on a stream uses PDL: the
 /// innermost live pdl_scope's choice, else pdl_setting() == on.

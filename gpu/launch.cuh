@@ -10,8 +10,8 @@
 // issuing its weight loads out of order: the 8B batch-1 step lost 7%;
 // bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
 // programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
-// off unless METRONOME_PDL turns it on, or "auto" lets the engine choose per
-// decode graph). Off, both calls are no-ops and launches serialise as usual.
+// by default the engine chooses per decode graph, METRONOME_PDL=1 or 0
+// forces it). Off, both calls are no-ops and launches serialise as usual.
 
 #include <cstdlib>
 #include <utility>

@@ -5,21 +5,23 @@
 # against the device's floors and against Hugging Face transformers on the
 # same folders.
 #
-#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon] [pdlauto]
+#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon] [pdloff]
 #                         [paths] [sweep] [ncu] [profile] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
 #   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
 #   with programmatic dependent launch on (and the runner tests with it);
-#   pdlauto: the runner tests with PDL chosen per decode graph (METRONOME_PDL=auto);
+#   pdloff: the runner tests with PDL off everywhere (METRONOME_PDL=0; the
+#   default, auto, lets the engine choose per decode graph);
 #   paths: the decode figures again with every decode projection on cuBLAS
 #   ("<name>/cublas-path") and on the skinny GEMM ("<name>/skinny-path"),
 #   against the default per-size choice; sweep: the decode figures once per
 #   environment setting listed in METRONOME_SWEEP (see below);
 #   ncu: per-kernel durations of the GEMV and attention kernels from Nsight
 #   Compute (8B shapes, ncu.csv); profile: every kernel of one captured decode
-#   step (batch 1, and batch 64 on each decode path) from Nsight Compute, both
+#   step (batch 1, and batch 64 on each decode path; METRONOME_PROFILE_SPECS="1:auto
+#   64:cublas 64:skinny", batch:path pairs) from Nsight Compute, both
 #   shapes (profile.txt, profile.json); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
 #   order: tests, bench (and v1, pdlon, paths, sweep) per model, sanitizers,
@@ -89,11 +91,11 @@ if want pdlon; then
   METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
     --gtest_filter="$pdl_filter" || { echo "gpu_tests (PDL on) FAILED (exit $?)"; status=1; }
 fi
-if want pdlauto; then
-  # The same with each decode graph's PDL chosen by timing (METRONOME_PDL=auto).
-  stamp "gpu_tests, runner, PDL per graph"
-  METRONOME_PDL=auto timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
-    --gtest_filter="$pdl_filter" || { echo "gpu_tests (PDL auto) FAILED (exit $?)"; status=1; }
+if want pdloff; then
+  # The same with PDL off everywhere (the default lets each decode graph choose).
+  stamp "gpu_tests, runner, PDL off"
+  METRONOME_PDL=0 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
+    --gtest_filter="$pdl_filter" || { echo "gpu_tests (PDL off) FAILED (exit $?)"; status=1; }
 fi
 # -- benchmark -----------------------------------------------------------------------------
 rows=() grids=()
@@ -214,7 +216,7 @@ if want profile && [ -n "$ncu_bin" ]; then
   profiles=()
   for m in "${models[@]}"; do
     make_model "$m" || continue
-    for spec in 1:auto 64:cublas 64:skinny; do
+    for spec in ${METRONOME_PROFILE_SPECS:-1:auto 64:cublas 64:skinny}; do
       b=${spec%%:*} p=${spec#*:} f="$work/profile-$m-bs$b-$p.csv"
       stamp "ncu: one decode step, $m batch $b ($p path)"
       path_arg=(); [ "$p" != auto ] && path_arg=(--path "$p")

@@ -395,6 +395,37 @@ TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
   EXPECT_EQ(gpu::pdl_active(), outside);
 }
 
+TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
+  // Host logic only: METRONOME_KERNELS and METRONOME_PDL as the process
+  // reads them once; what is not understood is named (on stderr), never a
+  // silent change of meaning.
+  std::vector<std::string> bad;
+  auto g = gpu::parse_kernel_generations("gemv=1,decode=1", &bad);
+  EXPECT_EQ(g.gemv, 1);
+  EXPECT_EQ(g.decode_attention, 1);
+  EXPECT_EQ(g.prefill_attention, 2);
+  EXPECT_EQ(g.decode_rope, 2);
+  EXPECT_EQ(g.gemm_splits, 2);
+  EXPECT_TRUE(bad.empty());
+  g = gpu::parse_kernel_generations("gemv=3,splits=3,,rope,fast=1,prefill=1", &bad);
+  EXPECT_EQ(g.gemv, 2);
+  EXPECT_EQ(g.gemm_splits, 3);
+  EXPECT_EQ(g.decode_rope, 2);
+  EXPECT_EQ(g.prefill_attention, 1);
+  EXPECT_EQ(bad, (std::vector<std::string>{"gemv=3", "rope", "fast=1"}));
+
+  bool ignored = true;
+  EXPECT_EQ(gpu::parse_pdl_mode(nullptr, &ignored), gpu::pdl_mode::per_graph);
+  EXPECT_FALSE(ignored);
+  EXPECT_EQ(gpu::parse_pdl_mode("", &ignored), gpu::pdl_mode::per_graph);
+  EXPECT_EQ(gpu::parse_pdl_mode("auto", &ignored), gpu::pdl_mode::per_graph);
+  EXPECT_EQ(gpu::parse_pdl_mode("0", &ignored), gpu::pdl_mode::off);
+  EXPECT_EQ(gpu::parse_pdl_mode("1", &ignored), gpu::pdl_mode::on);
+  EXPECT_FALSE(ignored);
+  EXPECT_EQ(gpu::parse_pdl_mode("yes", &ignored), gpu::pdl_mode::per_graph);
+  EXPECT_TRUE(ignored);
+}
+
 TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_write) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("gemv_qkv");

@@ -644,12 +644,13 @@ void cuda_engine::capture_graphs() {
       }
     }
     // METRONOME_PDL=auto: the GEMV path's graph again with PDL, the path
-    // whose short kernels it can help (the 1B batch-1 step 2% faster; when
-    // every candidate was tried with it, no cuBLAS-path size of either
-    // model won by the margin: bench/results/h200-2026-12-01-r11.md). Both
-    // timed four times in alternating order, so that a drift within the
-    // start-up favours neither; PDL must win by pdl_margin, or the plain
-    // graph stays (single timings picked by noise at 8B, -r10.md).
+    // whose short kernels it can help (with every candidate tried, round 11
+    // call 6, only the 1B batch-1 graph won by the margin, 2%, and no
+    // cuBLAS-path size of either model; call 7's lease measured no gain at
+    // all: bench/results/h200-2026-12-01-r11.md). Both timed four times in
+    // alternating order, so that a drift within the start-up favours
+    // neither; PDL must win by pdl_margin, or the plain graph stays (single
+    // timings picked by noise at 8B, -r10.md).
     if (pdl_both && best_path == decode_path::gemv) {
       graph_exec gp;
       {

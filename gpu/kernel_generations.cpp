@@ -80,11 +80,12 @@ thread_local int pdl_override = -1; // -1: none; 0 off; 1 on
 pdl_mode parse_pdl_mode(const char* v, bool* ignored_value) {
   if (ignored_value)
     *ignored_value = false;
-  if (!v || !*v || std::strcmp(v, "auto") == 0)
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "auto")
     return pdl_mode::per_graph;
-  if (std::strcmp(v, "1") == 0)
+  if (s == "1" || s == "on" || s == "true" || s == "yes")
     return pdl_mode::on;
-  if (std::strcmp(v, "0") == 0)
+  if (s == "0" || s == "off" || s == "false" || s == "no")
     return pdl_mode::off;
   if (ignored_value)
     *ignored_value = true;
@@ -97,7 +98,7 @@ pdl_mode pdl_setting() {
     bool bad = false;
     const pdl_mode m = parse_pdl_mode(v, &bad);
     if (bad)
-      ignored("METRONOME_PDL", v, "expected 0, 1 or auto; auto");
+      ignored("METRONOME_PDL", v, "expected auto, 0 (off) or 1 (on); auto");
     return m;
   }();
   return mode;

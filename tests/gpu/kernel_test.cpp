@@ -413,16 +413,27 @@ TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
   EXPECT_EQ(g.decode_rope, 2);
   EXPECT_EQ(g.prefill_attention, 1);
   EXPECT_EQ(bad, (std::vector<std::string>{"gemv=3", "rope", "fast=1"}));
+  bad.clear();
+  g = gpu::parse_kernel_generations("rope=1,splits=1,gemv=1,gemv=2", &bad);
+  EXPECT_EQ(g.decode_rope, 1);
+  EXPECT_EQ(g.gemm_splits, 1);
+  EXPECT_EQ(g.gemv, 2) << "the last item for a key wins";
+  EXPECT_EQ(g.decode_attention, 2);
+  EXPECT_TRUE(bad.empty());
 
-  bool ignored = true;
-  EXPECT_EQ(gpu::parse_pdl_mode(nullptr, &ignored), gpu::pdl_mode::per_graph);
-  EXPECT_FALSE(ignored);
-  EXPECT_EQ(gpu::parse_pdl_mode("", &ignored), gpu::pdl_mode::per_graph);
-  EXPECT_EQ(gpu::parse_pdl_mode("auto", &ignored), gpu::pdl_mode::per_graph);
-  EXPECT_EQ(gpu::parse_pdl_mode("0", &ignored), gpu::pdl_mode::off);
-  EXPECT_EQ(gpu::parse_pdl_mode("1", &ignored), gpu::pdl_mode::on);
-  EXPECT_FALSE(ignored);
-  EXPECT_EQ(gpu::parse_pdl_mode("yes", &ignored), gpu::pdl_mode::per_graph);
+  const std::pair<const char*, gpu::pdl_mode> understood[] = {
+    {nullptr, gpu::pdl_mode::per_graph}, {"", gpu::pdl_mode::per_graph},
+    {"auto", gpu::pdl_mode::per_graph},  {"0", gpu::pdl_mode::off},
+    {"off", gpu::pdl_mode::off},         {"false", gpu::pdl_mode::off},
+    {"1", gpu::pdl_mode::on},            {"on", gpu::pdl_mode::on},
+    {"true", gpu::pdl_mode::on}};
+  for (const auto& [value, mode] : understood) {
+    bool ignored = true;
+    EXPECT_EQ(gpu::parse_pdl_mode(value, &ignored), mode) << (value ? value : "unset");
+    EXPECT_FALSE(ignored) << (value ? value : "unset");
+  }
+  bool ignored = false;
+  EXPECT_EQ(gpu::parse_pdl_mode("2", &ignored), gpu::pdl_mode::per_graph);
   EXPECT_TRUE(ignored);
 }
 

@@ -339,9 +339,11 @@ void cuda_engine::plan_kv_and_capture() {
     }
     const size_t one = before > after ? before - after : 0;
     // Every size twice (a twin per staging slot), plus the candidates "auto"
-    // (and METRONOME_PDL=auto) time.
-    const size_t count = 2 * graphs_.size() + (options_.small_batch_path == "auto" ? 3 : 0)
-                         + (pdl_setting() == pdl_mode::per_graph ? 1 : 0);
+    // holds at once while it times one size (the best so far, the new one,
+    // its unsplit variant). METRONOME_PDL=auto's extra graph lives beside the
+    // best alone (two of those three), and the twins are captured after all
+    // candidates are gone, so it needs no share of its own.
+    const size_t count = 2 * graphs_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
     graph_estimate = (one + (2ull << 20)) * count;
     kv_pool_.reset();
     page_table_.reset();
@@ -399,7 +401,7 @@ void cuda_engine::plan_kv_and_capture() {
 
 int32_t cuda_engine::graph_index(int32_t batch) const {
   for (size_t i = 0; i < graphs_.size(); ++i)
-    if (graphs_[i].size >= batch && graphs_[i].exec[0])
+    if (graphs_[i].size >= batch && graphs_[i].exec[0] && graphs_[i].exec[1])
       return int32_t(i);
   return -1;
 }
@@ -601,12 +603,11 @@ void cuda_engine::capture_graphs() {
       candidates.push_back(decode_path::skinny);
     if (want == "auto" || want == "cublas" || candidates.empty())
       candidates.push_back(decode_path::blas);
-    graph_exec best;
-    decode_path best_path = candidates.front();
-    // PDL as METRONOME_PDL says; with "auto" (the default), decided below.
-    const bool forced_pdl = pdl_setting() == pdl_mode::on;
+    // The winner so far goes straight into dg. PDL as METRONOME_PDL says;
+    // with "auto" (the default), decided below.
+    dg.path = candidates.front();
+    dg.pdl = pdl_setting() == pdl_mode::on;
     const bool pdl_both = pdl_setting() == pdl_mode::per_graph;
-    bool best_pdl = forced_pdl;
     double best_ms = 0.0;
     for (decode_path path : candidates) {
       if (path == decode_path::blas)
@@ -632,45 +633,43 @@ void cuda_engine::capture_graphs() {
         }
       }
       if (candidates.size() == 1) {
-        best = std::move(g);
+        dg.exec[0] = std::move(g);
         break;
       }
       if (std::isnan(ms))
         ms = time_graph(g, n);
-      if (!best || ms < best_ms) {
-        best = std::move(g);
-        best_path = path;
+      if (!dg.exec[0] || ms < best_ms) {
+        dg.exec[0] = std::move(g);
+        dg.path = path;
         best_ms = ms;
       }
     }
     // METRONOME_PDL=auto: the GEMV path's graph again with PDL, the path
     // whose short kernels it can help (with every candidate tried, round 11
-    // call 6, only the 1B batch-1 graph won by the margin, 2%, and no
-    // cuBLAS-path size of either model; call 7's lease measured no gain at
-    // all: bench/results/h200-2026-12-01-r11.md). Both timed four times in
+    // call 6, no cuBLAS-path size of either model won by the margin:
+    // bench/results/h200-2026-12-01-r11.md; since the o and down GEMVs stopped
+    // launching early, round 12, the batch-1 graphs win by 3 to 5%:
+    // bench/results/h200-2026-12-01-r12.md). Both timed four times in
     // alternating order, so that a drift within the start-up favours
     // neither; PDL must win by pdl_margin, or the plain graph stays (single
     // timings picked by noise at 8B, -r10.md).
-    if (pdl_both && best_path == decode_path::gemv) {
+    if (pdl_both && dg.path == decode_path::gemv) {
       graph_exec gp;
       {
         const pdl_scope with_pdl(true);
-        capture_one(n, best_path, gp);
+        capture_one(n, dg.path, gp);
       }
       double off_ms = 0.0, on_ms = 0.0;
       for (int round = 0; round < 4; ++round) {
         const bool on_first = round % 3 != 0; // off on | on off | on off | off on
-        (on_first ? on_ms : off_ms) += time_graph(on_first ? gp : best, n);
-        (on_first ? off_ms : on_ms) += time_graph(on_first ? best : gp, n);
+        (on_first ? on_ms : off_ms) += time_graph(on_first ? gp : dg.exec[0], n);
+        (on_first ? off_ms : on_ms) += time_graph(on_first ? dg.exec[0] : gp, n);
       }
       if (on_ms < (1.0 - pdl_margin) * off_ms) {
-        best = std::move(gp);
-        best_pdl = true;
+        dg.exec[0] = std::move(gp);
+        dg.pdl = true;
       }
     }
-    dg.exec[0] = std::move(best);
-    dg.path = best_path;
-    dg.pdl = best_pdl;
   }
   // Each size's twin: the same step reading staging slot 1 and writing
   // result slot 1, for the step launched behind one in flight. (Pointing

@@ -564,10 +564,16 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
       METRONOME_CUDA(cudaMemcpyAsync(penalties_dev_.get(), penalties_pinned_.get(),
                                      size_t(penalties) * sizeof(penalty_entry),
                                      cudaMemcpyHostToDevice, stream_));
-    if (decode)
+    if (decode) {
       enqueue_decode(l, n, eager_path(n), penalties);
-    else
+    } else {
+      // Steps with prompt tokens (never captured) launch with PDL unless
+      // METRONOME_PDL=0: a 2,048-token prefill with it took 2 to 6% less time
+      // at 1B (rounds 11 and 12), 1.4 to 3% less at 8B in rounds 10 and 11 and
+      // the same within 0.3% in round 12 (bench/results/h200-2026-12-01-r12.md).
+      const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
       enqueue_general(l, sampled, all_single, penalties);
+    }
     if (sampled > 0)
       METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
                                      cudaMemcpyDeviceToHost, stream_));

@@ -208,8 +208,19 @@ __global__ void __launch_bounds__(threads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  pdl_wait();
-  pdl_trigger();
+  // With PDL, the kernel before (the qkv projection) may still run until
+  // pdl_wait(). What it writes is q and the current token's k and v (or, with
+  // ROPE, the raw projection this kernel reads); the lengths, slots and page
+  // table come from the step's inputs, and the other keys and values from
+  // earlier steps, all complete by then (the qkv kernel itself waited for
+  // the kernel before it). So without ROPE the block reads those and loads
+  // its first step of keys before waiting, unless that step holds the
+  // current token: at batch 1 the attention's first two memory round trips
+  // overlap the projection's tail.
+  if constexpr (ROPE) {
+    pdl_wait();
+    pdl_trigger();
+  }
   // All three before the branch below, so that their loads overlap; the
   // slot's would otherwise wait for the length (one more memory round trip
   // before the first page-table read). Volatile, or the compiler sinks the
@@ -291,6 +302,16 @@ __global__ void __launch_bounds__(threads)
     rows_of_step(s + warps, rows_next);
   else
     rows_next = step_rows{{-1, -1}, {-1, -1, -1, -1}};
+
+  step_regs<D> cur;
+  // Whether this warp's first step is loaded before the wait (above).
+  const bool early = !ROPE && s != nsteps - 1;
+  if (early)
+    load_step(r0, cur);
+  if constexpr (!ROPE) {
+    pdl_wait();
+    pdl_trigger();
+  }
 
   // q of head g (zero for lanes past the group): the dims of K lane t holds.
   uint32_t qw[C::kw];
@@ -437,8 +458,8 @@ __global__ void __launch_bounds__(threads)
       o[i][c] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; // heads 2t, 2t + 1
 
-  step_regs<D> cur;
-  load_step(r0, cur);
+  if (!early)
+    load_step(r0, cur);
   for (; s < s_end; s += warps) {
     step_regs<D> nxt;
     load_step(rows_next, nxt);

@@ -2,7 +2,10 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90): a kernel
 // launched this way may start while its predecessor in the stream finishes;
 // it must call pdl_wait() before touching anything the predecessor writes
-// (weights, which no kernel writes, may be loaded before). Every kernel of
+// (weights, which no kernel writes, may be loaded before; so may what the
+// kernels before the predecessor wrote, since the predecessor itself waited
+// for them before it triggered: the decode attention loads its cached keys
+// early). Every kernel of
 // the decode path calls pdl_trigger() right after its pdl_wait(), so the next
 // kernel is scheduled once this one's predecessor has finished: at most two
 // grids overlap. (Triggering before the wait, as the first version did, let
@@ -10,8 +13,10 @@
 // issuing its weight loads out of order: the 8B batch-1 step lost 7%;
 // bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
 // programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
-// by default the engine chooses per decode graph, METRONOME_PDL=1 or 0
-// forces it). Off, both calls are no-ops and launches serialise as usual.
+// by default on for prompt steps and chosen per decode graph by the engine,
+// METRONOME_PDL=1 or 0 forces it), except that the residual-adding GEMVs
+// never launch early (gemv.cu). Off, both calls are no-ops and launches
+// serialise as usual.
 
 #include <cstdlib>
 #include <utility>

@@ -12,8 +12,9 @@
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
 #   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
 #   with programmatic dependent launch on (and the runner tests with it);
-#   pdloff: the runner tests with PDL off everywhere (METRONOME_PDL=0; the
-#   default, auto, lets the engine choose per decode graph);
+#   pdloff: the runner tests and the target figures with PDL off everywhere
+#   (METRONOME_PDL=0, model "<name>/pdl-off"; the default, auto, turns it on
+#   for prompt steps and lets the engine choose per decode graph);
 #   paths: the decode figures again with every decode projection on cuBLAS
 #   ("<name>/cublas-path") and on the skinny GEMM ("<name>/skinny-path"),
 #   against the default per-size choice; sweep: the decode figures once per
@@ -24,7 +25,7 @@
 #   64:cublas 64:skinny", batch:path pairs) from Nsight Compute, both
 #   shapes (profile.txt, profile.json); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
-#   order: tests, bench (and v1, pdlon, paths, sweep) per model, sanitizers,
+#   order: tests, bench (and v1, pdlon, pdloff, paths, sweep) per model, sanitizers,
 #   ncu, profile, hf.
 #
 # Binaries come from $METRONOME_DEVICE_BIN (default .device/ in the repo:
@@ -111,7 +112,7 @@ report() {
   python3 "$root/tools/gpu_report.py" --out "$out/results.json" --table "$out/table.md" \
     ${grids:+--grid-out "$out/grid.json"} "${grid_args[@]}" "${rows[@]}"
 }
-if want bench || want v1 || want pdlon || want paths || want sweep; then
+if want bench || want v1 || want pdlon || want pdloff || want paths || want sweep; then
   for m in "${models[@]}"; do
     dir=$work/models/$m
     make_model "$m" || continue
@@ -167,6 +168,13 @@ if want bench || want v1 || want pdlon || want paths || want sweep; then
         --name "$m/pdl-on" --out "$work/rows-$m-pdlon.json" --headline $quick \
         || echo "gpu_bench $m (PDL on) FAILED (exit $?)"
       rows+=("$work/rows-$m-pdlon.json")
+    fi
+    if want pdloff; then
+      stamp "gpu_bench $m (PDL off)"
+      METRONOME_PDL=0 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
+        --name "$m/pdl-off" --out "$work/rows-$m-pdloff.json" --headline $quick \
+        || echo "gpu_bench $m (PDL off) FAILED (exit $?)"
+      rows+=("$work/rows-$m-pdloff.json")
     fi
   done
   report > /dev/null

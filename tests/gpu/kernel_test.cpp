@@ -374,6 +374,81 @@ TEST(gpu_kernels, gemv_chain_on_a_stream_reads_what_the_kernel_before_wrote) {
   cudaStreamDestroy(stream);
 }
 
+TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_kernel_before) {
+  // The rule of gemv.cu, seen in the graph a decode step captures: with PDL
+  // on, gate_up (SwiGLU) hangs off the down projection before it by a
+  // programmatic edge (it may start early), the down projection (residual
+  // add) off gate_up by a full dependency; with PDL off, every edge is full.
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("pdl_edges");
+  const int32_t hidden = 256, inter = 512;
+  auto gu = test::upload_bf16(test::random_floats(rng, size_t(2 * inter) * hidden, -0.05f, 0.05f));
+  auto down = test::upload_bf16(test::random_floats(rng, size_t(hidden) * inter, -0.05f, 0.05f));
+  auto g = test::upload_bf16(test::random_floats(rng, size_t(hidden), 0.8f, 1.2f));
+  dev_array<float> d_r(test::random_floats(rng, size_t(hidden), -2, 2));
+  dev_array<bf16> d_act(static_cast<size_t>(inter));
+  METRONOME_CUDA(cudaDeviceSynchronize());
+  cudaStream_t stream = nullptr;
+  METRONOME_CUDA(cudaStreamCreate(&stream));
+  for (bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
+    cudaGraph_t graph = nullptr;
+    {
+      const gpu::pdl_scope scope(pdl);
+      METRONOME_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int layer = 0; layer < 2; ++layer) {
+        gpu::gemv_args a;
+        a.w = gu.get();
+        a.n = 2 * inter;
+        a.k = hidden;
+        a.m = 1;
+        a.residual_in = d_r.get();
+        a.norm_weight = g.get();
+        a.eps = 1e-5f;
+        a.out_bf16 = d_act.get();
+        gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, stream);
+        gpu::gemv_args b;
+        b.w = down.get();
+        b.n = hidden;
+        b.k = inter;
+        b.m = 1;
+        b.x = d_act.get();
+        b.out_f32 = d_r.get();
+        gpu::launch_gemv(gpu::gemv_epilogue::residual_add, b, stream);
+      }
+      METRONOME_CUDA(cudaStreamEndCapture(stream, &graph));
+    }
+    size_t count = 0;
+    METRONOME_CUDA(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count));
+    ASSERT_EQ(count, 3u) << "a chain of four kernels";
+    std::vector<cudaGraphNode_t> from(count), to(count);
+    std::vector<cudaGraphEdgeData> data(count);
+    METRONOME_CUDA(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count));
+    // The chain's order: the root has no incoming edge.
+    std::vector<cudaGraphNode_t> order;
+    for (size_t i = 0; i < count; ++i)
+      if (std::find(to.begin(), to.end(), from[i]) == to.end())
+        order.push_back(from[i]);
+    ASSERT_EQ(order.size(), 1u);
+    std::vector<unsigned> type_into(4, 99);
+    for (int step = 1; step < 4; ++step)
+      for (size_t i = 0; i < count; ++i)
+        if (from[i] == order.back()) {
+          order.push_back(to[i]);
+          type_into[size_t(step)] = data[i].type;
+          break;
+        }
+    ASSERT_EQ(order.size(), 4u);
+    const unsigned early = pdl ? unsigned(cudaGraphDependencyTypeProgrammatic)
+                               : unsigned(cudaGraphDependencyTypeDefault);
+    EXPECT_EQ(type_into[1], unsigned(cudaGraphDependencyTypeDefault)) << "down after gate_up";
+    EXPECT_EQ(type_into[2], early) << "gate_up after down";
+    EXPECT_EQ(type_into[3], unsigned(cudaGraphDependencyTypeDefault)) << "down after gate_up";
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
   // Host logic only (no device needed): the engine captures each decode
   // graph inside a pdl_scope; launches elsewhere follow METRONOME_PDL.

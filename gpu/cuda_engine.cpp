@@ -648,7 +648,7 @@ void cuda_engine::capture_graphs() {
     // whose short kernels it can help (with every candidate tried, round 11
     // call 6, no cuBLAS-path size of either model won by the margin:
     // bench/results/h200-2026-12-01-r11.md; since the o and down GEMVs stopped
-    // launching early, round 12, the batch-1 graphs win by 3 to 5%:
+    // launching early, round 12, the batch-1 graphs win by 3 to 6.5%:
     // bench/results/h200-2026-12-01-r12.md). Both timed four times in
     // alternating order, so that a drift within the start-up favours
     // neither; PDL must win by pdl_margin, or the plain graph stays (single

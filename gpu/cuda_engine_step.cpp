@@ -568,9 +568,10 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
       enqueue_decode(l, n, eager_path(n), penalties);
     } else {
       // Steps with prompt tokens (never captured) launch with PDL unless
-      // METRONOME_PDL=0: a 2,048-token prefill with it took 2 to 6% less time
-      // at 1B (rounds 11 and 12), 1.4 to 3% less at 8B in rounds 10 and 11 and
-      // the same within 0.3% in round 12 (bench/results/h200-2026-12-01-r12.md).
+      // METRONOME_PDL=0. A 2,048-token prefill with it took 6% (round 11) and
+      // 2.7% (round 12, two noisy pairs) less time at 1B; at 8B 3% and 1.4%
+      // less in rounds 10 and 11, and 0.1-0.3% more in round 12: a small gain
+      // or nothing (bench/results/h200-2026-12-01-r12.md).
       const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
       enqueue_general(l, sampled, all_single, penalties);
     }

@@ -234,12 +234,6 @@ template <int M, gemv_epilogue Ep, int KS>
 void launch_ks(const gemv_args& a, size_t smem, int32_t tiles, int32_t kslice,
                const launch_info& info, cudaStream_t stream) {
   const int32_t grid = std::max(1, std::min(tiles, info.blocks_per_sm * info.num_sms));
-  // The residual-adding projections (o, down) never launch early: with PDL
-  // on every other launch and off for these two, the 8B batch-1 step took 3%
-  // less time than with PDL off everywhere, and with PDL on these too, 2%
-  // more (bench/results/h200-2026-12-01-r12.md). They still trigger their
-  // dependents, so the launch after them (gate_up, the next qkv) overlaps.
-  const pdl_scope no_early_launch(Ep == gemv_epilogue::residual_add ? false : pdl_active());
   launch_kernel("gemv_split_kernel", gemv_split_kernel<M, Ep, KS>, dim3(grid),
                 dim3(threads_per_block), smem, stream, a, kslice, tiles,
                 stream_hint_on(hint_gemv_weights));
@@ -298,6 +292,14 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
     throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
   if (a.residual_in && !a.norm_weight)
     throw cuda_error("launch_gemv: a residual input needs its norm weight");
+  // The residual-adding projections (o, down) never launch early, in either
+  // generation: with PDL on every other launch and off for these two, the 8B
+  // batch-1 step took 3% less time than with PDL off everywhere, and with PDL
+  // on these too, 2% more (bench/results/h200-2026-12-01-r12.md, measured on
+  // this generation). They still trigger their dependents, so the launch
+  // after them (gate_up, the next qkv) overlaps.
+  const pdl_scope no_early_launch(epilogue == gemv_epilogue::residual_add ? false
+                                                                          : pdl_active());
   if (active_kernels().gemv == 1 || int64_t(padded_m(a.m)) * a.k * 2 > smem_limit)
     return launch_gemv_v1(epilogue, a, stream);
   switch (epilogue) {

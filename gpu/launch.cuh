@@ -15,7 +15,8 @@
 // programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
 // by default on for prompt steps and chosen per decode graph by the engine,
 // METRONOME_PDL=1 or 0 forces it), except that the residual-adding GEMVs
-// never launch early (gemv.cu). Off, both calls are no-ops and launches
+// (both generations; not the skinny GEMM, whose graphs auto never gives PDL)
+// never launch early (launch_gemv). Off, both calls are no-ops and launches
 // serialise as usual.
 
 #include <cstdlib>

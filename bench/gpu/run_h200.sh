@@ -162,20 +162,17 @@ if want bench || want v1 || want pdlon || want pdloff || want paths || want swee
         rows+=("$f")
       done
     fi
-    if want pdlon; then
-      stamp "gpu_bench $m (PDL on)"
-      METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
-        --name "$m/pdl-on" --out "$work/rows-$m-pdlon.json" --headline $quick \
-        || echo "gpu_bench $m (PDL on) FAILED (exit $?)"
-      rows+=("$work/rows-$m-pdlon.json")
-    fi
-    if want pdloff; then
-      stamp "gpu_bench $m (PDL off)"
-      METRONOME_PDL=0 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
-        --name "$m/pdl-off" --out "$work/rows-$m-pdloff.json" --headline $quick \
-        || echo "gpu_bench $m (PDL off) FAILED (exit $?)"
-      rows+=("$work/rows-$m-pdloff.json")
-    fi
+    # pdlon / pdloff: the target figures with PDL forced on / off everywhere.
+    for mode in on off; do
+      want "pdl$mode" || continue
+      value=1
+      [ "$mode" = off ] && value=0
+      stamp "gpu_bench $m (PDL $mode)"
+      METRONOME_PDL=$value timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" \
+        --model "$dir" --name "$m/pdl-$mode" --out "$work/rows-$m-pdl$mode.json" --headline $quick \
+        || echo "gpu_bench $m (PDL $mode) FAILED (exit $?)"
+      rows+=("$work/rows-$m-pdl$mode.json")
+    done
   done
   report > /dev/null
 fi

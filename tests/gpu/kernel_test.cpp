@@ -379,19 +379,23 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
   // on, gate_up (SwiGLU) hangs off the down projection before it by a
   // programmatic edge (it may start early), the down projection (residual
   // add) off gate_up by a full dependency; with PDL off, every edge is full.
+  // At 4 tokens the down projection's input (4 x 12,800 bf16) is over the
+  // second generation's 96 KiB and takes the first generation's kernel: the
+  // rule holds for both.
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("pdl_edges");
-  const int32_t hidden = 256, inter = 512;
+  const int32_t hidden = 256, inter = 12800, max_m = 4;
   auto gu = test::upload_bf16(test::random_floats(rng, size_t(2 * inter) * hidden, -0.05f, 0.05f));
   auto down = test::upload_bf16(test::random_floats(rng, size_t(hidden) * inter, -0.05f, 0.05f));
   auto g = test::upload_bf16(test::random_floats(rng, size_t(hidden), 0.8f, 1.2f));
-  dev_array<float> d_r(test::random_floats(rng, size_t(hidden), -2, 2));
-  dev_array<bf16> d_act(static_cast<size_t>(inter));
+  dev_array<float> d_r(test::random_floats(rng, size_t(max_m) * hidden, -2, 2));
+  dev_array<bf16> d_act(size_t(max_m) * inter);
   METRONOME_CUDA(cudaDeviceSynchronize());
   cudaStream_t stream = nullptr;
   METRONOME_CUDA(cudaStreamCreate(&stream));
-  for (bool pdl : {true, false}) {
-    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
+  const std::pair<bool, int32_t> cases[] = {{true, 1}, {false, 1}, {true, max_m}, {false, max_m}};
+  for (auto [pdl, m] : cases) {
+    SCOPED_TRACE(testing::Message() << (pdl ? "PDL on" : "PDL off") << ", m " << m);
     cudaGraph_t graph = nullptr;
     {
       const gpu::pdl_scope scope(pdl);
@@ -401,7 +405,7 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
         a.w = gu.get();
         a.n = 2 * inter;
         a.k = hidden;
-        a.m = 1;
+        a.m = m;
         a.residual_in = d_r.get();
         a.norm_weight = g.get();
         a.eps = 1e-5f;
@@ -411,7 +415,7 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
         b.w = down.get();
         b.n = hidden;
         b.k = inter;
-        b.m = 1;
+        b.m = m;
         b.x = d_act.get();
         b.out_f32 = d_r.get();
         gpu::launch_gemv(gpu::gemv_epilogue::residual_add, b, stream);

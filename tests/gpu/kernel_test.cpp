@@ -3,11 +3,16 @@
 // run, every launch checked.
 
 #include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <thread>
 
 #include "model/cpu_ops.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/test_env.hpp"
 #include "tests/gpu/paged_kv.hpp"
 #include "tests/gpu/kernel_reference.hpp"
 
@@ -451,6 +456,66 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
     cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
+}
+
+TEST(gpu_launch, every_kernel_waits_for_the_kernel_before_it_then_triggers_the_next) {
+  // Host only, on the sources: what launch.cuh's PDL relies on. The decode
+  // attention reads what the kernels before its predecessor wrote before it
+  // waits, which is safe only if every kernel calls pdl_wait() and triggers
+  // its dependents right after it, never before: then a kernel's dependent
+  // starts only once the kernel's own predecessor has finished.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(test::env("SOURCE_DIR")) / "gpu";
+  if (!fs::is_directory(dir))
+    GTEST_SKIP() << "no sources at " << dir << " (set METRONOME_SOURCE_DIR)";
+  int kernels = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".cu")
+      continue;
+    std::ifstream in(entry.path());
+    std::string src((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // Comments out (their braces and mentions would confuse the scan).
+    std::string code;
+    for (size_t i = 0; i < src.size();) {
+      if (src.compare(i, 2, "//") == 0) {
+        i = src.find('\n', i);
+        i = i == std::string::npos ? src.size() : i;
+      } else if (src.compare(i, 2, "/*") == 0) {
+        i = src.find("*/", i);
+        i = i == std::string::npos ? src.size() : i + 2;
+      } else {
+        code += src[i++];
+      }
+    }
+    for (size_t at = code.find("__global__"); at != std::string::npos;
+         at = code.find("__global__", at + 1)) {
+      const size_t open = code.find('{', at);
+      ASSERT_NE(open, std::string::npos);
+      size_t close = open;
+      for (int depth = 0; close < code.size(); ++close) {
+        depth += code[close] == '{' ? 1 : code[close] == '}' ? -1 : 0;
+        if (depth == 0)
+          break;
+      }
+      std::string body;
+      for (char c : code.substr(open, close - open))
+        if (!std::isspace(static_cast<unsigned char>(c)))
+          body += c;
+      const std::string name = entry.path().filename().string() + ": kernel at offset "
+                               + std::to_string(at) + " " + code.substr(at, 80);
+      ++kernels;
+      EXPECT_NE(body.find("pdl_wait();"), std::string::npos) << name;
+      size_t triggers = 0;
+      for (size_t t = body.find("pdl_trigger();"); t != std::string::npos;
+           t = body.find("pdl_trigger();", t + 1)) {
+        ++triggers;
+        EXPECT_TRUE(t >= 11 && body.compare(t - 11, 11, "pdl_wait();") == 0)
+          << name << ": a trigger not right after a wait";
+      }
+      EXPECT_GE(triggers, 1u) << name;
+    }
+  }
+  EXPECT_GE(kernels, 15) << "the scan found too few kernels in " << dir;
 }
 
 TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {

@@ -401,7 +401,7 @@ void cuda_engine::plan_kv_and_capture() {
 
 int32_t cuda_engine::graph_index(int32_t batch) const {
   for (size_t i = 0; i < graphs_.size(); ++i)
-    if (graphs_[i].size >= batch && graphs_[i].exec[0] && graphs_[i].exec[1])
+    if (graphs_[i].size >= batch && graphs_[i].captured())
       return int32_t(i);
   return -1;
 }
@@ -704,7 +704,7 @@ cuda_engine::decode_path cuda_engine::eager_path(int32_t batch) const {
 std::string cuda_engine::small_batch_choice() const {
   std::string s;
   for (const decode_graph& dg : graphs_) {
-    if (dg.size > skinny_gemm_max_m || !dg.exec[0])
+    if (dg.size > skinny_gemm_max_m || !dg.captured())
       break;
     const decode_path p = dg.path;
     s += (s.empty() ? "" : ",") + std::to_string(dg.size) + ":"

@@ -318,6 +318,10 @@ private:
     graph_exec exec[2];
     decode_path path = decode_path::blas;
     bool pdl = false; // whether its launches use PDL (kernels.hpp)
+    /// Both slots' graphs exist: steps of this size may replay it.
+    bool captured() const {
+      return exec[0] && exec[1];
+    }
   };
   std::vector<decode_graph> graphs_; // ascending sizes
   bool graphs_enabled_ = true;

@@ -284,6 +284,32 @@ TEST(gpu_kernels, gemv_with_norm_prologue_and_swiglu_matches_reference) {
   }
 }
 
+/// One MLP block as a decode step launches it on the GEMV path: gate_up with
+/// the RMSNorm prologue of `residual` and SwiGLU into `act`, then down adding
+/// into `residual`.
+void launch_mlp_block(const bf16* gate_up, const bf16* down, const bf16* norm, float* residual,
+                      bf16* act, int32_t hidden, int32_t inter, int32_t m, float eps,
+                      cudaStream_t stream) {
+  gpu::gemv_args a;
+  a.w = gate_up;
+  a.n = 2 * inter;
+  a.k = hidden;
+  a.m = m;
+  a.residual_in = residual;
+  a.norm_weight = norm;
+  a.eps = eps;
+  a.out_bf16 = act;
+  gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, stream);
+  gpu::gemv_args b;
+  b.w = down;
+  b.n = hidden;
+  b.k = inter;
+  b.m = m;
+  b.x = act;
+  b.out_f32 = residual;
+  gpu::launch_gemv(gpu::gemv_epilogue::residual_add, b, stream);
+}
+
 TEST(gpu_kernels, gemv_chain_on_a_stream_reads_what_the_kernel_before_wrote) {
   // MLP blocks back to back, as a decode step runs them: gate_up with the
   // norm prologue and SwiGLU reads the residual the previous down projection
@@ -332,26 +358,9 @@ TEST(gpu_kernels, gemv_chain_on_a_stream_reads_what_the_kernel_before_wrote) {
     dev_array<bf16> d_act(size_t(m) * inter);
     METRONOME_CUDA(cudaDeviceSynchronize());
     auto chain = [&] {
-      for (const auto& l : ls) {
-        gpu::gemv_args a;
-        a.w = l.gu.get();
-        a.n = 2 * inter;
-        a.k = hidden;
-        a.m = m;
-        a.residual_in = d_r.get();
-        a.norm_weight = l.g.get();
-        a.eps = eps;
-        a.out_bf16 = d_act.get();
-        gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, stream);
-        gpu::gemv_args b;
-        b.w = l.down.get();
-        b.n = hidden;
-        b.k = inter;
-        b.m = m;
-        b.x = d_act.get();
-        b.out_f32 = d_r.get();
-        gpu::launch_gemv(gpu::gemv_epilogue::residual_add, b, stream);
-      }
+      for (const auto& l : ls)
+        launch_mlp_block(l.gu.get(), l.down.get(), l.g.get(), d_r.get(), d_act.get(), hidden,
+                         inter, m, eps, stream);
     };
     chain();
     METRONOME_CUDA(cudaStreamSynchronize(stream));
@@ -405,26 +414,9 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
     {
       const gpu::pdl_scope scope(pdl);
       METRONOME_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      for (int layer = 0; layer < 2; ++layer) {
-        gpu::gemv_args a;
-        a.w = gu.get();
-        a.n = 2 * inter;
-        a.k = hidden;
-        a.m = m;
-        a.residual_in = d_r.get();
-        a.norm_weight = g.get();
-        a.eps = 1e-5f;
-        a.out_bf16 = d_act.get();
-        gpu::launch_gemv(gpu::gemv_epilogue::swiglu, a, stream);
-        gpu::gemv_args b;
-        b.w = down.get();
-        b.n = hidden;
-        b.k = inter;
-        b.m = m;
-        b.x = d_act.get();
-        b.out_f32 = d_r.get();
-        gpu::launch_gemv(gpu::gemv_epilogue::residual_add, b, stream);
-      }
+      for (int layer = 0; layer < 2; ++layer)
+        launch_mlp_block(gu.get(), down.get(), g.get(), d_r.get(), d_act.get(), hidden, inter, m,
+                         1e-5f, stream);
       METRONOME_CUDA(cudaStreamEndCapture(stream, &graph));
     }
     size_t count = 0;

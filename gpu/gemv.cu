@@ -23,11 +23,16 @@
 // (KS = 1, 2, 4 or 8 warps per pair, 8 / KS pairs per block of 8 warps,
 // chosen on the host so that one wave of resident blocks covers the matrix
 // when it can): shorter slices mean fewer dependent round trips per warp and
-// more warps streaming at once. The KS partial sums of a pair meet in shared
-// memory (double-buffered by tile parity, one barrier per tile) in a fixed
-// order, so results do not depend on timing. Inputs too large for shared
-// memory (M x k x 2 bytes over 96 KiB) take the first generation's chunked
-// path.
+// more warps streaming at once. The epilogue's own reads (the residual it adds
+// to; for qkv the position, RoPE frequency and the cache page of a k or v row,
+// three dependent loads) are requested with the tile's first weight batch, not
+// after its sums: at the end they held up every block's last store, and with
+// them moved the 8B batch-1 step took 2.5% less time, the 1B one 3.9% less
+// (bench/results/h200-2026-12-01-r13.md). The KS partial sums of a pair
+// meet in shared memory (double-buffered by tile parity, one barrier per
+// tile) in a fixed order, so results do not depend on timing. Inputs too
+// large for shared memory (M x k x 2 bytes over 96 KiB) take the first
+// generation's chunked path.
 //
 // The weight loads carry the L2 evict-first hint. A step streams 2.5 to 16 GB
 // of weights through a 60 MB L2; at normal priority they push out what the
@@ -81,12 +86,22 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
   pair_rows rows{0, 0, false};
   const bf16* w0 = a.w;
   const bf16* w1 = a.w;
+  // What the lane that runs the tile's epilogue for batch row `lane` reads
+  // besides its sums, requested with the tile's setup (gemv_common.cuh).
+  epilogue_inputs ein;
   auto setup = [&](int32_t tl) {
     p = tl * RP + lp;
     active = tl < tiles && p < pairs;
     rows = active ? rows_of<Ep>(a, p) : pair_rows{0, 0, false};
     w0 = a.w + int64_t(rows.r0) * a.k;
     w1 = a.w + int64_t(rows.has_r1 ? rows.r1 : rows.r0) * a.k;
+  };
+  // After the tile's first weight batch is out: a k or v row's page is three
+  // dependent loads, which hold the warp (before pdl_wait() they overlap the
+  // kernel before).
+  auto prepare = [&] {
+    if (active && ks == 0 && lane < M && lane < a.m)
+      ein = load_epilogue_inputs<Ep>(a, p, rows, lane);
   };
   const uint64_t policy = l2_policy(evict_first);
   bf16x8 wa[unroll], wb[unroll];
@@ -104,6 +119,7 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
   };
   setup(tile);
   load_batch(k0 + lane * 8);
+  prepare();
 
   pdl_wait();
   pdl_trigger();
@@ -161,10 +177,12 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
     const pair_rows done = rows;
     const int32_t done_p = p;
     const bool done_active = active;
+    const epilogue_inputs done_in = ein;
     // The next tile's first batch goes out before this tile's reduction.
     if (tile + int32_t(gridDim.x) < tiles) {
       setup(tile + gridDim.x);
       load_batch(k0 + lane * 8);
+      prepare();
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -176,7 +194,7 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
 #pragma unroll
         for (int m = 0; m < M; ++m)
           if (lane == m && m < a.m)
-            epilogue<M, Ep>(a, done_p, done, m, acc0[m], acc1[m]);
+            epilogue<M, Ep>(a, done_p, done, m, acc0[m], acc1[m], done_in);
       }
     } else {
 #pragma unroll
@@ -196,7 +214,7 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
               y0 += red[parity][warp + j][m][0];
               y1 += red[parity][warp + j][m][1];
             }
-            epilogue<M, Ep>(a, done_p, done, m, y0, y1);
+            epilogue<M, Ep>(a, done_p, done, m, y0, y1, done_in);
           }
       }
     }

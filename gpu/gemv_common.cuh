@@ -70,12 +70,17 @@ __device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, in
   }
 }
 
-/// cos and sin of RoPE pair i at position pos. Every kernel that rotates
-/// (this epilogue, rope_kv_write_kernel through it, the fused decode
-/// attention) uses these two helpers, so that they agree to the bit.
+/// cos and sin of RoPE pair i at position pos, from the pair's frequency
+/// (inv_freq[i]). Every kernel that rotates (this epilogue, rope_kv_write_kernel
+/// through it, the fused decode attention) uses these helpers, so that they
+/// agree to the bit.
+__device__ __forceinline__ void rope_angle_of(float freq, int32_t pos, float& c, float& s) {
+  sincosf(float(pos) * freq, &s, &c);
+}
+
 __device__ __forceinline__ void rope_angle(const float* inv_freq, int32_t pos, int32_t i,
                                            float& c, float& s) {
-  sincosf(float(pos) * inv_freq[i], &s, &c);
+  rope_angle_of(inv_freq[i], pos, c, s);
 }
 
 /// Rotates the pair (a, b) = (x[i], x[i + d/2]) of a head in place.
@@ -85,32 +90,76 @@ __device__ __forceinline__ void rope_rotate(float& a, float& b, float c, float s
   b = rb;
 }
 
+/// What the epilogue of row pair p for batch row m reads besides its sums:
+/// the bias, the residual it adds to, and for qkv_rope the position, the
+/// pair's RoPE frequency and the cache page of the token. The decode GEMV
+/// loads them when it sets up a tile, before its weights stream, so that none
+/// of these round trips (three dependent ones for a k or v row) falls after
+/// the tile's last weight byte, at the end of the kernel.
+struct epilogue_inputs {
+  float bias0 = 0.0f, bias1 = 0.0f;
+  float x0 = 0.0f, x1 = 0.0f; // residual_add: the residual at rows r0, r1
+  int32_t pos = 0, page = 0;  // qkv_rope (page: k and v rows only)
+  float freq = 0.0f;          // qkv_rope: inv_freq of the pair (q and k rows)
+};
+
+/// Loads a tile's epilogue_inputs. Everything read here is either a weight,
+/// a step input, or (residual_add) the residual as the kernels two or more
+/// launches back left it: no kernel between writes it, so with PDL it may
+/// be read before pdl_wait() (the launches of gemv.cu rely on this).
+template <gemv_epilogue Ep>
+__device__ __forceinline__ epilogue_inputs load_epilogue_inputs(const gemv_args& a, int32_t p,
+                                                                const pair_rows& rows,
+                                                                int32_t m) {
+  epilogue_inputs e;
+  if (a.bias) {
+    e.bias0 = to_float(a.bias[rows.r0]);
+    if (rows.has_r1)
+      e.bias1 = to_float(a.bias[rows.r1]);
+  }
+  if constexpr (Ep == gemv_epilogue::residual_add) {
+    e.x0 = a.out_f32[int64_t(m) * a.n + rows.r0];
+    if (rows.has_r1)
+      e.x1 = a.out_f32[int64_t(m) * a.n + rows.r1];
+  } else if constexpr (Ep == gemv_epilogue::qkv_rope) {
+    const int32_t half = a.kv.head_dim / 2;
+    const int32_t head = p / half;
+    e.pos = a.batch.positions[m];
+    if (head < a.num_heads + a.kv.kv_heads)
+      e.freq = a.inv_freq[p % half];
+    if (head >= a.num_heads) {
+      const int32_t slot = a.batch.seq_slot[a.batch.token_seq[m]];
+      e.page = a.kv.page_table[int64_t(slot) * a.kv.page_table_stride + e.pos / a.kv.page_size];
+    }
+  }
+  return e;
+}
+
 template <int M, gemv_epilogue Ep>
 __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
-                                         int32_t m, float y0, float y1) {
+                                         int32_t m, float y0, float y1, const epilogue_inputs& e) {
   if (a.bias) {
-    y0 += to_float(a.bias[rows.r0]);
+    y0 += e.bias0;
     if (rows.has_r1)
-      y1 += to_float(a.bias[rows.r1]);
+      y1 += e.bias1;
   }
   if constexpr (Ep == gemv_epilogue::store_f32) {
     a.out_f32[int64_t(m) * a.n + rows.r0] = y0;
     if (rows.has_r1)
       a.out_f32[int64_t(m) * a.n + rows.r1] = y1;
   } else if constexpr (Ep == gemv_epilogue::residual_add) {
-    a.out_f32[int64_t(m) * a.n + rows.r0] += y0;
+    a.out_f32[int64_t(m) * a.n + rows.r0] = e.x0 + y0;
     if (rows.has_r1)
-      a.out_f32[int64_t(m) * a.n + rows.r1] += y1;
+      a.out_f32[int64_t(m) * a.n + rows.r1] = e.x1 + y1;
   } else if constexpr (Ep == gemv_epilogue::swiglu) {
     a.out_bf16[int64_t(m) * (a.n / 2) + p] = __float2bfloat16_rn(y0 / (1.0f + expf(-y0)) * y1);
   } else {
     const int32_t d = a.kv.head_dim, half = d / 2;
     const int32_t head = p / half, i = p % half;
     const int32_t kvh = a.kv.kv_heads;
-    const int32_t pos = a.batch.positions[m];
     if (head < a.num_heads + kvh) {
       float c, s;
-      rope_angle(a.inv_freq, pos, i, c, s);
+      rope_angle_of(e.freq, e.pos, c, s);
       rope_rotate(y0, y1, c, s);
     }
     if (head < a.num_heads) {
@@ -120,16 +169,20 @@ __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pa
     } else {
       const bool is_k = head < a.num_heads + kvh;
       const int32_t h = head - a.num_heads - (is_k ? 0 : kvh);
-      const int32_t seq = a.batch.token_seq[m];
-      const int32_t slot = a.batch.seq_slot[seq];
-      const int32_t page =
-        a.kv.page_table[int64_t(slot) * a.kv.page_table_stride + pos / a.kv.page_size];
       bf16* dst = (is_k ? a.kv.k : a.kv.v)
-                  + ((int64_t(page) * kvh + h) * a.kv.page_size + pos % a.kv.page_size) * d;
+                  + ((int64_t(e.page) * kvh + h) * a.kv.page_size + e.pos % a.kv.page_size) * d;
       dst[i] = __float2bfloat16_rn(y0);
       dst[i + half] = __float2bfloat16_rn(y1);
     }
   }
+}
+
+/// The epilogue with its inputs loaded where it runs (the first-generation
+/// GEMV, the skinny GEMM, the stand-alone RoPE kernel).
+template <int M, gemv_epilogue Ep>
+__device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
+                                         int32_t m, float y0, float y1) {
+  epilogue<M, Ep>(a, p, rows, m, y0, y1, load_epilogue_inputs<Ep>(a, p, rows, m));
 }
 
 } // namespace metronome::gpu::gemv_detail

@@ -7,6 +7,8 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -219,8 +221,30 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   struct attn_case {
     int32_t seqs, ctx, new_tokens;
   };
-  for (const attn_case ac : {attn_case{1, 128, 1}, attn_case{1, 4096, 1}, attn_case{1, 32768, 1},
-                             attn_case{64, 1024, 1}, attn_case{1, 2048, 2048}}) {
+  std::vector<attn_case> cases = {attn_case{1, 128, 1}, attn_case{1, 4096, 1},
+                                  attn_case{1, 32768, 1}, attn_case{64, 1024, 1},
+                                  attn_case{1, 2048, 2048}};
+  // METRONOME_ATTN_SWEEP="seqs:ctx,...": the decode attention alone at these
+  // shapes instead (one token a sequence, the launcher's splits), to tell
+  // its fixed cost from its streaming rate (bench/results/h200-2026-12-01-r13.md).
+  const char* sweep_env = std::getenv("METRONOME_ATTN_SWEEP");
+  const bool sweep = sweep_env != nullptr;
+  if (sweep) {
+    cases.clear();
+    std::istringstream in(sweep_env);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      attn_case ac{0, 0, 1};
+      char colon = 0, rest = 0;
+      std::istringstream one(item);
+      if (!(one >> ac.seqs >> colon >> ac.ctx) || colon != ':' || one >> rest || ac.seqs < 1
+          || ac.ctx < 1)
+        throw std::runtime_error("METRONOME_ATTN_SWEEP: expected seqs:ctx pairs of positive "
+                                 "integers separated by commas, got '" + item + "'");
+      cases.push_back(ac);
+    }
+  }
+  for (const attn_case ac : cases) {
     const int32_t pages_per_seq = (ac.ctx + ps - 1) / ps;
     const int32_t pages = ac.seqs * pages_per_seq;
     const size_t pool = size_t(pages) * size_t(kv) * ps * 2;
@@ -276,7 +300,9 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         int32_t splits; // 0: the launcher's choice
       };
       std::vector<variant> variants = {{2, 0}, {1, 0}};
-      if (ac.seqs >= 64)
+      if (sweep)
+        variants = {{2, 0}};
+      else if (ac.seqs >= 64)
         variants.insert(variants.end(), {{2, 1}, {2, 2}, {2, 4}});
       for (const variant vr : variants) {
         gpu::active_kernels().decode_attention = vr.gen;

@@ -18,8 +18,9 @@
 // block barriers, staging) before its first weight load, then walked a whole
 // row pair in four dependent round trips. Here each warp issues the loads of
 // its first weight batch before anything else (weights are never written, so
-// this is also legal before the programmatic-launch wait), and the staging
-// runs while those bytes are in flight. Rows are cut along k into KS slices
+// this is also legal before the programmatic-launch wait; so are the
+// epilogue's inputs, below), and the staging runs while those bytes are in
+// flight. Rows are cut along k into KS slices
 // (KS = 1, 2, 4 or 8 warps per pair, 8 / KS pairs per block of 8 warps,
 // chosen on the host so that one wave of resident blocks covers the matrix
 // when it can): shorter slices mean fewer dependent round trips per warp and

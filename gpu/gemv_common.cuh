@@ -93,9 +93,9 @@ __device__ __forceinline__ void rope_rotate(float& a, float& b, float c, float s
 /// What the epilogue of row pair p for batch row m reads besides its sums:
 /// the bias, the residual it adds to, and for qkv_rope the position, the
 /// pair's RoPE frequency and the cache page of the token. The decode GEMV
-/// loads them when it sets up a tile, before its weights stream, so that none
-/// of these round trips (three dependent ones for a k or v row) falls after
-/// the tile's last weight byte, at the end of the kernel.
+/// loads them when it sets up a tile, right after the tile's first weight
+/// batch, so that none of these round trips (three dependent ones for a k or
+/// v row) falls after the tile's last weight byte, at the end of the kernel.
 struct epilogue_inputs {
   float bias0 = 0.0f, bias1 = 0.0f;
   float x0 = 0.0f, x1 = 0.0f; // residual_add: the residual at rows r0, r1
@@ -103,10 +103,21 @@ struct epilogue_inputs {
   float freq = 0.0f;          // qkv_rope: inv_freq of the pair (q and k rows)
 };
 
-/// Loads a tile's epilogue_inputs. Everything read here is either a weight,
-/// a step input, or (residual_add) the residual as the kernels two or more
-/// launches back left it: no kernel between writes it, so with PDL it may
-/// be read before pdl_wait() (the launches of gemv.cu rely on this).
+/// Loads a tile's epilogue_inputs. The decode GEMV (gemv.cu) does so for its
+/// first tile before pdl_wait(), while the launch before it may still run.
+/// That is safe because nothing read here is written by the launch right
+/// before, and every kernel triggers its dependents only after its own wait,
+/// so whatever launched two or more back is complete:
+/// - the bias and inv_freq are weights; positions, token_seq and seq_slot
+///   are the step's inputs, copied before its first kernel;
+/// - the page table is written by page_updates, the step's first kernel, two
+///   launches before layer 0's qkv projection (embed runs between them; a
+///   step that launched qkv right after page_updates would break this);
+/// - the residual (residual_add: o and down) was last written by the down or
+///   o projection two or more launches back (the attention and gate_up,
+///   which run right before o and down, do not write it); besides,
+///   launch_gemv never launches o and down early.
+/// gpu_launch's source test checks the wait-then-trigger order of every kernel.
 template <gemv_epilogue Ep>
 __device__ __forceinline__ epilogue_inputs load_epilogue_inputs(const gemv_args& a, int32_t p,
                                                                 const pair_rows& rows,

@@ -224,25 +224,34 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   std::vector<attn_case> cases = {attn_case{1, 128, 1}, attn_case{1, 4096, 1},
                                   attn_case{1, 32768, 1}, attn_case{64, 1024, 1},
                                   attn_case{1, 2048, 2048}};
-  // METRONOME_ATTN_SWEEP="seqs:ctx,...": the decode attention alone at these
-  // shapes instead (one token a sequence, the launcher's splits), to tell
-  // its fixed cost from its streaming rate (bench/results/h200-2026-12-01-r13.md).
+  // METRONOME_ATTN_SWEEP="seqs:ctx,...": the attention cases become these
+  // shapes (one token a sequence, the launcher's splits, no first-generation
+  // or fixed-split variants), to tell the decode attention's fixed cost from
+  // its streaming rate (bench/results/h200-2026-12-01-r13.md). The GEMV and
+  // GEMM rows above run as always.
   const char* sweep_env = std::getenv("METRONOME_ATTN_SWEEP");
   const bool sweep = sweep_env != nullptr;
   if (sweep) {
     cases.clear();
-    std::istringstream in(sweep_env);
-    std::string item;
-    while (std::getline(in, item, ',')) {
+    const std::string list = sweep_env;
+    auto bad = [&](const std::string& item) {
+      return std::runtime_error("METRONOME_ATTN_SWEEP: expected a comma-separated list of "
+                                "seqs:ctx pairs (positive, seqs x ctx at most 2^26 tokens), "
+                                "got '" + item + "' in '" + list + "'");
+    };
+    size_t at = 0;
+    do {
+      const size_t end = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, end - at);
       attn_case ac{0, 0, 1};
       char colon = 0, rest = 0;
       std::istringstream one(item);
       if (!(one >> ac.seqs >> colon >> ac.ctx) || colon != ':' || one >> rest || ac.seqs < 1
-          || ac.ctx < 1)
-        throw std::runtime_error("METRONOME_ATTN_SWEEP: expected seqs:ctx pairs of positive "
-                                 "integers separated by commas, got '" + item + "'");
+          || ac.ctx < 1 || int64_t(ac.seqs) * ac.ctx > (int64_t(1) << 26))
+        throw bad(item);
       cases.push_back(ac);
-    }
+      at = end + 1;
+    } while (at <= list.size());
   }
   for (const attn_case ac : cases) {
     const int32_t pages_per_seq = (ac.ctx + ps - 1) / ps;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/kernels.hpp"
@@ -43,25 +44,22 @@ kernel_generations parse_kernel_generations(const std::string& s,
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    const bool known_key =
-      key == "gemv" || key == "decode" || key == "prefill" || key == "rope" || key == "splits";
+    // Each key and the generation it sets; splits also takes 3.
+    static const std::pair<const char*, int kernel_generations::*> fields[] = {
+      {"gemv", &kernel_generations::gemv},
+      {"decode", &kernel_generations::decode_attention},
+      {"prefill", &kernel_generations::prefill_attention},
+      {"rope", &kernel_generations::decode_rope},
+      {"splits", &kernel_generations::gemm_splits}};
+    int kernel_generations::*field = nullptr;
+    for (const auto& [name, member] : fields)
+      if (key == name)
+        field = member;
     const bool known_value = value == "1" || value == "2" || (key == "splits" && value == "3");
-    if (!known_key || !known_value) {
-      if (!item.empty() && ignored_items)
-        ignored_items->push_back(item);
-    } else {
-      const int v = value == "1" ? 1 : 2;
-      if (key == "gemv")
-        g.gemv = v;
-      else if (key == "decode")
-        g.decode_attention = v;
-      else if (key == "prefill")
-        g.prefill_attention = v;
-      else if (key == "rope")
-        g.decode_rope = v;
-      else
-        g.gemm_splits = value == "3" ? 3 : v;
-    }
+    if (field && known_value)
+      g.*field = value[0] - '0';
+    else if (!item.empty() && ignored_items)
+      ignored_items->push_back(item);
     at = end + 1;
   }
   return g;

@@ -5,10 +5,10 @@
 // (weights, which no kernel writes, may be loaded before; so may what the
 // kernels before the predecessor wrote, since the predecessor itself waited
 // for them before it triggered: the decode attention loads its cached keys
-// early). Every kernel of
-// the decode path calls pdl_trigger() right after its pdl_wait(), so the next
-// kernel is scheduled once this one's predecessor has finished: at most two
-// grids overlap. (Triggering before the wait, as the first version did, let
+// early, the decode GEMV its epilogue's inputs). Every kernel of the decode
+// path calls pdl_trigger() right after its pdl_wait(), so the next kernel is
+// scheduled once this one's predecessor has finished: at most two grids
+// overlap. (Triggering before the wait, as the first version did, let
 // a chain of kernels become resident and spin, each holding registers and
 // issuing its weight loads out of order: the 8B batch-1 step lost 7%;
 // bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these

@@ -561,8 +561,9 @@ TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
     {nullptr, gpu::pdl_mode::per_graph}, {"", gpu::pdl_mode::per_graph},
     {"auto", gpu::pdl_mode::per_graph},  {"0", gpu::pdl_mode::off},
     {"off", gpu::pdl_mode::off},         {"false", gpu::pdl_mode::off},
-    {"1", gpu::pdl_mode::on},            {"on", gpu::pdl_mode::on},
-    {"true", gpu::pdl_mode::on}};
+    {"no", gpu::pdl_mode::off},          {"1", gpu::pdl_mode::on},
+    {"on", gpu::pdl_mode::on},           {"true", gpu::pdl_mode::on},
+    {"yes", gpu::pdl_mode::on}};
   for (const auto& [value, mode] : understood) {
     bool ignored = true;
     EXPECT_EQ(gpu::parse_pdl_mode(value, &ignored), mode) << (value ? value : "unset");

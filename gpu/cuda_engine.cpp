@@ -606,7 +606,8 @@ void cuda_engine::capture_graphs() {
     // The winner so far goes straight into dg. PDL as METRONOME_PDL says;
     // with "auto" (the default), decided below.
     dg.path = candidates.front();
-    dg.pdl = pdl_setting() == pdl_mode::on;
+    dg.pdl = pdl_setting() == pdl_mode::on || pdl_setting() == pdl_mode::late;
+    dg.late = pdl_setting() == pdl_mode::late;
     const bool pdl_both = pdl_setting() == pdl_mode::per_graph;
     double best_ms = 0.0;
     for (decode_path path : candidates) {
@@ -659,15 +660,23 @@ void cuda_engine::capture_graphs() {
         const pdl_scope with_pdl(true);
         capture_one(n, dg.path, gp);
       }
-      double off_ms = 0.0, on_ms = 0.0;
-      for (int round = 0; round < 4; ++round) {
-        const bool on_first = round % 3 != 0; // off on | on off | on off | off on
-        (on_first ? on_ms : off_ms) += time_graph(on_first ? gp : dg.exec[0], n);
-        (on_first ? off_ms : on_ms) += time_graph(on_first ? dg.exec[0] : gp, n);
-      }
-      if (on_ms < (1.0 - pdl_margin) * off_ms) {
+      if (wins_by_margin(gp, dg.exec[0], n)) {
         dg.exec[0] = std::move(gp);
         dg.pdl = true;
+      }
+    }
+    // Then, where PDL won, late triggers (kernels.hpp), kept on the same
+    // terms: they win at the 1B shape and lose at the 8B one (-r14.md).
+    if (pdl_both && dg.pdl && dg.path == decode_path::gemv) {
+      graph_exec gl;
+      {
+        const pdl_scope with_pdl(true);
+        const late_trigger_scope late(true);
+        capture_one(n, dg.path, gl);
+      }
+      if (wins_by_margin(gl, dg.exec[0], n)) {
+        dg.exec[0] = std::move(gl);
+        dg.late = true;
       }
     }
   }
@@ -677,8 +686,20 @@ void cuda_engine::capture_graphs() {
   // launch wait for the graph's previous run: no overlap.)
   for (decode_graph& dg : graphs_) {
     const pdl_scope same_pdl(dg.pdl);
+    const late_trigger_scope same_late(dg.late);
     capture_one(dg.size, dg.path, dg.exec[1], 1);
   }
+}
+
+bool cuda_engine::wins_by_margin(const graph_exec& challenger, const graph_exec& incumbent,
+                                 int32_t batch) {
+  double inc_ms = 0.0, ch_ms = 0.0;
+  for (int round = 0; round < 4; ++round) {
+    const bool ch_first = round % 3 != 0; // inc ch | ch inc | ch inc | inc ch
+    (ch_first ? ch_ms : inc_ms) += time_graph(ch_first ? challenger : incumbent, batch);
+    (ch_first ? inc_ms : ch_ms) += time_graph(ch_first ? incumbent : challenger, batch);
+  }
+  return ch_ms < (1.0 - pdl_margin) * inc_ms;
 }
 
 void cuda_engine::require_idle(const char* what) const {
@@ -709,7 +730,7 @@ std::string cuda_engine::small_batch_choice() const {
     const decode_path p = dg.path;
     s += (s.empty() ? "" : ",") + std::to_string(dg.size) + ":"
          + (p == decode_path::gemv ? "gemv" : p == decode_path::skinny ? "skinny" : "cublas")
-         + (dg.pdl ? "+pdl" : "");
+         + (dg.pdl ? "+pdl" : "") + (dg.late ? "+late" : "");
   }
   if (s.empty())
     s = "eager";

@@ -215,6 +215,10 @@ private:
   size_t capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot = 0);
   /// Times g replayed back to back; pads the inputs first unless `pad` is false.
   double time_graph(const graph_exec& g, int32_t batch, bool pad = true);
+  /// Whether `challenger` beats `incumbent` (graphs of `batch`) by
+  /// pdl_margin over four timings each in alternating order, so that a drift
+  /// within the start-up favours neither.
+  bool wins_by_margin(const graph_exec& challenger, const graph_exec& incumbent, int32_t batch);
 
   /// Enqueues the decode forward (one token per sequence, all sampled).
   void enqueue_decode(const layout& l, int32_t batch, decode_path path, int32_t penalties);
@@ -293,8 +297,9 @@ private:
   device_buffer split_partials_;
   std::map<int32_t, split_choice> splits_;
   static constexpr int32_t max_gemm_splits = 4;
-  /// METRONOME_PDL=auto keeps a decode graph with PDL only if its mean of
-  /// four timings beats the plain graph's by this fraction.
+  /// METRONOME_PDL=auto keeps a decode graph with PDL (then with late
+  /// triggers) only if its mean of four timings beats the graph without by
+  /// this fraction.
   static constexpr double pdl_margin = 0.01;
   bool skinny_ok_ = false; // the model's shapes suit the skinny GEMM
   device_buffer inputs_, outputs_;
@@ -317,7 +322,8 @@ private:
     /// through slot 1 (empty until captured).
     graph_exec exec[2];
     decode_path path = decode_path::blas;
-    bool pdl = false; // whether its launches use PDL (kernels.hpp)
+    bool pdl = false;  // whether its launches use PDL (kernels.hpp)
+    bool late = false; // and late triggers (late_triggers(), kernels.hpp)
     /// Both slots' graphs exist: steps of this size may replay it.
     bool captured() const {
       return exec[0] && exec[1];

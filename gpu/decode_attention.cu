@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(threads)
                              kv_view kv, batch_view batch, int32_t splits,
                              float* __restrict__ part_o, float* __restrict__ part_ml,
                              int32_t* __restrict__ counters, bf16* __restrict__ out,
-                             bool kv_evict_first) {
+                             bool kv_evict_first, bool late_trigger) {
   using C = tc_cfg<D>;
   __shared__ float sm_o[warps][8][D];
   __shared__ float sm_cos[ROPE ? D / 2 : 1], sm_sin[ROPE ? D / 2 : 1];
@@ -310,7 +310,8 @@ __global__ void __launch_bounds__(threads)
     load_step(r0, cur);
   if constexpr (!ROPE) {
     pdl_wait();
-    pdl_trigger();
+    if (!late_trigger)
+      pdl_trigger();
   }
 
   // q of head g (zero for lanes past the group): the dims of K lane t holds.
@@ -515,6 +516,10 @@ __global__ void __launch_bounds__(threads)
     cur = nxt;
   }
 
+  // Late triggers (kernels.hpp): the o projection after this kernel becomes
+  // resident once every block is past its keys.
+  if (!ROPE && late_trigger)
+    pdl_trigger();
   // Row sums over the keys of the warp (lanes with the same t).
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -661,11 +666,11 @@ void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
   if (rope)
     launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, true>, grid,
                   dim3(threads), 0, stream, sh, static_cast<const bf16*>(nullptr), *rope, kv,
-                  batch, splits, part_o, part_ml, counters, out, hint);
+                  batch, splits, part_o, part_ml, counters, out, hint, false);
   else
     launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, false>, grid,
                   dim3(threads), 0, stream, sh, q, rope_input{}, kv, batch, splits, part_o,
-                  part_ml, counters, out, hint);
+                  part_ml, counters, out, hint, late_triggers());
 }
 
 void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* rope,

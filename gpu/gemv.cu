@@ -68,7 +68,8 @@ constexpr int32_t smem_limit = 96 * 1024;
 
 template <int M, gemv_epilogue Ep, int KS>
 __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
-  gemv_split_kernel(const gemv_args a, int32_t kslice, int32_t tiles, bool evict_first) {
+  gemv_split_kernel(const gemv_args a, int32_t kslice, int32_t tiles, bool evict_first,
+                    bool late_trigger) {
   constexpr int RP = warps_per_block / KS; // row pairs per tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* xs = reinterpret_cast<bf16*>(smem_raw); // [M][k]
@@ -123,7 +124,8 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
   prepare();
 
   pdl_wait();
-  pdl_trigger();
+  if (!late_trigger)
+    pdl_trigger();
 
   // Inputs, while the weights are in flight.
   if (a.residual_in) {
@@ -220,6 +222,10 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
       }
     }
   }
+  // Late triggers (kernels.hpp): the residual-adding GEMV after this one
+  // becomes resident as this grid drains, not while it streams.
+  if (late_trigger)
+    pdl_trigger();
 }
 
 // -- launch ----------------------------------------------------------------------------
@@ -255,7 +261,8 @@ void launch_ks(const gemv_args& a, size_t smem, int32_t tiles, int32_t kslice,
   const int32_t grid = std::max(1, std::min(tiles, info.blocks_per_sm * info.num_sms));
   launch_kernel("gemv_split_kernel", gemv_split_kernel<M, Ep, KS>, dim3(grid),
                 dim3(threads_per_block), smem, stream, a, kslice, tiles,
-                stream_hint_on(hint_gemv_weights));
+                stream_hint_on(hint_gemv_weights),
+                Ep == gemv_epilogue::swiglu && late_triggers());
 }
 
 template <int M, gemv_epilogue Ep>
@@ -311,14 +318,16 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
     throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
   if (a.residual_in && !a.norm_weight)
     throw cuda_error("launch_gemv: a residual input needs its norm weight");
-  // The residual-adding projections (o, down) never launch early, in either
-  // generation: with PDL on every other launch and off for these two, the 8B
-  // batch-1 step took 3% less time than with PDL off everywhere, and with PDL
-  // on these too, 2% more (bench/results/h200-2026-12-01-r12.md, measured on
-  // this generation). They still trigger their dependents, so the launch
-  // after them (gate_up, the next qkv) overlaps.
-  const pdl_scope no_early_launch(epilogue == gemv_epilogue::residual_add ? false
-                                                                          : pdl_active());
+  // The residual-adding projections (o, down) launch early only with late
+  // triggers (kernels.hpp), in either generation: with PDL on every other
+  // launch and off for these two, the 8B batch-1 step took 3% less time than
+  // with PDL off everywhere, and with PDL on these too, 2% more
+  // (bench/results/h200-2026-12-01-r12.md, measured on this generation); with
+  // the kernels before them triggering late, the 1B step takes 3% less
+  // (-r14.md). They still trigger their dependents, so the launch after them
+  // (gate_up, the next qkv) overlaps.
+  const pdl_scope no_early_launch(
+    epilogue == gemv_epilogue::residual_add && !late_triggers() ? false : pdl_active());
   if (active_kernels().gemv == 1 || int64_t(padded_m(a.m)) * a.k * 2 > smem_limit)
     return launch_gemv_v1(epilogue, a, stream);
   switch (epilogue) {

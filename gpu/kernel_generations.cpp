@@ -71,7 +71,8 @@ kernel_generations& active_kernels() {
 }
 
 namespace {
-thread_local int pdl_override = -1; // -1: none; 0 off; 1 on
+thread_local int pdl_override = -1;  // -1: none; 0 off; 1 on
+thread_local int late_override = -1; // the same for late triggers
 } // namespace
 
 pdl_mode parse_pdl_mode(const char* v, bool* ignored_value) {
@@ -84,6 +85,8 @@ pdl_mode parse_pdl_mode(const char* v, bool* ignored_value) {
     return pdl_mode::on;
   if (s == "0" || s == "off" || s == "false" || s == "no")
     return pdl_mode::off;
+  if (s == "late")
+    return pdl_mode::late;
   if (ignored_value)
     *ignored_value = true;
   return pdl_mode::per_graph;
@@ -95,14 +98,15 @@ pdl_mode pdl_setting() {
     bool bad = false;
     const pdl_mode m = parse_pdl_mode(v, &bad);
     if (bad)
-      ignored("METRONOME_PDL", v, "expected auto, 0 (off) or 1 (on); auto");
+      ignored("METRONOME_PDL", v, "expected auto, 0 (off), 1 (on) or late; auto");
     return m;
   }();
   return mode;
 }
 
 bool pdl_active() {
-  return pdl_override >= 0 ? pdl_override == 1 : pdl_setting() == pdl_mode::on;
+  return pdl_override >= 0 ? pdl_override == 1
+                           : pdl_setting() == pdl_mode::on || pdl_setting() == pdl_mode::late;
 }
 
 pdl_scope::pdl_scope(bool on) : saved_(pdl_override) {
@@ -111,6 +115,18 @@ pdl_scope::pdl_scope(bool on) : saved_(pdl_override) {
 
 pdl_scope::~pdl_scope() {
   pdl_override = saved_;
+}
+
+bool late_triggers() {
+  return late_override >= 0 ? late_override == 1 : pdl_setting() == pdl_mode::late;
+}
+
+late_trigger_scope::late_trigger_scope(bool on) : saved_(late_override) {
+  late_override = on ? 1 : 0;
+}
+
+late_trigger_scope::~late_trigger_scope() {
+  late_override = saved_;
 }
 
 } // namespace metronome::gpu

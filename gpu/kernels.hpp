@@ -296,9 +296,11 @@ kernel_generations parse_kernel_generations(const std::string& spec,
 /// graphs that win with it: where a batch size takes the GEMV path, the
 /// engine times that graph with and without PDL at start-up (four
 /// alternating timings each) and keeps PDL if it wins by 1%
-/// (bench/results/h200-2026-12-01-r11.md). Any other value: auto, with a
-/// warning on stderr.
-enum class pdl_mode { off, on, per_graph };
+/// (bench/results/h200-2026-12-01-r11.md), then that graph again with late
+/// triggers (late_triggers()), kept if they win by 1% too. "late": on
+/// everywhere, with late triggers. Any other value: auto, with a warning on
+/// stderr.
+enum class pdl_mode { off, on, per_graph, late };
 pdl_mode pdl_setting();
 
 /// METRONOME_PDL's syntax (value may be null: unset); *ignored_value tells
@@ -306,7 +308,7 @@ pdl_mode pdl_setting();
 pdl_mode parse_pdl_mode(const char* value, bool* ignored_value);
 
 /// Whether a kernel launched now from this thread on a stream uses PDL: the
-/// innermost live pdl_scope's choice, else pdl_setting() == on.
+/// innermost live pdl_scope's choice, else pdl_setting() is on or late.
 bool pdl_active();
 
 /// Sets PDL for the launches of this thread while alive (an engine capturing
@@ -318,6 +320,29 @@ public:
   ~pdl_scope();
   pdl_scope(const pdl_scope&) = delete;
   pdl_scope& operator=(const pdl_scope&) = delete;
+
+private:
+  int saved_;
+};
+
+/// Late triggers: the residual-adding GEMVs (o, down), which otherwise never
+/// launch early, launch with PDL like the rest, and the kernels right before
+/// them (the decode attention and the SwiGLU GEMV) trigger their dependents
+/// at the end of each block's work instead of right after their wait, so the
+/// o and down grids become resident as the kernel before them drains and
+/// request their first weights while it finishes. Batch 1, 1B shape: 3% less
+/// time a step; 8B: 2.4% more (bench/results/h200-2026-12-01-r14.md); so the
+/// engine times it per decode graph. Only where PDL is active. The innermost
+/// live late_trigger_scope's choice, else pdl_setting() == late. Any thread.
+bool late_triggers();
+
+/// Sets late triggers for the launches of this thread while alive; nests.
+class late_trigger_scope {
+public:
+  explicit late_trigger_scope(bool on);
+  ~late_trigger_scope();
+  late_trigger_scope(const late_trigger_scope&) = delete;
+  late_trigger_scope& operator=(const late_trigger_scope&) = delete;
 
 private:
   int saved_;

@@ -6,9 +6,10 @@
 // kernels before the predecessor wrote, since the predecessor itself waited
 // for them before it triggered: the decode attention loads its cached keys
 // early, the decode GEMV its epilogue's inputs). Every kernel of the decode
-// path calls pdl_trigger() right after its pdl_wait(), so the next kernel is
-// scheduled once this one's predecessor has finished: at most two grids
-// overlap. (Triggering before the wait, as the first version did, let
+// path calls pdl_trigger() after its pdl_wait(), right after it or, with late
+// triggers (late_triggers(), kernels.hpp: before the residual-adding GEMVs),
+// at the end of its blocks' work; so the next kernel is scheduled only once
+// this one's predecessor has finished: at most two grids overlap. (Triggering before the wait, as the first version did, let
 // a chain of kernels become resident and spin, each holding registers and
 // issuing its weight loads out of order: the 8B batch-1 step lost 7%;
 // bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
@@ -16,7 +17,7 @@
 // by default on for prompt steps and chosen per decode graph by the engine,
 // METRONOME_PDL=1 or 0 forces it), except that the residual-adding GEMVs
 // (both generations; not the skinny GEMM, whose graphs auto never gives PDL)
-// never launch early (launch_gemv). Off, both calls are no-ops and launches
+// launch early only with late triggers (launch_gemv). Off, both calls are no-ops and launches
 // serialise as usual.
 
 #include <cstdlib>
@@ -35,7 +36,7 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 /// Lets the dependent grid be scheduled (once every block of this grid ran
-/// it); called right after pdl_wait().
+/// it or exited); called after pdl_wait(), never before.
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;");
 }

@@ -5,13 +5,14 @@
 # against the device's floors and against Hugging Face transformers on the
 # same folders.
 #
-#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon] [pdloff]
+#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon] [pdllate] [pdloff]
 #                         [paths] [sweep] [ncu] [profile] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
 #   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
 #   with programmatic dependent launch on (and the runner tests with it);
+#   pdllate: the runner tests with PDL on and late triggers (METRONOME_PDL=late);
 #   pdloff: the runner tests and the target figures with PDL off everywhere
 #   (METRONOME_PDL=0, model "<name>/pdl-off"; the default, auto, turns it on
 #   for prompt steps and lets the engine choose per decode graph);
@@ -91,6 +92,14 @@ if want pdlon; then
   stamp "gpu_tests, runner, PDL on"
   METRONOME_PDL=1 timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
     --gtest_filter="$pdl_filter" || { echo "gpu_tests (PDL on) FAILED (exit $?)"; status=1; }
+fi
+if want pdllate; then
+  # PDL on everywhere with late triggers (the residual-adding GEMVs launched
+  # early too; the default lets each decode graph choose), and the graph-edge
+  # test that covers them.
+  stamp "gpu_tests, runner, PDL late"
+  METRONOME_PDL=late timeout $(left 120) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_tests" \
+    --gtest_filter="$pdl_filter:gpu_launch.*" || { echo "gpu_tests (PDL late) FAILED (exit $?)"; status=1; }
 fi
 if want pdloff; then
   # The same with PDL off everywhere (the default lets each decode graph choose).

@@ -392,27 +392,48 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
   // The rule of gemv.cu, seen in the graph a decode step captures: with PDL
   // on, gate_up (SwiGLU) hangs off the down projection before it by a
   // programmatic edge (it may start early), the down projection (residual
-  // add) off gate_up by a full dependency; with PDL off, every edge is full.
-  // At 4 tokens the down projection's input (4 x 12,800 bf16) is over the
-  // second generation's 96 KiB and takes the first generation's kernel: the
-  // rule holds for both.
+  // add) off gate_up by a full dependency; with late triggers too, every edge
+  // is programmatic; with PDL off, every edge is full. Each graph's residual
+  // is bit for bit the one of the same launches without a graph or PDL (the
+  // GEMVs sum in a fixed order). At 4 tokens the down projection's input
+  // (4 x 12,800 bf16) is over the second generation's 96 KiB and takes the
+  // first generation's kernel: the rule holds for both.
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("pdl_edges");
   const int32_t hidden = 256, inter = 12800, max_m = 4;
   auto gu = test::upload_bf16(test::random_floats(rng, size_t(2 * inter) * hidden, -0.05f, 0.05f));
   auto down = test::upload_bf16(test::random_floats(rng, size_t(hidden) * inter, -0.05f, 0.05f));
   auto g = test::upload_bf16(test::random_floats(rng, size_t(hidden), 0.8f, 1.2f));
-  dev_array<float> d_r(test::random_floats(rng, size_t(max_m) * hidden, -2, 2));
+  const auto r0 = test::random_floats(rng, size_t(max_m) * hidden, -2, 2);
+  dev_array<float> d_r(r0);
   dev_array<bf16> d_act(size_t(max_m) * inter);
   METRONOME_CUDA(cudaDeviceSynchronize());
   cudaStream_t stream = nullptr;
   METRONOME_CUDA(cudaStreamCreate(&stream));
-  const std::pair<bool, int32_t> cases[] = {{true, 1}, {false, 1}, {true, max_m}, {false, max_m}};
-  for (auto [pdl, m] : cases) {
-    SCOPED_TRACE(testing::Message() << (pdl ? "PDL on" : "PDL off") << ", m " << m);
+  // The residual after the two layers, launched plainly, per token count.
+  std::vector<float> want[max_m + 1];
+  for (int32_t m : {1, max_m}) {
+    const gpu::pdl_scope off(false);
+    d_r.upload(r0);
+    for (int layer = 0; layer < 2; ++layer)
+      launch_mlp_block(gu.get(), down.get(), g.get(), d_r.get(), d_act.get(), hidden, inter, m,
+                       1e-5f, stream);
+    METRONOME_CUDA(cudaStreamSynchronize(stream));
+    want[m] = d_r.download();
+  }
+  struct edge_case {
+    bool pdl, late;
+    int32_t m;
+  };
+  const edge_case cases[] = {{true, false, 1},     {false, false, 1},    {true, true, 1},
+                             {true, false, max_m}, {false, false, max_m}, {true, true, max_m}};
+  for (auto [pdl, late, m] : cases) {
+    SCOPED_TRACE(testing::Message() << (pdl ? "PDL on" : "PDL off")
+                                    << (late ? " with late triggers" : "") << ", m " << m);
     cudaGraph_t graph = nullptr;
     {
       const gpu::pdl_scope scope(pdl);
+      const gpu::late_trigger_scope late_scope(late);
       METRONOME_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int layer = 0; layer < 2; ++layer)
         launch_mlp_block(gu.get(), down.get(), g.get(), d_r.get(), d_act.get(), hidden, inter, m,
@@ -442,9 +463,17 @@ TEST(gpu_launch, with_pdl_on_only_the_residual_adding_gemvs_wait_for_the_whole_k
     ASSERT_EQ(order.size(), 4u);
     const unsigned early = pdl ? unsigned(cudaGraphDependencyTypeProgrammatic)
                                : unsigned(cudaGraphDependencyTypeDefault);
-    EXPECT_EQ(type_into[1], unsigned(cudaGraphDependencyTypeDefault)) << "down after gate_up";
+    const unsigned into_down = pdl && late ? early : unsigned(cudaGraphDependencyTypeDefault);
+    EXPECT_EQ(type_into[1], into_down) << "down after gate_up";
     EXPECT_EQ(type_into[2], early) << "gate_up after down";
-    EXPECT_EQ(type_into[3], unsigned(cudaGraphDependencyTypeDefault)) << "down after gate_up";
+    EXPECT_EQ(type_into[3], into_down) << "down after gate_up";
+    cudaGraphExec_t exec = nullptr;
+    METRONOME_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    d_r.upload(r0);
+    METRONOME_CUDA(cudaGraphLaunch(exec, stream));
+    METRONOME_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_EQ(d_r.download(), want[m]);
+    cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
@@ -454,8 +483,9 @@ TEST(gpu_launch, every_kernel_waits_for_the_kernel_before_it_then_triggers_the_n
   // Host only, on the sources: what launch.cuh's PDL relies on. The decode
   // attention reads what the kernels before its predecessor wrote before it
   // waits, which is safe only if every kernel calls pdl_wait() and triggers
-  // its dependents right after it, never before: then a kernel's dependent
-  // starts only once the kernel's own predecessor has finished.
+  // its dependents after it (right after, or with late triggers at the end
+  // of its work), never before: then a kernel's dependent starts only once
+  // the kernel's own predecessor has finished.
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(test::env("SOURCE_DIR")) / "gpu";
   if (!fs::is_directory(dir))
@@ -501,8 +531,10 @@ TEST(gpu_launch, every_kernel_waits_for_the_kernel_before_it_then_triggers_the_n
       for (size_t t = body.find("pdl_trigger();"); t != std::string::npos;
            t = body.find("pdl_trigger();", t + 1)) {
         ++triggers;
-        EXPECT_TRUE(t >= 11 && body.compare(t - 11, 11, "pdl_wait();") == 0)
-          << name << ": a trigger not right after a wait";
+        // Right after the wait, or (late triggers) later, never before it.
+        const size_t wait = body.find("pdl_wait();");
+        EXPECT_TRUE(wait != std::string::npos && wait < t)
+          << name << ": a trigger before the wait";
       }
       EXPECT_GE(triggers, 1u) << name;
     }
@@ -529,6 +561,23 @@ TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
     EXPECT_EQ(other, outside) << "a scope is this thread's only";
   }
   EXPECT_EQ(gpu::pdl_active(), outside);
+  // Late triggers the same way.
+  const bool late_outside = gpu::late_triggers();
+  EXPECT_EQ(late_outside, gpu::pdl_setting() == gpu::pdl_mode::late);
+  {
+    const gpu::late_trigger_scope on(true);
+    EXPECT_TRUE(gpu::late_triggers());
+    {
+      const gpu::late_trigger_scope off(false);
+      EXPECT_FALSE(gpu::late_triggers());
+    }
+    EXPECT_TRUE(gpu::late_triggers());
+    bool other = !late_outside;
+    std::thread t([&] { other = gpu::late_triggers(); });
+    t.join();
+    EXPECT_EQ(other, late_outside) << "a scope is this thread's only";
+  }
+  EXPECT_EQ(gpu::late_triggers(), late_outside);
 }
 
 TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
@@ -563,7 +612,7 @@ TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
     {"off", gpu::pdl_mode::off},         {"false", gpu::pdl_mode::off},
     {"no", gpu::pdl_mode::off},          {"1", gpu::pdl_mode::on},
     {"on", gpu::pdl_mode::on},           {"true", gpu::pdl_mode::on},
-    {"yes", gpu::pdl_mode::on}};
+    {"yes", gpu::pdl_mode::on},          {"late", gpu::pdl_mode::late}};
   for (const auto& [value, mode] : understood) {
     bool ignored = true;
     EXPECT_EQ(gpu::parse_pdl_mode(value, &ignored), mode) << (value ? value : "unset");

@@ -340,9 +340,10 @@ void cuda_engine::plan_kv_and_capture() {
     const size_t one = before > after ? before - after : 0;
     // Every size twice (a twin per staging slot), plus the candidates "auto"
     // holds at once while it times one size (the best so far, the new one,
-    // its unsplit variant). METRONOME_PDL=auto's extra graph lives beside the
-    // best alone (two of those three), and the twins are captured after all
-    // candidates are gone, so it needs no share of its own.
+    // its unsplit variant). METRONOME_PDL=auto's extra graphs (with PDL, then
+    // with late triggers) each live beside the best alone (two of those
+    // three), and the twins are captured after all candidates are gone, so
+    // they need no share of their own.
     const size_t count = 2 * graphs_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
     graph_estimate = (one + (2ull << 20)) * count;
     kv_pool_.reset();

@@ -116,7 +116,8 @@ struct epilogue_inputs {
 /// - the residual (residual_add: o and down) was last written by the down or
 ///   o projection two or more launches back (the attention and gate_up,
 ///   which run right before o and down, do not write it); besides,
-///   launch_gemv never launches o and down early.
+///   launch_gemv launches o and down early only with late triggers, when
+///   the kernel before them triggers after its own work.
 /// gpu_launch's source test checks the wait-then-trigger order of every kernel.
 template <gemv_epilogue Ep>
 __device__ __forceinline__ epilogue_inputs load_epilogue_inputs(const gemv_args& a, int32_t p,

@@ -331,8 +331,8 @@ private:
 /// at the end of each block's work instead of right after their wait, so the
 /// o and down grids become resident as the kernel before them drains and
 /// request their first weights while it finishes. Batch 1, 1B shape: 3% less
-/// time a step; 8B: 2.4% more (bench/results/h200-2026-12-01-r14.md); so the
-/// engine times it per decode graph. Only where PDL is active. The innermost
+/// time a step; 8B: 2.4 to 2.8% more (bench/results/h200-2026-12-01-r14.md);
+/// so the engine times it per decode graph. Only where PDL is active. The innermost
 /// live late_trigger_scope's choice, else pdl_setting() == late. Any thread.
 bool late_triggers();
 

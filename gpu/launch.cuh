@@ -6,19 +6,20 @@
 // kernels before the predecessor wrote, since the predecessor itself waited
 // for them before it triggered: the decode attention loads its cached keys
 // early, the decode GEMV its epilogue's inputs). Every kernel of the decode
-// path calls pdl_trigger() after its pdl_wait(), right after it or, with late
-// triggers (late_triggers(), kernels.hpp: before the residual-adding GEMVs),
-// at the end of its blocks' work; so the next kernel is scheduled only once
-// this one's predecessor has finished: at most two grids overlap. (Triggering before the wait, as the first version did, let
-// a chain of kernels become resident and spin, each holding registers and
-// issuing its weight loads out of order: the 8B batch-1 step lost 7%;
+// path calls pdl_trigger() after its pdl_wait(): right after it or, with late
+// triggers (late_triggers() in kernels.hpp, before the residual-adding
+// GEMVs), at the end of its blocks' work; so the next kernel is scheduled
+// only once this one's predecessor has finished: at most two grids overlap.
+// (Triggering before the wait, as the first version did, let a chain of
+// kernels become resident and spin, each holding registers and issuing its
+// weight loads out of order: the 8B batch-1 step lost 7%;
 // bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
 // programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
 // by default on for prompt steps and chosen per decode graph by the engine,
 // METRONOME_PDL=1 or 0 forces it), except that the residual-adding GEMVs
 // (both generations; not the skinny GEMM, whose graphs auto never gives PDL)
-// launch early only with late triggers (launch_gemv). Off, both calls are no-ops and launches
-// serialise as usual.
+// launch early only with late triggers (launch_gemv). Off, both calls are
+// no-ops and launches serialise as usual.
 
 #include <cstdlib>
 #include <utility>

@@ -542,43 +542,36 @@ TEST(gpu_launch, every_kernel_waits_for_the_kernel_before_it_then_triggers_the_n
   EXPECT_GE(kernels, 15) << "the scan found too few kernels in " << dir;
 }
 
-TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
-  // Host logic only (no device needed): the engine captures each decode
-  // graph inside a pdl_scope; launches elsewhere follow METRONOME_PDL.
-  const bool outside = gpu::pdl_active();
-  EXPECT_EQ(outside, gpu::pdl_setting() == gpu::pdl_mode::on
-                       || gpu::pdl_setting() == gpu::pdl_mode::late);
+/// A per-thread switch and its scope: on and off nest, the outer choice
+/// returns at the end, another thread sees only the process setting.
+template <class Scope>
+void expect_scope_nests(bool (*active)(), bool expected_outside) {
+  const bool outside = active();
+  EXPECT_EQ(outside, expected_outside);
   {
-    const gpu::pdl_scope on(true);
-    EXPECT_TRUE(gpu::pdl_active());
+    const Scope on(true);
+    EXPECT_TRUE(active());
     {
-      const gpu::pdl_scope off(false);
-      EXPECT_FALSE(gpu::pdl_active());
+      const Scope off(false);
+      EXPECT_FALSE(active());
     }
-    EXPECT_TRUE(gpu::pdl_active());
+    EXPECT_TRUE(active());
     bool other = !outside;
-    std::thread t([&] { other = gpu::pdl_active(); });
+    std::thread t([&] { other = active(); });
     t.join();
     EXPECT_EQ(other, outside) << "a scope is this thread's only";
   }
-  EXPECT_EQ(gpu::pdl_active(), outside);
-  // Late triggers the same way.
-  const bool late_outside = gpu::late_triggers();
-  EXPECT_EQ(late_outside, gpu::pdl_setting() == gpu::pdl_mode::late);
-  {
-    const gpu::late_trigger_scope on(true);
-    EXPECT_TRUE(gpu::late_triggers());
-    {
-      const gpu::late_trigger_scope off(false);
-      EXPECT_FALSE(gpu::late_triggers());
-    }
-    EXPECT_TRUE(gpu::late_triggers());
-    bool other = !late_outside;
-    std::thread t([&] { other = gpu::late_triggers(); });
-    t.join();
-    EXPECT_EQ(other, late_outside) << "a scope is this thread's only";
-  }
-  EXPECT_EQ(gpu::late_triggers(), late_outside);
+  EXPECT_EQ(active(), outside);
+}
+
+TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
+  // Host logic only (no device needed): the engine captures each decode
+  // graph inside a pdl_scope (and a late_trigger_scope); launches elsewhere
+  // follow METRONOME_PDL.
+  const gpu::pdl_mode mode = gpu::pdl_setting();
+  expect_scope_nests<gpu::pdl_scope>(&gpu::pdl_active,
+                                     mode == gpu::pdl_mode::on || mode == gpu::pdl_mode::late);
+  expect_scope_nests<gpu::late_trigger_scope>(&gpu::late_triggers, mode == gpu::pdl_mode::late);
 }
 
 TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {

@@ -604,11 +604,12 @@ void cuda_engine::capture_graphs() {
       candidates.push_back(decode_path::skinny);
     if (want == "auto" || want == "cublas" || candidates.empty())
       candidates.push_back(decode_path::blas);
-    // The winner so far goes straight into dg. PDL as METRONOME_PDL says;
-    // with "auto" (the default), decided below.
+    // The winner so far goes straight into dg. PDL and late triggers as the
+    // launches of this thread would use them (METRONOME_PDL, or a scope the
+    // caller holds); with "auto" (the default), decided below.
     dg.path = candidates.front();
-    dg.pdl = pdl_setting() == pdl_mode::on || pdl_setting() == pdl_mode::late;
-    dg.late = pdl_setting() == pdl_mode::late;
+    dg.pdl = pdl_active();
+    dg.late = late_triggers();
     const bool pdl_both = pdl_setting() == pdl_mode::per_graph;
     double best_ms = 0.0;
     for (decode_path path : candidates) {

@@ -21,6 +21,7 @@
 // launch early only with late triggers (launch_gemv). Off, both calls are
 // no-ops and launches serialise as usual.
 
+#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
@@ -51,11 +52,21 @@ enum stream_hint : unsigned {
 };
 
 /// Whether `hint` is on: all are, unless the environment variable
-/// METRONOME_STREAM_HINTS gives another mask (a benchmark switch: 0 = none).
+/// METRONOME_STREAM_HINTS gives another mask (a benchmark switch: 0 = none;
+/// anything but a number from 0 to 7 is named on stderr and all are on).
 inline bool stream_hint_on(stream_hint hint) {
   static const unsigned mask = [] {
     const char* v = std::getenv("METRONOME_STREAM_HINTS");
-    return v ? unsigned(std::strtoul(v, nullptr, 0)) : 7u;
+    if (!v)
+      return 7u;
+    char* end = nullptr;
+    const unsigned long m = std::strtoul(v, &end, 0);
+    if (end == v || *end != '\0' || m > 7) {
+      std::fprintf(stderr, "metronome: METRONOME_STREAM_HINTS: ignoring \"%s\" (expected a mask "
+                           "from 0 to 7; all hints on)\n", v);
+      return 7u;
+    }
+    return unsigned(m);
   }();
   return (mask & hint) != 0;
 }

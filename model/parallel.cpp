@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -123,9 +124,17 @@ pool& global_pool() {
 
 int parallel_threads() {
   static const int n = [] {
-    if (const char* v = std::getenv("METRONOME_THREADS"); v && std::atoi(v) > 0)
-      return std::atoi(v);
-    return std::max(1, int(std::thread::hardware_concurrency()));
+    const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+    if (const char* v = std::getenv("METRONOME_THREADS"); v && *v) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && n > 0 && n <= 4096)
+        return int(n);
+      std::fprintf(stderr,
+                   "metronome: METRONOME_THREADS: ignoring \"%s\" (expected 1 to 4096; %d)\n",
+                   v, cores);
+    }
+    return cores;
   }();
   return n;
 }

@@ -33,17 +33,35 @@ __global__ void embed_kernel(const bf16* __restrict__ table, const int32_t* __re
     id = fed[-1 - id]; // sampled by the previous step (launch_embed)
   const bf16* src = table + int64_t(id) * hidden;
   float* dst = x + row * hidden;
-  for (int32_t i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
-    float f[8];
-    unpack(load_ro(src + i), f);
-    reinterpret_cast<float4*>(dst + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(dst + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  // Each thread's loads of a row go out together (up to U vectors): a
+  // hidden size of 4,096 took four dependent trips to DRAM one at a time.
+  constexpr int U = 4;
+  const int32_t stride = int32_t(blockDim.x) * 8;
+  for (int32_t i0 = threadIdx.x * 8; i0 < hidden; i0 += U * stride) {
+    bf16x8 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * stride < hidden)
+        v[u] = load_ro(src + i0 + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t i = i0 + u * stride;
+      if (i < hidden) {
+        float f[8];
+        unpack(v[u], f);
+        reinterpret_cast<float4*>(dst + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4*>(dst + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
   }
 }
 
 /// float4 of a row each rms_norm_kernel thread keeps in registers (rows of up
 /// to 8,192 at 512 threads in one pass).
 constexpr int rms_cached = 4;
+
+/// Most partials launch_residual_rms_norm adds (the engine's max_gemm_splits).
+constexpr int max_residual_splits = 4;
 
 /// What the fused form adds to the residual row before normalising it.
 struct residual_update {
@@ -66,44 +84,57 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const int32_t* __restrict
   const int64_t src = !ADD && row_map ? row_map[row] : row;
   float* xr = x + src * n;
   const int64_t stride = int64_t(gridDim.x) * n; // between the partials of two splits
-  // x[i .. i + 3], updated first when ADD (and written back).
-  auto load_x = [&](int32_t i) {
-    float4 v = *reinterpret_cast<const float4*>(xr + i);
-    if constexpr (ADD) {
-      const float* p = add.partials + row * n + i;
-      for (int32_t s = 0; s < add.splits; ++s) {
-        const float4 q = __ldcg(reinterpret_cast<const float4*>(p + s * stride));
-        v.x += q.x;
-        v.y += q.y;
-        v.z += q.z;
-        v.w += q.w;
-      }
-      if (add.bias) {
-        const uint2 b = *reinterpret_cast<const uint2*>(add.bias + i);
-        v.x += bf16_lo(b.x);
-        v.y += bf16_hi(b.x);
-        v.z += bf16_lo(b.y);
-        v.w += bf16_hi(b.y);
-      }
-      *reinterpret_cast<float4*>(xr + i) = v;
-    }
-    return v;
-  };
   // One pass: the first rms_cached float4 of x a thread touches stay in
   // registers, and their weights are loaded with them, before the reduction;
   // only rows longer than rms_cached * 4 * blockDim.x read x a second time
-  // (which ADD rules out: see launch_residual_rms_norm).
+  // (which ADD rules out: see launch_residual_rms_norm). With ADD, every
+  // partial of those float4 is requested with them (the sums follow, in
+  // split order, and then the write-back): summing and storing one float4
+  // before loading the next made each a memory round trip of its own.
   float4 xv[rms_cached];
   uint2 wv[rms_cached];
-  float ss = 0;
+  float4 pv[ADD ? rms_cached : 1][ADD ? max_residual_splits : 1];
 #pragma unroll
   for (int c = 0; c < rms_cached; ++c) {
     const int32_t i = (threadIdx.x + c * blockDim.x) * 4;
     if (i < n) {
       wv[c] = *reinterpret_cast<const uint2*>(weight + i);
-      xv[c] = load_x(i);
+      xv[c] = *reinterpret_cast<const float4*>(xr + i);
+      if constexpr (ADD) {
+        const float* p = add.partials + row * n + i;
+#pragma unroll
+        for (int s = 0; s < max_residual_splits; ++s)
+          if (s < add.splits)
+            pv[c][s] = __ldcg(reinterpret_cast<const float4*>(p + s * stride));
+      }
     }
   }
+  if constexpr (ADD) {
+#pragma unroll
+    for (int c = 0; c < rms_cached; ++c) {
+      const int32_t i = (threadIdx.x + c * blockDim.x) * 4;
+      if (i < n) {
+        float4& v = xv[c];
+#pragma unroll
+        for (int s = 0; s < max_residual_splits; ++s)
+          if (s < add.splits) {
+            v.x += pv[c][s].x;
+            v.y += pv[c][s].y;
+            v.z += pv[c][s].z;
+            v.w += pv[c][s].w;
+          }
+        if (add.bias) {
+          const uint2 b = *reinterpret_cast<const uint2*>(add.bias + i);
+          v.x += bf16_lo(b.x);
+          v.y += bf16_hi(b.x);
+          v.z += bf16_lo(b.y);
+          v.w += bf16_hi(b.y);
+        }
+        *reinterpret_cast<float4*>(xr + i) = v;
+      }
+    }
+  }
+  float ss = 0;
 #pragma unroll
   for (int c = 0; c < rms_cached; ++c)
     if ((threadIdx.x + c * blockDim.x) * 4 < n)
@@ -253,7 +284,7 @@ void launch_residual_rms_norm(const float* partials, int32_t splits, const bf16*
                               cudaStream_t stream) {
   if (rows <= 0)
     return;
-  if (!residual_rms_norm_supports(n) || splits < 1)
+  if (!residual_rms_norm_supports(n) || splits < 1 || splits > max_residual_splits)
     throw cuda_error("launch_residual_rms_norm: rows of " + std::to_string(n) + " or "
                      + std::to_string(splits) + " splits are not supported");
   launch_kernel("rms_norm_kernel", rms_norm_kernel<true>, dim3(rows), dim3(rms_threads(n)), 0,

@@ -29,8 +29,13 @@
 // three dependent loads) are requested with the tile's first weight batch, not
 // after its sums: at the end they held up every block's last store, and with
 // them moved the 8B batch-1 step took 2.5% less time, the 1B one 3.9% less
-// (bench/results/h200-2026-12-01-r13.md). The KS partial sums of a pair
-// meet in shared memory (double-buffered by tile parity, one barrier per
+// (bench/results/h200-2026-12-01-r13.md). The inputs are staged with each
+// thread's loads issued together (stage_x), and one sequence's residual is
+// normalised from registers in one round trip (stage_residual): the staging
+// loop used to take one dependent round trip per 16 bytes a thread, up to
+// seven for the 8B down projection; with both, the 8B and 1B batch-1 steps
+// take 2.3% less time (bench/results/h200-2026-12-01-r15.md). The KS partial
+// sums of a pair meet in shared memory (double-buffered by tile parity, one barrier per
 // tile) in a fixed order, so results do not depend on timing. Inputs too
 // large for shared memory (M x k x 2 bytes over 96 KiB) take the first
 // generation's chunked path.
@@ -65,6 +70,58 @@ constexpr int warps_per_block = 8;
 constexpr int threads_per_block = warps_per_block * 32;
 constexpr int unroll = 4;
 constexpr int32_t smem_limit = 96 * 1024;
+
+/// Residual rows up to this long are normalised from registers
+/// (stage_residual): two groups of eight per thread.
+constexpr int32_t resident_k = 2 * 8 * threads_per_block;
+
+/// xs [M][k] = bf16(RMSNorm(residual[m]) * norm weight), for k <= resident_k:
+/// each thread loads its (at most two) groups of eight of a row once and
+/// keeps them for both the sum of squares and the staging, so a row costs one
+/// memory round trip where residual_inv_rms and stage_x take two. Rows past
+/// a.m are zero. Ends before the caller's barrier.
+template <int M>
+__device__ __forceinline__ void stage_residual(const gemv_args& a, bf16* xs, float* scratch) {
+  constexpr int C = resident_k / (8 * threads_per_block);
+  for (int m = 0; m < M; ++m) {
+    float4 lo[C], hi[C];
+    bf16x8 wv[C];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
+      lo[c] = hi[c] = make_float4(0, 0, 0, 0);
+      if (m < a.m && k < a.k) {
+        const float* xr = a.residual_in + int64_t(m) * a.k + k;
+        lo[c] = *reinterpret_cast<const float4*>(xr);
+        hi[c] = *reinterpret_cast<const float4*>(xr + 4);
+        wv[c] = load_ro(a.norm_weight + k);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      ss += lo[c].x * lo[c].x + lo[c].y * lo[c].y + lo[c].z * lo[c].z + lo[c].w * lo[c].w
+            + hi[c].x * hi[c].x + hi[c].y * hi[c].y + hi[c].z * hi[c].z + hi[c].w * hi[c].w;
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / float(a.k) + a.eps);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
+      if (k < a.k) {
+        bf16x8 out{{0, 0, 0, 0}};
+        if (m < a.m) {
+          float w[8];
+          unpack(wv[c], w);
+          out.w[0] = pack_bf16x2(w[0] * (lo[c].x * inv), w[1] * (lo[c].y * inv));
+          out.w[1] = pack_bf16x2(w[2] * (lo[c].z * inv), w[3] * (lo[c].w * inv));
+          out.w[2] = pack_bf16x2(w[4] * (hi[c].x * inv), w[5] * (hi[c].y * inv));
+          out.w[3] = pack_bf16x2(w[6] * (hi[c].z * inv), w[7] * (hi[c].w * inv));
+        }
+        store16(xs + m * a.k + k, out);
+      }
+    }
+  }
+}
 
 template <int M, gemv_epilogue Ep, int KS>
 __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
@@ -128,23 +185,13 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
     pdl_trigger();
 
   // Inputs, while the weights are in flight.
-  if (a.residual_in) {
-    for (int m = 0; m < M; ++m) {
-      float ss = 0;
-      if (m < a.m) {
-        const float* xr = a.residual_in + int64_t(m) * a.k;
-        for (int32_t k = threadIdx.x * 4; k < a.k; k += blockDim.x * 4) {
-          const float4 v = *reinterpret_cast<const float4*>(xr + k);
-          ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-      }
-      ss = block_sum(ss, scratch);
-      if (threadIdx.x == 0)
-        inv_rms[m] = rsqrtf(ss / float(a.k) + a.eps);
-    }
-    __syncthreads();
+  if (M == 1 && a.residual_in && a.k <= resident_k) {
+    stage_residual<M>(a, xs, scratch);
+  } else {
+    if (a.residual_in)
+      residual_inv_rms<M>(a, inv_rms, scratch);
+    stage_x<M>(a, inv_rms, 0, a.k, xs);
   }
-  stage_x<M>(a, inv_rms, 0, a.k, xs);
   __syncthreads();
 
   for (int parity = 0; tile < tiles; tile += gridDim.x, parity ^= 1) {

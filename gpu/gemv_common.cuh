@@ -41,33 +41,82 @@ __host__ __device__ int32_t num_pairs(const gemv_args& a) {
 }
 
 /// Stages x[:, k0 : k0 + kc) into xs [M][kc] as bf16 (normalised if the
-/// input is the residual).
-template <int M>
+/// input is the residual). Each thread issues the loads of up to U vectors
+/// of eight before it stores any: the stores go to shared memory, so the
+/// compiler does not move later loads above them on its own, and one memory
+/// round trip per vector (seven for the 8B shape's down projection) used to
+/// stand between the kernel's wait and its first multiply-add. The
+/// residual's vectors (two float4 and a norm weight each) go one at a time,
+/// to spare registers while the weights are in flight.
+template <int M, int U = 4>
 __device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, int32_t kc,
                         bf16* xs) {
-  const int32_t vecs = kc / 8;
-  for (int32_t v = threadIdx.x; v < M * vecs; v += blockDim.x) {
-    const int32_t m = v / vecs, kk = (v % vecs) * 8;
-    const int32_t k = k0 + kk;
-    bf16x8 out;
-    if (m >= a.m) {
-      out = bf16x8{{0, 0, 0, 0}};
-    } else if (a.residual_in) {
-      const float* xr = a.residual_in + int64_t(m) * a.k + k;
-      const float4 lo = *reinterpret_cast<const float4*>(xr);
-      const float4 hi = *reinterpret_cast<const float4*>(xr + 4);
-      float w[8];
-      unpack(load_ro(a.norm_weight + k), w);
-      const float inv = inv_rms[m];
-      out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
-      out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
-      out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
-      out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
-    } else {
-      out = load_global(a.x + int64_t(m) * a.k + k);
+  const int32_t vecs = kc / 8, total = M * vecs;
+  if (a.residual_in) {
+    for (int32_t v = threadIdx.x; v < total; v += blockDim.x) {
+      const int32_t m = v / vecs, kk = (v % vecs) * 8;
+      const int32_t k = k0 + kk;
+      bf16x8 out{{0, 0, 0, 0}};
+      if (m < a.m) {
+        const float* xr = a.residual_in + int64_t(m) * a.k + k;
+        const float4 lo = *reinterpret_cast<const float4*>(xr);
+        const float4 hi = *reinterpret_cast<const float4*>(xr + 4);
+        float w[8];
+        unpack(load_ro(a.norm_weight + k), w);
+        const float inv = inv_rms[m];
+        out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
+        out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
+        out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
+        out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
+      }
+      store16(xs + m * kc + kk, out);
     }
-    store16(xs + m * kc + kk, out);
+    return;
   }
+  for (int32_t v0 = threadIdx.x; v0 < total; v0 += U * int32_t(blockDim.x)) {
+    bf16x8 out[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t v = v0 + u * int32_t(blockDim.x);
+      const int32_t m = v / vecs, k = k0 + (v % vecs) * 8;
+      out[u] = v < total && m < a.m ? load_global(a.x + int64_t(m) * a.k + k)
+                                    : bf16x8{{0, 0, 0, 0}};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t v = v0 + u * int32_t(blockDim.x);
+      if (v < total)
+        store16(xs + (v / vecs) * kc + (v % vecs) * 8, out[u]);
+    }
+  }
+}
+
+/// The inverse RMS of the residual's rows m < M into inv_rms (every thread
+/// reads them after a barrier), each thread's loads issued together.
+template <int M>
+__device__ void residual_inv_rms(const gemv_args& a, float* inv_rms, float* scratch) {
+  constexpr int U = 4;
+  for (int m = 0; m < M; ++m) {
+    float ss = 0;
+    if (m < a.m) {
+      const float* xr = a.residual_in + int64_t(m) * a.k;
+      for (int32_t k0 = threadIdx.x * 4; k0 < a.k; k0 += U * int32_t(blockDim.x) * 4) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int32_t k = k0 + u * int32_t(blockDim.x) * 4;
+          v[u] = k < a.k ? *reinterpret_cast<const float4*>(xr + k) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+      }
+    }
+    ss = block_sum(ss, scratch);
+    if (threadIdx.x == 0)
+      inv_rms[m] = rsqrtf(ss / float(a.k) + a.eps);
+  }
+  __syncthreads();
 }
 
 /// cos and sin of RoPE pair i at position pos, from the pair's frequency

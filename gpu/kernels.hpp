@@ -73,7 +73,8 @@ void launch_rms_norm(const float* x, const int32_t* row_map, const bf16* weight,
 /// bf16(RMSNorm(x[r]) * weight), in one launch: the reduction of a projection
 /// split along k (gemm_tuner::run_split) fused with the residual add and the
 /// next norm. partials is [splits][rows][n] fp32: the splits rows * n
-/// elements apart, as gemm_tuner::run_split writes them for m = rows.
+/// elements apart, as gemm_tuner::run_split writes them for m = rows
+/// (1 to 4 splits).
 void launch_residual_rms_norm(const float* partials, int32_t splits, const bf16* bias, float* x,
                               const bf16* weight, float eps, int32_t rows, int32_t n, bf16* out,
                               cudaStream_t stream);

@@ -134,6 +134,11 @@ TEST(gpu_kernels, residual_rms_norm_adds_the_partials_then_normalises) {
       }
   EXPECT_FALSE(gpu::residual_rms_norm_supports(16384));
   EXPECT_FALSE(gpu::residual_rms_norm_supports(4098));
+  dev_array<float> d_x(64), d_parts(5 * 64);
+  dev_array<bf16> d_w(64), d_out(64);
+  EXPECT_THROW(gpu::launch_residual_rms_norm(d_parts.get(), 5, nullptr, d_x.get(), d_w.get(),
+                                             1e-5f, 1, 64, d_out.get(), nullptr),
+               gpu::cuda_error); // at most 4 partials
 }
 
 TEST(gpu_kernels, swiglu_matches_reference) {
@@ -244,8 +249,12 @@ TEST(gpu_kernels, gemv_store_and_residual_match_reference) {
 TEST(gpu_kernels, gemv_with_norm_prologue_and_swiglu_matches_reference) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("gemv_swiglu");
-  std::vector<gemv_case> cases = {{2 * 192, 64, 1}, {2 * 8192, 2048, 2}, {2 * 1000, 4096, 4},
-                                  {2 * 24, 64, 3}};
+  // One sequence normalises from registers up to k = 4,096 (one or two
+  // groups of eight a thread, the second partial at 2,056) and through
+  // shared memory beyond (4,104, 8,192), as do larger batches.
+  std::vector<gemv_case> cases = {{2 * 192, 64, 1},   {2 * 8192, 2048, 2}, {2 * 1000, 4096, 4},
+                                  {2 * 24, 64, 3},    {2 * 1000, 4096, 1}, {2 * 300, 2056, 1},
+                                  {2 * 100, 4104, 1}, {2 * 256, 8192, 1}};
   for (const auto& c : cases) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
                  + std::to_string(c.m));

@@ -108,15 +108,7 @@ __device__ __forceinline__ void stage_residual(const gemv_args& a, bf16* xs, flo
     for (int c = 0; c < C; ++c) {
       const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
       if (k < a.k) {
-        bf16x8 out{{0, 0, 0, 0}};
-        if (m < a.m) {
-          float w[8];
-          unpack(wv[c], w);
-          out.w[0] = pack_bf16x2(w[0] * (lo[c].x * inv), w[1] * (lo[c].y * inv));
-          out.w[1] = pack_bf16x2(w[2] * (lo[c].z * inv), w[3] * (lo[c].w * inv));
-          out.w[2] = pack_bf16x2(w[4] * (hi[c].x * inv), w[5] * (hi[c].y * inv));
-          out.w[3] = pack_bf16x2(w[6] * (hi[c].z * inv), w[7] * (hi[c].w * inv));
-        }
+        const bf16x8 out = m < a.m ? normalise8(lo[c], hi[c], wv[c], inv) : bf16x8{{0, 0, 0, 0}};
         store16(xs + m * a.k + k, out);
       }
     }

@@ -40,6 +40,21 @@ __host__ __device__ int32_t num_pairs(const gemv_args& a) {
     return (a.n + 1) / 2;
 }
 
+/// bf16(weight * (x * inv)) of eight residual values (lo, hi) and their
+/// norm weights: the normalisation of every staging path (stage_x, the decode
+/// GEMV's stage_residual), so that they agree to the bit.
+__device__ __forceinline__ bf16x8 normalise8(const float4& lo, const float4& hi,
+                                             const bf16x8& weight, float inv) {
+  float w[8];
+  unpack(weight, w);
+  bf16x8 out;
+  out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
+  out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
+  out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
+  out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
+  return out;
+}
+
 /// Stages x[:, k0 : k0 + kc) into xs [M][kc] as bf16 (normalised if the
 /// input is the residual). Each thread issues the loads of up to U vectors
 /// of eight before it stores any: the stores go to shared memory, so the
@@ -61,13 +76,7 @@ __device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, in
         const float* xr = a.residual_in + int64_t(m) * a.k + k;
         const float4 lo = *reinterpret_cast<const float4*>(xr);
         const float4 hi = *reinterpret_cast<const float4*>(xr + 4);
-        float w[8];
-        unpack(load_ro(a.norm_weight + k), w);
-        const float inv = inv_rms[m];
-        out.w[0] = pack_bf16x2(w[0] * (lo.x * inv), w[1] * (lo.y * inv));
-        out.w[1] = pack_bf16x2(w[2] * (lo.z * inv), w[3] * (lo.w * inv));
-        out.w[2] = pack_bf16x2(w[4] * (hi.x * inv), w[5] * (hi.y * inv));
-        out.w[3] = pack_bf16x2(w[6] * (hi.z * inv), w[7] * (hi.w * inv));
+        out = normalise8(lo, hi, load_ro(a.norm_weight + k), inv_rms[m]);
       }
       store16(xs + m * kc + kk, out);
     }

@@ -70,10 +70,10 @@ kernel_generations& active_kernels() {
   return g;
 }
 
-namespace {
-thread_local int pdl_override = -1;  // -1: none; 0 off; 1 on
-thread_local int late_override = -1; // the same for late triggers
-} // namespace
+/// The innermost live launch_choice_scope's choice on this thread: -1
+/// none, 0 off, 1 on.
+template <class Choice>
+thread_local int choice_override = -1;
 
 pdl_mode parse_pdl_mode(const char* v, bool* ignored_value) {
   if (ignored_value)
@@ -105,28 +105,26 @@ pdl_mode pdl_setting() {
 }
 
 bool pdl_active() {
-  return pdl_override >= 0 ? pdl_override == 1
-                           : pdl_setting() == pdl_mode::on || pdl_setting() == pdl_mode::late;
-}
-
-pdl_scope::pdl_scope(bool on) : saved_(pdl_override) {
-  pdl_override = on ? 1 : 0;
-}
-
-pdl_scope::~pdl_scope() {
-  pdl_override = saved_;
+  const int o = choice_override<pdl_choice>;
+  return o >= 0 ? o == 1 : pdl_setting() == pdl_mode::on || pdl_setting() == pdl_mode::late;
 }
 
 bool late_triggers() {
-  return late_override >= 0 ? late_override == 1 : pdl_setting() == pdl_mode::late;
+  const int o = choice_override<late_trigger_choice>;
+  return o >= 0 ? o == 1 : pdl_setting() == pdl_mode::late;
 }
 
-late_trigger_scope::late_trigger_scope(bool on) : saved_(late_override) {
-  late_override = on ? 1 : 0;
+template <class Choice>
+launch_choice_scope<Choice>::launch_choice_scope(bool on) : saved_(choice_override<Choice>) {
+  choice_override<Choice> = on ? 1 : 0;
 }
 
-late_trigger_scope::~late_trigger_scope() {
-  late_override = saved_;
+template <class Choice>
+launch_choice_scope<Choice>::~launch_choice_scope() {
+  choice_override<Choice> = saved_;
 }
+
+template class launch_choice_scope<pdl_choice>;
+template class launch_choice_scope<late_trigger_choice>;
 
 } // namespace metronome::gpu

@@ -312,19 +312,25 @@ pdl_mode parse_pdl_mode(const char* value, bool* ignored_value);
 /// innermost live pdl_scope's choice, else pdl_setting() is on or late.
 bool pdl_active();
 
-/// Sets PDL for the launches of this thread while alive (an engine capturing
-/// one decode graph); nests. Not for use while another thread's launches
-/// should see it: the choice is per thread.
-class pdl_scope {
+/// Sets one launch choice (Choice: pdl_choice, late_trigger_choice) for the
+/// launches of this thread while alive (an engine capturing one decode
+/// graph); nests. Not for use while another thread's launches should see it:
+/// the choice is per thread.
+template <class Choice>
+class launch_choice_scope {
 public:
-  explicit pdl_scope(bool on);
-  ~pdl_scope();
-  pdl_scope(const pdl_scope&) = delete;
-  pdl_scope& operator=(const pdl_scope&) = delete;
+  explicit launch_choice_scope(bool on);
+  ~launch_choice_scope();
+  launch_choice_scope(const launch_choice_scope&) = delete;
+  launch_choice_scope& operator=(const launch_choice_scope&) = delete;
 
 private:
   int saved_;
 };
+
+/// PDL for this thread's launches while alive (pdl_active()).
+struct pdl_choice;
+using pdl_scope = launch_choice_scope<pdl_choice>;
 
 /// Late triggers: the residual-adding GEMVs (o, down), which otherwise never
 /// launch early, launch with PDL like the rest, and the kernels right before
@@ -337,17 +343,9 @@ private:
 /// live late_trigger_scope's choice, else pdl_setting() == late. Any thread.
 bool late_triggers();
 
-/// Sets late triggers for the launches of this thread while alive; nests.
-class late_trigger_scope {
-public:
-  explicit late_trigger_scope(bool on);
-  ~late_trigger_scope();
-  late_trigger_scope(const late_trigger_scope&) = delete;
-  late_trigger_scope& operator=(const late_trigger_scope&) = delete;
-
-private:
-  int saved_;
-};
+/// Late triggers for this thread's launches while alive (late_triggers()).
+struct late_trigger_choice;
+using late_trigger_scope = launch_choice_scope<late_trigger_choice>;
 
 // -- sampling ----------------------------------------------------------------------------
 

@@ -75,43 +75,37 @@ constexpr int32_t smem_limit = 96 * 1024;
 /// (stage_residual): two groups of eight per thread.
 constexpr int32_t resident_k = 2 * 8 * threads_per_block;
 
-/// xs [M][k] = bf16(RMSNorm(residual[m]) * norm weight), for k <= resident_k:
-/// each thread loads its (at most two) groups of eight of a row once and
-/// keeps them for both the sum of squares and the staging, so a row costs one
-/// memory round trip where residual_inv_rms and stage_x take two. Rows past
-/// a.m are zero. Ends before the caller's barrier.
-template <int M>
+/// xs [k] = bf16(RMSNorm(residual[0]) * norm weight) for one sequence and
+/// k <= resident_k: each thread loads its (at most two) groups of eight once
+/// and keeps them for both the sum of squares and the staging, so the row
+/// costs one memory round trip where residual_inv_rms and stage_x take two.
+/// Ends before the caller's barrier.
 __device__ __forceinline__ void stage_residual(const gemv_args& a, bf16* xs, float* scratch) {
   constexpr int C = resident_k / (8 * threads_per_block);
-  for (int m = 0; m < M; ++m) {
-    float4 lo[C], hi[C];
-    bf16x8 wv[C];
-    float ss = 0.0f;
+  float4 lo[C], hi[C];
+  bf16x8 wv[C];
+  float ss = 0.0f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
-      lo[c] = hi[c] = make_float4(0, 0, 0, 0);
-      if (m < a.m && k < a.k) {
-        const float* xr = a.residual_in + int64_t(m) * a.k + k;
-        lo[c] = *reinterpret_cast<const float4*>(xr);
-        hi[c] = *reinterpret_cast<const float4*>(xr + 4);
-        wv[c] = load_ro(a.norm_weight + k);
-      }
+  for (int c = 0; c < C; ++c) {
+    const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
+    lo[c] = hi[c] = make_float4(0, 0, 0, 0);
+    if (k < a.k) {
+      lo[c] = *reinterpret_cast<const float4*>(a.residual_in + k);
+      hi[c] = *reinterpret_cast<const float4*>(a.residual_in + k + 4);
+      wv[c] = load_ro(a.norm_weight + k);
     }
+  }
 #pragma unroll
-    for (int c = 0; c < C; ++c)
-      ss += lo[c].x * lo[c].x + lo[c].y * lo[c].y + lo[c].z * lo[c].z + lo[c].w * lo[c].w
-            + hi[c].x * hi[c].x + hi[c].y * hi[c].y + hi[c].z * hi[c].z + hi[c].w * hi[c].w;
-    ss = block_sum(ss, scratch);
-    const float inv = rsqrtf(ss / float(a.k) + a.eps);
+  for (int c = 0; c < C; ++c)
+    ss += lo[c].x * lo[c].x + lo[c].y * lo[c].y + lo[c].z * lo[c].z + lo[c].w * lo[c].w
+          + hi[c].x * hi[c].x + hi[c].y * hi[c].y + hi[c].z * hi[c].z + hi[c].w * hi[c].w;
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / float(a.k) + a.eps);
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
-      if (k < a.k) {
-        const bf16x8 out = m < a.m ? normalise8(lo[c], hi[c], wv[c], inv) : bf16x8{{0, 0, 0, 0}};
-        store16(xs + m * a.k + k, out);
-      }
-    }
+  for (int c = 0; c < C; ++c) {
+    const int32_t k = (int32_t(threadIdx.x) + c * threads_per_block) * 8;
+    if (k < a.k)
+      store16(xs + k, normalise8(lo[c], hi[c], wv[c], inv));
   }
 }
 
@@ -178,7 +172,7 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
 
   // Inputs, while the weights are in flight.
   if (M == 1 && a.residual_in && a.k <= resident_k) {
-    stage_residual<M>(a, xs, scratch);
+    stage_residual(a, xs, scratch);
   } else {
     if (a.residual_in)
       residual_inv_rms<M>(a, inv_rms, scratch);

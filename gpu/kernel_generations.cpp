@@ -2,30 +2,24 @@
 // from METRONOME_KERNELS, and the programmatic-dependent-launch setting, from
 // METRONOME_PDL, with its per-thread override.
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gpu/kernels.hpp"
+#include "model/environment.hpp"
 
 namespace metronome::gpu {
 
 namespace {
-
-/// Says on stderr that an environment setting was not understood and what is
-/// used instead (these switches are read before any logger exists).
-void ignored(const char* var, const std::string& item, const char* instead) {
-  std::fprintf(stderr, "metronome: %s: ignoring \"%s\" (%s)\n", var, item.c_str(), instead);
-}
 
 kernel_generations from_environment() {
   const char* env = std::getenv("METRONOME_KERNELS");
   std::vector<std::string> bad;
   const kernel_generations g = parse_kernel_generations(env ? env : "", &bad);
   for (const std::string& item : bad)
-    ignored("METRONOME_KERNELS", item,
+    warn_ignored_setting("METRONOME_KERNELS", item,
             "expected gemv, decode, prefill, rope or splits = 1 or 2, or splits=3");
   return g;
 }
@@ -98,7 +92,7 @@ pdl_mode pdl_setting() {
     bool bad = false;
     const pdl_mode m = parse_pdl_mode(v, &bad);
     if (bad)
-      ignored("METRONOME_PDL", v, "expected auto, 0 (off), 1 (on) or late; auto");
+      warn_ignored_setting("METRONOME_PDL", v, "expected auto, 0 (off), 1 (on) or late; auto");
     return m;
   }();
   return mode;

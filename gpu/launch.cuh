@@ -21,14 +21,13 @@
 // launch early only with late triggers (launch_gemv). Off, both calls are
 // no-ops and launches serialise as usual.
 
-#include <cstdio>
-#include <cstdlib>
 #include <utility>
 
 #include <cuda_runtime.h>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "model/environment.hpp"
 
 namespace metronome::gpu {
 
@@ -55,19 +54,9 @@ enum stream_hint : unsigned {
 /// METRONOME_STREAM_HINTS gives another mask (a benchmark switch: 0 = none;
 /// anything but a number from 0 to 7 is named on stderr and all are on).
 inline bool stream_hint_on(stream_hint hint) {
-  static const unsigned mask = [] {
-    const char* v = std::getenv("METRONOME_STREAM_HINTS");
-    if (!v)
-      return 7u;
-    char* end = nullptr;
-    const unsigned long m = std::strtoul(v, &end, 0);
-    if (end == v || *end != '\0' || m > 7) {
-      std::fprintf(stderr, "metronome: METRONOME_STREAM_HINTS: ignoring \"%s\" (expected a mask "
-                           "from 0 to 7; all hints on)\n", v);
-      return 7u;
-    }
-    return unsigned(m);
-  }();
+  static const unsigned mask = unsigned(
+    env_integer("METRONOME_STREAM_HINTS", 0, 7, "expected a mask from 0 to 7; all hints on", 0)
+      .value_or(7));
   return (mask & hint) != 0;
 }
 

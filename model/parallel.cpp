@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "model/environment.hpp"
 
 namespace metronome {
 
@@ -125,16 +126,9 @@ pool& global_pool() {
 int parallel_threads() {
   static const int n = [] {
     const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-    if (const char* v = std::getenv("METRONOME_THREADS"); v && *v) {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (end != v && *end == '\0' && n > 0 && n <= 4096)
-        return int(n);
-      std::fprintf(stderr,
-                   "metronome: METRONOME_THREADS: ignoring \"%s\" (expected 1 to 4096; %d)\n",
-                   v, cores);
-    }
-    return cores;
+    const auto want = env_integer("METRONOME_THREADS", 1, 4096,
+                                  "expected 1 to 4096; " + std::to_string(cores));
+    return want ? int(*want) : cores;
   }();
   return n;
 }

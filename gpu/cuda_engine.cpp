@@ -9,6 +9,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include "model/environment.hpp"
 #include "model/model_error.hpp"
 
 namespace metronome::gpu {
@@ -472,8 +473,10 @@ double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
   // One more replay inside a profiler range, for `ncu --profile-from-start
   // off` (METRONOME_PROFILE_BATCH=<batch>: that size's step on real inputs).
   static bool profiled = false; // the first such replay of the process
-  const char* profile = std::getenv("METRONOME_PROFILE_BATCH");
-  if (!pad && !profiled && profile && std::atoi(profile) == batch) {
+  static const long profile_batch =
+    env_integer("METRONOME_PROFILE_BATCH", 1, 1 << 20, "expected a decode batch size; none")
+      .value_or(0);
+  if (!pad && !profiled && profile_batch == batch) {
     profiled = true;
     METRONOME_CUDA(cudaStreamSynchronize(stream_));
     METRONOME_CUDA(cudaProfilerStart());

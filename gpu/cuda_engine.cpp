@@ -240,10 +240,11 @@ void cuda_engine::allocate_activations() {
 
   // Split-K partials: the most (sequences x splits) any batch size needs.
   attention_shape sh = attention_of(0);
+  attn_blocks_per_sm_ = decode_attention_blocks_per_sm(sh);
   max_splits_product_ = 1;
   for (int32_t n = 1; n <= max_batch_; ++n)
-    max_splits_product_ =
-      std::max(max_splits_product_, n * decode_attention_splits(sh, n, num_sms_));
+    max_splits_product_ = std::max(
+      max_splits_product_, n * decode_attention_splits(sh, n, num_sms_, attn_blocks_per_sm_));
   part_o_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads)
                           * size_t(c.head_dim) * 4);
   part_ml_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads) * 2 * 4);

@@ -274,6 +274,7 @@ private:
   std::shared_ptr<const model_folder> model_;
   cuda_runner_options options_;
   int32_t num_sms_ = 0;
+  int32_t attn_blocks_per_sm_ = 2; // decode_attention_blocks_per_sm(layer 0's shape)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   cudaEvent_t step_done_[2] = {nullptr, nullptr}; // per staging slot

@@ -233,7 +233,7 @@ void cuda_engine::skinny(gemv_epilogue ep, const gemv_args& a) {
 
 void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
                          int32_t seqs, bool raw_qkv, const bf16* qkv_bias, int32_t qkv_splits) {
-  const int32_t splits = decode_attention_splits(sh, seqs, num_sms_);
+  const int32_t splits = decode_attention_splits(sh, seqs, num_sms_, attn_blocks_per_sm_);
   float* po = part_o_.get<float>();
   float* pml = part_ml_.get<float>();
   int32_t* counters = split_counters_.get<int32_t>();

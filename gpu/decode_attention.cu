@@ -696,6 +696,17 @@ void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* 
   }
 }
 
+/// Blocks an SM holds of both forms of the kernel for head_dim D (the fewer).
+template <int D>
+int32_t resident_blocks() {
+  int with_rope = 0, without = 0;
+  METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    &with_rope, decode_attention_tc_kernel<D, true>, threads, 0));
+  METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    &without, decode_attention_tc_kernel<D, false>, threads, 0));
+  return std::max(1, std::min(with_rope, without));
+}
+
 bool use_v2(const attention_shape& sh) {
   return active_kernels().decode_attention != 1 && decode_attention_v2_supports(sh);
 }
@@ -712,14 +723,31 @@ bool attention_supports_head_dim(int32_t d) {
   return d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
 }
 
-int32_t decode_attention_splits(const attention_shape& sh, int32_t num_seqs, int32_t num_sms) {
+int32_t decode_attention_blocks_per_sm(const attention_shape& sh) {
+  switch (sh.head_dim) {
+    case 16: return resident_blocks<16>();
+    case 32: return resident_blocks<32>();
+    case 64: return resident_blocks<64>();
+    case 128: return resident_blocks<128>();
+    default: return 1; // the first generation's shapes: its split rule ignores this
+  }
+}
+
+int32_t decode_attention_splits(const attention_shape& sh, int32_t num_seqs, int32_t num_sms,
+                                int32_t blocks_per_sm) {
   if (!use_v2(sh))
     return decode_attention_splits_v1(sh, num_seqs, num_sms);
   // About two blocks per SM at long contexts (shorter ones use fewer splits
-  // on the device); never more than max_splits.
+  // on the device), but never more blocks than the SMs hold at once, and
+  // never more than max_splits. Two a SM rounded up can overshoot one wave
+  // when an SM holds only two (head_dim 128: 224 registers a thread); the
+  // few blocks left for a second wave then cost a whole block's time. 8B at
+  // 32 sequences ran 2 splits, 512 blocks on 264 slots; 1 split took the
+  // step from 5.86-6.02 to 5.55-5.69 ms (bench/results/h200-2026-12-02-r18.md).
   const int32_t blocks = std::max(1, num_seqs * sh.kv_heads);
-  const int32_t splits = (2 * num_sms + blocks - 1) / blocks;
-  return std::max(1, std::min(splits, max_splits));
+  const int32_t wanted = (2 * num_sms + blocks - 1) / blocks;
+  const int32_t one_wave = std::max(1, blocks_per_sm) * num_sms / blocks;
+  return std::max(1, std::min({wanted, one_wave, max_splits}));
 }
 
 void launch_decode_attention(const attention_shape& sh, const bf16* q, const kv_view& kv,

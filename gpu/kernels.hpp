@@ -192,9 +192,16 @@ void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& args,
 
 // -- attention ---------------------------------------------------------------------------
 
-/// Splits along the context the decode kernel will use for `num_seqs` sequences.
+/// Blocks of the decode attention for `shape` that one SM holds at once (the
+/// occupancy of its kernels, with and without the fused RoPE: the smaller).
+/// Needs the device current on the calling thread; any thread.
+int32_t decode_attention_blocks_per_sm(const attention_shape& shape);
+
+/// Splits along the context the decode kernel will use for `num_seqs`
+/// sequences on `num_sms` SMs that hold `blocks_per_sm` of its blocks each
+/// (decode_attention_blocks_per_sm). Host arithmetic only; any thread.
 int32_t decode_attention_splits(const attention_shape& shape, int32_t num_seqs,
-                                int32_t num_sms);
+                                int32_t num_sms, int32_t blocks_per_sm);
 
 /// Paged decode attention: one query token per sequence (the token at
 /// position seq_len - 1, row seq_q_start of q) into out [tokens][heads * head_dim].

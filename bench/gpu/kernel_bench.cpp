@@ -217,6 +217,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   sh.scale = 1.0f / std::sqrt(float(c.head_dim));
   int sms = 0;
   METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int32_t per_sm = gpu::decode_attention_blocks_per_sm(sh);
   const int32_t ps = 16;
   struct attn_case {
     int32_t seqs, ctx, new_tokens;
@@ -316,7 +317,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       for (const variant vr : variants) {
         gpu::active_kernels().decode_attention = vr.gen;
         const int32_t splits =
-          vr.splits > 0 ? vr.splits : gpu::decode_attention_splits(sh, ac.seqs, sms);
+          vr.splits > 0 ? vr.splits : gpu::decode_attention_splits(sh, ac.seqs, sms, per_sm);
         device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
         device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
         device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
@@ -359,7 +360,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         row("chain_one_thread_kernel",
             chain_us([&](cudaStream_t s2) { gpu::launch_fill_i32(one.get<int32_t>(), 1, 0, s2); }),
             0.0);
-        const int32_t auto_splits = gpu::decode_attention_splits(sh, 1, sms);
+        const int32_t auto_splits = gpu::decode_attention_splits(sh, 1, sms, per_sm);
         device_buffer po(size_t(c.num_heads) * 64 * size_t(c.head_dim) * 4);
         device_buffer pml(size_t(c.num_heads) * 64 * 8);
         device_buffer cnt(size_t(c.num_heads) * 4);
@@ -385,7 +386,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       if (gpu::decode_attention_fuses_rope(sh)) {
         // The cuBLAS decode path's two launches (RoPE + cache write, then the
         // attention) against the fused kernel, from the raw projection.
-        const int32_t splits = gpu::decode_attention_splits(sh, ac.seqs, sms);
+        const int32_t splits = gpu::decode_attention_splits(sh, ac.seqs, sms, per_sm);
         const int64_t width = int64_t(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
         device_buffer raw(size_t(bv.num_tokens) * size_t(width) * 2);
         fill_random(raw.get(), raw.bytes(), 11);

@@ -63,6 +63,38 @@ std::vector<float> reference(const attn_case& c, const test::paged_kv& kv,
   return out;
 }
 
+// The launcher's split rule (host arithmetic: runs without a device too).
+// About two blocks an SM, but a grid that overshoots the blocks the SMs hold
+// at once leaves a second wave of a few blocks that costs a whole block's
+// time, so the splits stop at one wave.
+TEST(gpu_attention, decode_splits_aim_at_two_blocks_an_sm_within_one_wave) {
+  gpu::attention_shape sh{32, 8, 128, 0, 1.0f};
+  for (int32_t per_sm : {1, 2, 4})
+    for (int32_t sms : {8, 78, 132})
+      for (int32_t seqs = 1; seqs <= 256; ++seqs) {
+        SCOPED_TRACE(std::to_string(seqs) + " sequences, " + std::to_string(sms) + " SMs of "
+                     + std::to_string(per_sm) + " blocks");
+        const int32_t splits = gpu::decode_attention_splits(sh, seqs, sms, per_sm);
+        const int32_t blocks = seqs * sh.kv_heads;
+        const int32_t wanted = std::min(64, (2 * sms + blocks - 1) / blocks);
+        ASSERT_GE(splits, 1);
+        ASSERT_LE(splits, wanted);
+        if (splits > 1)
+          EXPECT_LE(splits * blocks, per_sm * sms); // no second wave
+        if (splits < wanted)
+          EXPECT_GT((splits + 1) * blocks, per_sm * sms); // as many as one wave holds
+      }
+  // Worked values on the H200 (132 SMs). head_dim 128 (2 blocks an SM): 33
+  // splits for one sequence (264 blocks), 4 for 8 (256), 1 from 17 on (2 at
+  // 32 before: 512 blocks). head_dim 64 (4 blocks an SM): 5 for 8 (320), 2
+  // for 24 (384), as before.
+  EXPECT_EQ(gpu::decode_attention_splits(sh, 1, 132, 2), 33);
+  EXPECT_EQ(gpu::decode_attention_splits(sh, 8, 132, 2), 4);
+  EXPECT_EQ(gpu::decode_attention_splits(sh, 32, 132, 2), 1);
+  EXPECT_EQ(gpu::decode_attention_splits(sh, 8, 132, 4), 5);
+  EXPECT_EQ(gpu::decode_attention_splits(sh, 24, 132, 4), 2);
+}
+
 TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("decode_attention");
@@ -95,7 +127,7 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
                             1.0f / std::sqrt(float(c.head_dim))};
     for (int gen : {2, 1}) {
       test::kernel_generation_scope scope(gen);
-      for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132), 64}) {
+      for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132, 2), 64}) {
         SCOPED_TRACE("generation " + std::to_string(gen) + " splits " + std::to_string(splits));
         dev_array<float> part_o(size_t(kv.num_seqs()) * c.heads * splits * c.head_dim);
         dev_array<float> part_ml(size_t(kv.num_seqs()) * c.heads * splits * 2);
@@ -160,7 +192,7 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
 
     // The two kernels, once (splits do not change what they write).
     dev_array<bf16> d_q(qn), out_a(qn);
-    const int32_t auto_splits = gpu::decode_attention_splits(sh, kv_a.num_seqs(), 132);
+    const int32_t auto_splits = gpu::decode_attention_splits(sh, kv_a.num_seqs(), 132, 2);
     dev_array<float> po(size_t(tokens) * c.heads * 64 * c.head_dim), pml(size_t(tokens) * c.heads * 128);
     dev_array<int32_t> counters(std::vector<int32_t>(size_t(tokens) * c.heads, 0));
     gpu::launch_rope_kv_write(d_qkv.get(), bias, d_inv.get(), kv_a.batch(), kv_a.view(), c.heads,

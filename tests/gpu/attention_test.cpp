@@ -79,10 +79,12 @@ TEST(gpu_attention, decode_splits_aim_at_two_blocks_an_sm_within_one_wave) {
         const int32_t wanted = std::min(64, (2 * sms + blocks - 1) / blocks);
         ASSERT_GE(splits, 1);
         ASSERT_LE(splits, wanted);
-        if (splits > 1)
+        if (splits > 1) {
           EXPECT_LE(splits * blocks, per_sm * sms); // no second wave
-        if (splits < wanted)
+        }
+        if (splits < wanted) {
           EXPECT_GT((splits + 1) * blocks, per_sm * sms); // as many as one wave holds
+        }
       }
   // Worked values on the H200 (132 SMs). head_dim 128 (2 blocks an SM): 33
   // splits for one sequence (264 blocks), 4 for 8 (256), 1 from 17 on (2 at

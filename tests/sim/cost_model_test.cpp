@@ -51,8 +51,9 @@ TEST(cost_model, the_shipped_h200_model_loads_and_says_whether_it_is_measured) {
   EXPECT_LT(m.base_ms, 20.0);
   EXPECT_GT(m.per_prefill_token_ms, 0.0);
   EXPECT_GT(m.kv_cache_tokens, 100000);
-  if (m.provisional)
+  if (m.provisional) {
     EXPECT_NE(m.note.find("PROVISIONAL"), std::string::npos);
+  }
   // A 2048-token prompt chunk on an 8B model: tens of milliseconds.
   step_shape s;
   s.add_chunk(0, 2048, false);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two builds on the device machine, in one call: the decode figures of
 # both shapes (gpu_bench --decode-only --max-batch 64 --quick), the variants
-# alternating, REPS rounds, one summary line per run; rows and logs in $OUT.
+# alternating, REPS rounds, one summary line per run; the rows and logs in
+# $OUT/ab-runs.tar.xz (the device tool brings back at most 8 files).
 #
 #   bench/gpu/ab_h200.sh REPS [MODEL...]     (default: llama3-1b llama3-8b)
 #
@@ -51,3 +52,5 @@ PY
     done
   done
 done
+(cd "$out" && ls ab-*.json ab-*.log >/dev/null 2>&1 \
+  && tar cJf ab-runs.tar.xz ab-*.json ab-*.log && rm -f ab-*.json ab-*.log)

@@ -274,7 +274,8 @@ private:
   std::shared_ptr<const model_folder> model_;
   cuda_runner_options options_;
   int32_t num_sms_ = 0;
-  int32_t attn_blocks_per_sm_ = 2; // decode_attention_blocks_per_sm(layer 0's shape)
+  // decode_attention_blocks_per_sm(layer 0's shape), set by allocate_activations.
+  int32_t attn_blocks_per_sm_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   cudaEvent_t step_done_[2] = {nullptr, nullptr}; // per staging slot

@@ -20,7 +20,7 @@ kernel_generations from_environment() {
   const kernel_generations g = parse_kernel_generations(env ? env : "", &bad);
   for (const std::string& item : bad)
     warn_ignored_setting("METRONOME_KERNELS", item,
-            "expected gemv, decode, prefill, rope or splits = 1 or 2, or splits=3");
+                         "expected gemv, decode, prefill, rope or splits = 1 or 2, or splits=3");
   return g;
 }
 

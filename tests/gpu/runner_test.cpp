@@ -448,6 +448,25 @@ TEST(gpu_runner_bias, llama_attention_bias_on_every_decode_path_follows_the_cpu_
   expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3 + attention_bias");
 }
 
+// Head dim 128, the 8B shape's (the presets above have 16): the fused-RoPE
+// decode attention and the GEMV's epilogues at that width, on every decode
+// path, against the CPU engine.
+TEST(gpu_runner_head_dim_128, every_decode_path_follows_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  make_model_options mo;
+  mo.config = *preset_config("tiny-llama3");
+  mo.config.hidden_size = 256;
+  mo.config.num_heads = 2;
+  mo.config.num_kv_heads = 1;
+  mo.config.head_dim = 128;
+  mo.seed = 29;
+  mo.out_dir = test::scratch_dir("tiny-llama3-head-dim-128");
+  make_model(mo);
+  auto model = model_folder::open(mo.out_dir);
+  ASSERT_EQ(model->config.head_dim, 128);
+  expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3, head dim 128");
+}
+
 // A sequence re-admitted with earlier output (new_sequence::num_output): that
 // output counts for the frequency and presence penalties, as in the CPU
 // runner. The context ends in 16 copies of a token t that plain greedy

@@ -191,7 +191,7 @@ if (want sanitize || want memcheck) && [ -n "$sanitizer" ]; then
   stamp "compute-sanitizer memcheck (quick shapes)"
   METRONOME_GPU_TEST_QUICK=1 timeout $(left 110) env LD_LIBRARY_PATH="$ldp" "$sanitizer" --tool memcheck \
     --error-exitcode 9 --print-limit 20 "$bin/gpu_tests" \
-    --gtest_filter='gpu_kernels.*:gpu_gemm_tuner.*:gpu_skinny_gemm.*:gpu_attention.*:gpu_sampling.*:presets/gpu_runner.greedy_ids_and_logits_match_transformers/*:presets/gpu_runner.a_mixed_batch*/tiny_mistral:gpu_runner_plans.*:presets/overlapped_steps.*/tiny_llama3_*:overlapped_steps_contract.*' \
+    --gtest_filter='gpu_kernels.*:gpu_gemm_tuner.*:gpu_skinny_gemm.*:gpu_attention.*:gpu_sampling.*:presets/gpu_runner.greedy_ids_and_logits_match_transformers/*:presets/gpu_runner.a_mixed_batch*/tiny_mistral:gpu_runner_plans.*:gpu_runner_bias.*:gpu_runner_head_dim_128.*:presets/overlapped_steps.*/tiny_llama3_*:overlapped_steps_contract.*' \
     > "$work/memcheck.log" 2>&1; echo "memcheck exit $?"
   grep -E "ERROR SUMMARY|FAILED|PASSED|OK \]" "$work/memcheck.log"
   grep -m 5 -B2 -A12 -E "^========= (Invalid|Program hit|Uninit|Leaked)" "$work/memcheck.log"

@@ -432,18 +432,26 @@ TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
   expect_every_decode_path_follows_the_cpu_engine(model, GetParam());
 }
 
+/// tiny-llama3 with its config changed by `edit` (a shape no preset has),
+/// made with `seed` into the scratch folder `name`.
+std::shared_ptr<const model_folder> tiny_llama3_with(const std::string& name, uint64_t seed,
+                                                     const std::function<void(model_config&)>& edit) {
+  make_model_options mo;
+  mo.config = *preset_config("tiny-llama3");
+  edit(mo.config);
+  mo.seed = seed;
+  mo.out_dir = test::scratch_dir(name);
+  make_model(mo);
+  return model_folder::open(mo.out_dir);
+}
+
 // Llama's attention_bias: biases on q, k, v and o, the o bias on each path
 // (the GEMV's residual epilogue, a bias launch after cuBLAS's epilogue, the
 // fused residual + norm kernel of the split path). No preset has it.
 TEST(gpu_runner_bias, llama_attention_bias_on_every_decode_path_follows_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
-  make_model_options mo;
-  mo.config = *preset_config("tiny-llama3");
-  mo.config.qkv_bias = mo.config.o_bias = true;
-  mo.seed = 23;
-  mo.out_dir = test::scratch_dir("tiny-llama3-attention-bias");
-  make_model(mo);
-  auto model = model_folder::open(mo.out_dir);
+  auto model = tiny_llama3_with("tiny-llama3-attention-bias", 23,
+                                [](model_config& c) { c.qkv_bias = c.o_bias = true; });
   ASSERT_TRUE(model->config.o_bias);
   expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3 + attention_bias");
 }
@@ -453,16 +461,12 @@ TEST(gpu_runner_bias, llama_attention_bias_on_every_decode_path_follows_the_cpu_
 // path, against the CPU engine.
 TEST(gpu_runner_head_dim_128, every_decode_path_follows_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
-  make_model_options mo;
-  mo.config = *preset_config("tiny-llama3");
-  mo.config.hidden_size = 256;
-  mo.config.num_heads = 2;
-  mo.config.num_kv_heads = 1;
-  mo.config.head_dim = 128;
-  mo.seed = 29;
-  mo.out_dir = test::scratch_dir("tiny-llama3-head-dim-128");
-  make_model(mo);
-  auto model = model_folder::open(mo.out_dir);
+  auto model = tiny_llama3_with("tiny-llama3-head-dim-128", 29, [](model_config& c) {
+    c.hidden_size = 256;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 128;
+  });
   ASSERT_EQ(model->config.head_dim, 128);
   expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3, head dim 128");
 }

@@ -234,6 +234,7 @@ void cuda_engine::skinny(gemv_epilogue ep, const gemv_args& a) {
 void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
                          int32_t seqs, bool raw_qkv, const bf16* qkv_bias, int32_t qkv_splits) {
   const int32_t splits = decode_attention_splits(sh, seqs, num_sms_, attn_blocks_per_sm_);
+  const int32_t warps = decode_attention_warps(sh, seqs, splits, num_sms_, attn_blocks_per_sm_);
   float* po = part_o_.get<float>();
   float* pml = part_ml_.get<float>();
   int32_t* counters = split_counters_.get<int32_t>();
@@ -246,7 +247,7 @@ void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const bat
       rope.splits = qkv_splits;
       rope.split_stride = int64_t(batch.num_tokens) * (c.q_size() + 2 * c.kv_size());
     }
-    launch_decode_attention_rope(sh, rope, kv, batch, splits, po, pml, counters,
+    launch_decode_attention_rope(sh, rope, kv, batch, splits, warps, po, pml, counters,
                                  attn_.get<bf16>(), stream_);
     return;
   }
@@ -255,7 +256,7 @@ void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const bat
   if (raw_qkv)
     launch_rope_kv_write(qkv_.get<bf16>(), qkv_bias, inv_freq_.get<float>(), batch, kv,
                          sh.num_heads, q_.get<bf16>(), stream_);
-  launch_decode_attention(sh, q_.get<bf16>(), kv, batch, splits, po, pml, counters,
+  launch_decode_attention(sh, q_.get<bf16>(), kv, batch, splits, warps, po, pml, counters,
                           attn_.get<bf16>(), stream_);
 }
 

@@ -4,7 +4,9 @@
 //
 // Design note. A block serves one (sequence, kv head, context split) and all
 // the query heads that share the kv head (GQA, up to 8), so each key and value
-// is read from memory once. Its warps take steps of 16 keys in turn and run
+// is read from memory once. It has 4 warps, or 2 where that halves the waves
+// of a large batch's grid (decode_attention_warps); the same code either way.
+// Its warps take steps of 16 keys in turn and run
 // them through m16n8k16 MMAs with the keys as the M dimension and the heads as
 // N (S^T = K Q^T, then O^T += V^T P^T), so the 8 columns of an MMA hold the
 // group's heads and no shared memory is needed: every lane loads its operands
@@ -54,8 +56,8 @@ using namespace dev;
 
 namespace {
 
-constexpr int warps = 4;
-constexpr int threads = warps * 32;
+/// Warps a block of the default form (launch_tc's WARPS).
+constexpr int default_warps = 4;
 constexpr int step_keys = 16;
 /// A split covers at least this many keys (shorter contexts use fewer
 /// splits). 64 rather than 256: batch-1 steps at 1,024 keys took 2.4% (8B)
@@ -187,14 +189,15 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 /// cuBLAS path needs no RoPE launch. The arithmetic is rope_kv_write_kernel's,
 /// through the same helpers (an absent bias adds zero to q here). Otherwise q
 /// is the rotated q [tokens][heads][D].
-template <int D, bool ROPE>
-__global__ void __launch_bounds__(threads)
+template <int D, bool ROPE, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
   decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, rope_input rope,
                              kv_view kv, batch_view batch, int32_t splits,
                              float* __restrict__ part_o, float* __restrict__ part_ml,
                              int32_t* __restrict__ counters, bf16* __restrict__ out,
                              bool kv_evict_first, bool late_trigger) {
   using C = tc_cfg<D>;
+  constexpr int warps = WARPS, threads = WARPS * 32;
   __shared__ float sm_o[warps][8][D];
   __shared__ float sm_cos[ROPE ? D / 2 : 1], sm_sin[ROPE ? D / 2 : 1];
   __shared__ float sm_m[warps][8], sm_l[warps][8];
@@ -379,53 +382,56 @@ __global__ void __launch_bounds__(threads)
     // cache by the block that reads that row (len >= 1: see kernels.hpp).
     const bool writer = len > 0 && (nsteps - 1) / per_split == split;
     const int64_t cur_row = writer ? row_of(pos) : -1;
-    // The writer's raw k pair (kc, kc + half) and v element (vc) of thread
-    // tid, loaded together.
-    const int kc = (sh.num_heads + kvh) * D + tid;
-    const int vc = (sh.num_heads + sh.kv_heads + kvh) * D + tid;
-    float raw_k0 = 0.0f, raw_k1 = 0.0f, raw_v = 0.0f;
-    if (writer && tid < D) {
-      if (!part) {
-        if (tid < half) {
-          raw_k0 = to_float(raw[kc]);
-          raw_k1 = to_float(raw[kc + half]);
-        }
-        raw_v = to_float(raw[vc]);
-      } else {
-        for (int32_t s2 = 0; s2 < rope.splits; ++s2) {
-          const float* ps = part + s2 * rope.split_stride;
-          if (tid < half) {
-            raw_k0 += __ldcg(ps + kc);
-            raw_k1 += __ldcg(ps + kc + half);
-          }
-          raw_v += __ldcg(ps + vc);
-        }
-        raw_k0 = to_float(__float2bfloat16_rn(raw_k0));
-        raw_k1 = to_float(__float2bfloat16_rn(raw_k1));
-        raw_v = to_float(__float2bfloat16_rn(raw_v));
-      }
-    }
-    if (tid < half) {
-      float cs, sn;
-      gemv_detail::rope_angle(rope.inv_freq, pos, tid, cs, sn);
-      sm_cos[tid] = cs;
-      sm_sin[tid] = sn;
+    // Thread tid writes k pairs (d, d + half) and v elements d for d = tid,
+    // tid + threads, ... (one pass when the block has D threads), each
+    // pass's raw values loaded together.
+    for (int d = tid; d < D; d += threads) {
+      const int kc = (sh.num_heads + kvh) * D + d;
+      const int vc = (sh.num_heads + sh.kv_heads + kvh) * D + d;
+      float raw_k0 = 0.0f, raw_k1 = 0.0f, raw_v = 0.0f;
       if (writer) {
-        float a = raw_k0, b = raw_k1;
-        if (rope.bias) {
-          a += to_float(rope.bias[kc]);
-          b += to_float(rope.bias[kc + half]);
+        if (!part) {
+          if (d < half) {
+            raw_k0 = to_float(raw[kc]);
+            raw_k1 = to_float(raw[kc + half]);
+          }
+          raw_v = to_float(raw[vc]);
+        } else {
+          for (int32_t s2 = 0; s2 < rope.splits; ++s2) {
+            const float* ps = part + s2 * rope.split_stride;
+            if (d < half) {
+              raw_k0 += __ldcg(ps + kc);
+              raw_k1 += __ldcg(ps + kc + half);
+            }
+            raw_v += __ldcg(ps + vc);
+          }
+          raw_k0 = to_float(__float2bfloat16_rn(raw_k0));
+          raw_k1 = to_float(__float2bfloat16_rn(raw_k1));
+          raw_v = to_float(__float2bfloat16_rn(raw_v));
         }
-        gemv_detail::rope_rotate(a, b, cs, sn);
-        kv.k[cur_row + tid] = __float2bfloat16_rn(a);
-        kv.k[cur_row + tid + half] = __float2bfloat16_rn(b);
       }
-    }
-    if (writer && tid < D) {
-      float a = raw_v;
-      if (rope.bias)
-        a += to_float(rope.bias[vc]);
-      kv.v[cur_row + tid] = __float2bfloat16_rn(a);
+      if (d < half) {
+        float cs, sn;
+        gemv_detail::rope_angle(rope.inv_freq, pos, d, cs, sn);
+        sm_cos[d] = cs;
+        sm_sin[d] = sn;
+        if (writer) {
+          float a = raw_k0, b = raw_k1;
+          if (rope.bias) {
+            a += to_float(rope.bias[kc]);
+            b += to_float(rope.bias[kc + half]);
+          }
+          gemv_detail::rope_rotate(a, b, cs, sn);
+          kv.k[cur_row + d] = __float2bfloat16_rn(a);
+          kv.k[cur_row + d + half] = __float2bfloat16_rn(b);
+        }
+      }
+      if (writer) {
+        float a = raw_v;
+        if (rope.bias)
+          a += to_float(rope.bias[vc]);
+        kv.v[cur_row + d] = __float2bfloat16_rn(a);
+      }
     }
     __syncthreads();
 #pragma unroll
@@ -656,40 +662,54 @@ __global__ void __launch_bounds__(threads)
     *counter = 0;
 }
 
-template <int D>
+template <int D, int WARPS>
 void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
                const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
                float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
-  static_assert(D <= threads, "the fused cache write takes one thread per dim");
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
   const bool hint = stream_hint_on(hint_decode_kv);
   if (rope)
-    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, true>, grid,
-                  dim3(threads), 0, stream, sh, static_cast<const bf16*>(nullptr), *rope, kv,
+    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, true, WARPS>, grid,
+                  dim3(WARPS * 32), 0, stream, sh, static_cast<const bf16*>(nullptr), *rope, kv,
                   batch, splits, part_o, part_ml, counters, out, hint, false);
   else
-    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, false>, grid,
-                  dim3(threads), 0, stream, sh, q, rope_input{}, kv, batch, splits, part_o,
+    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, false, WARPS>, grid,
+                  dim3(WARPS * 32), 0, stream, sh, q, rope_input{}, kv, batch, splits, part_o,
                   part_ml, counters, out, hint, late_triggers());
 }
 
+template <int D>
+void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
+               const kv_view& kv, const batch_view& batch, int32_t splits, int32_t warps,
+               float* part_o, float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+  if (warps == 2)
+    return launch_tc<D, 2>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+  launch_tc<D, default_warps>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out,
+                              stream);
+}
+
 void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* rope,
-                    const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
-                    float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+                    const kv_view& kv, const batch_view& batch, int32_t splits, int32_t warps,
+                    float* part_o, float* part_ml, int32_t* counters, bf16* out,
+                    cudaStream_t stream) {
   if (batch.num_seqs <= 0)
     return;
   if (sh.head_dim != kv.head_dim)
     throw cuda_error("launch_decode_attention: inconsistent head_dim");
   if (splits < 1 || splits > max_splits)
     throw cuda_error("launch_decode_attention: splits must lie in 1.." + std::to_string(max_splits));
+  if (warps != 2 && warps != default_warps)
+    throw cuda_error("launch_decode_attention: warps must be 2 or 4, not "
+                     + std::to_string(warps));
   if (splits > 1 && (!part_o || !part_ml || !counters))
     throw cuda_error("launch_decode_attention: splits > 1 needs partial buffers and counters");
   switch (sh.head_dim) {
-    case 16: return launch_tc<16>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 32: return launch_tc<32>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
-    case 64: return launch_tc<64>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+    case 16: return launch_tc<16>(sh, q, rope, kv, batch, splits, warps, part_o, part_ml, counters, out, stream);
+    case 32: return launch_tc<32>(sh, q, rope, kv, batch, splits, warps, part_o, part_ml, counters, out, stream);
+    case 64: return launch_tc<64>(sh, q, rope, kv, batch, splits, warps, part_o, part_ml, counters, out, stream);
     case 128:
-      return launch_tc<128>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+      return launch_tc<128>(sh, q, rope, kv, batch, splits, warps, part_o, part_ml, counters, out,
+                            stream);
     default:
       throw cuda_error("launch_decode_attention: head_dim " + std::to_string(sh.head_dim)
                        + " is not supported here");
@@ -701,9 +721,9 @@ template <int D>
 int32_t resident_blocks() {
   int with_rope = 0, without = 0;
   METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-    &with_rope, decode_attention_tc_kernel<D, true>, threads, 0));
+    &with_rope, decode_attention_tc_kernel<D, true, default_warps>, default_warps * 32, 0));
   METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-    &without, decode_attention_tc_kernel<D, false>, threads, 0));
+    &without, decode_attention_tc_kernel<D, false, default_warps>, default_warps * 32, 0));
   return std::max(1, std::min(with_rope, without));
 }
 
@@ -750,13 +770,40 @@ int32_t decode_attention_splits(const attention_shape& sh, int32_t num_seqs, int
   return std::max(1, std::min({wanted, one_wave, max_splits}));
 }
 
+int32_t decode_attention_warps(const attention_shape& sh, int32_t num_seqs, int32_t splits,
+                               int32_t num_sms, int32_t blocks_per_sm) {
+  const int32_t forced = active_kernels().attention_warps;
+  if (forced == 2 || forced == default_warps)
+    return forced;
+  // A 2-warp block takes about twice a 4-warp block's time for the same
+  // keys (a warp streams at about the same rate either way while the SMs
+  // hold as many warps), and an SM holds twice as many (the same registers
+  // a thread). So the 2-warp form wins where it needs at most half the
+  // waves: a grid just past one wave of 4-warp blocks runs its few leftover
+  // blocks alone for a whole block's time, and a grid of 2-warp blocks that
+  // fits one wave has no such tail. The H200's kernel times, 1,024 keys
+  // (bench/results/h200-2026-12-02-r20.md), 4 -> 2 warps: 8B 48 sequences
+  // 70.1 -> 59.1 us, 64 76.8 -> 74.1, 128 142.4 -> 140.5, and at 96 (1.5 of
+  // the 2-warp form's waves against 3 of the 4-warp form's) 110.6 -> 123.0,
+  // which this rule keeps at 4; 1B 96 69.4 -> 56.7, 128 76.6 -> 73.5. Within
+  // one wave of the 4-warp form fewer warps only cut the loads in flight
+  // (8B, 32 sequences: 41.0 -> 47.6 us).
+  const int64_t blocks = int64_t(std::max(1, num_seqs)) * sh.kv_heads * std::max(1, splits);
+  const int64_t slots = int64_t(std::max(1, blocks_per_sm)) * std::max(1, num_sms);
+  const int64_t waves4 = (blocks + slots - 1) / slots;
+  const int64_t waves2 = (blocks + 2 * slots - 1) / (2 * slots);
+  return waves4 > 1 && 2 * waves2 <= waves4 ? 2 : default_warps;
+}
+
 void launch_decode_attention(const attention_shape& sh, const bf16* q, const kv_view& kv,
-                             const batch_view& batch, int32_t splits, float* part_o,
-                             float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+                             const batch_view& batch, int32_t splits, int32_t warps,
+                             float* part_o, float* part_ml, int32_t* counters, bf16* out,
+                             cudaStream_t stream) {
   if (!use_v2(sh))
     return launch_decode_attention_v1(sh, q, kv, batch, splits, part_o, part_ml, counters, out,
                                       stream);
-  launch_checked(sh, q, nullptr, kv, batch, splits, part_o, part_ml, counters, out, stream);
+  launch_checked(sh, q, nullptr, kv, batch, splits, warps, part_o, part_ml, counters, out,
+                 stream);
 }
 
 bool decode_attention_fuses_rope(const attention_shape& sh) {
@@ -765,13 +812,14 @@ bool decode_attention_fuses_rope(const attention_shape& sh) {
 
 void launch_decode_attention_rope(const attention_shape& sh, const rope_input& rope,
                                   const kv_view& kv, const batch_view& batch, int32_t splits,
-                                  float* part_o, float* part_ml, int32_t* counters, bf16* out,
-                                  cudaStream_t stream) {
+                                  int32_t warps, float* part_o, float* part_ml,
+                                  int32_t* counters, bf16* out, cudaStream_t stream) {
   if (!use_v2(sh))
     throw cuda_error("launch_decode_attention_rope: this shape has no fused kernel");
   if (!(rope.qkv || (rope.partials && rope.splits >= 1)) || !rope.inv_freq)
     throw cuda_error("launch_decode_attention_rope: qkv (or its partials) and inv_freq are "
                      "required");
-  launch_checked(sh, nullptr, &rope, kv, batch, splits, part_o, part_ml, counters, out, stream);
+  launch_checked(sh, nullptr, &rope, kv, batch, splits, warps, part_o, part_ml, counters, out,
+                 stream);
 }
 } // namespace metronome::gpu

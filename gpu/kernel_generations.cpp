@@ -20,7 +20,8 @@ kernel_generations from_environment() {
   const kernel_generations g = parse_kernel_generations(env ? env : "", &bad);
   for (const std::string& item : bad)
     warn_ignored_setting("METRONOME_KERNELS", item,
-                         "expected gemv, decode, prefill, rope or splits = 1 or 2, or splits=3");
+                         "expected gemv, decode, prefill, rope or splits = 1 or 2, splits=3, "
+                         "or awarps = 2 or 4");
   return g;
 }
 
@@ -38,18 +39,22 @@ kernel_generations parse_kernel_generations(const std::string& s,
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    // Each key and the generation it sets; splits also takes 3.
+    // Each key and the generation it sets; splits also takes 3; awarps
+    // takes warps, 2 or 4.
     static const std::pair<const char*, int kernel_generations::*> fields[] = {
       {"gemv", &kernel_generations::gemv},
       {"decode", &kernel_generations::decode_attention},
       {"prefill", &kernel_generations::prefill_attention},
       {"rope", &kernel_generations::decode_rope},
-      {"splits", &kernel_generations::gemm_splits}};
+      {"splits", &kernel_generations::gemm_splits},
+      {"awarps", &kernel_generations::attention_warps}};
     int kernel_generations::*field = nullptr;
     for (const auto& [name, member] : fields)
       if (key == name)
         field = member;
-    const bool known_value = value == "1" || value == "2" || (key == "splits" && value == "3");
+    const bool known_value = key == "awarps"
+                               ? value == "2" || value == "4"
+                               : value == "1" || value == "2" || (key == "splits" && value == "3");
     if (field && known_value)
       g.*field = value[0] - '0';
     else if (!item.empty() && ignored_items)

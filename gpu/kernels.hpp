@@ -203,16 +203,28 @@ int32_t decode_attention_blocks_per_sm(const attention_shape& shape);
 int32_t decode_attention_splits(const attention_shape& shape, int32_t num_seqs,
                                 int32_t num_sms, int32_t blocks_per_sm);
 
+/// Warps a block of the decode kernel: 4, or 2 where the grid of num_seqs x
+/// kv_heads x splits blocks needs more than one wave of 4-warp blocks
+/// (blocks_per_sm of them an SM, as for decode_attention_splits) and at
+/// least twice the waves of 2-warp blocks (twice as many an SM).
+/// METRONOME_KERNELS=awarps=2 or 4 forces either. Host arithmetic only; any
+/// thread.
+int32_t decode_attention_warps(const attention_shape& shape, int32_t num_seqs, int32_t splits,
+                               int32_t num_sms, int32_t blocks_per_sm);
+
 /// Paged decode attention: one query token per sequence (the token at
 /// position seq_len - 1, row seq_q_start of q) into out [tokens][heads * head_dim].
 /// Up to `splits` parts of the context are computed in parallel (partials in
 /// part_o [seqs][heads][splits][head_dim] and part_ml [seqs][heads][splits][2])
 /// and merged by the last part to finish; counters (one int32 per sequence and
 /// kv-head block, at least seqs * num_heads) must start at zero and are left
-/// at zero.
+/// at zero. `warps` (2 or 4: decode_attention_warps) a block; the first
+/// generation ignores it. Any of these choices gives the same output bits
+/// for the same splits and warps.
 void launch_decode_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
-                             const batch_view& batch, int32_t splits, float* part_o,
-                             float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream);
+                             const batch_view& batch, int32_t splits, int32_t warps,
+                             float* part_o, float* part_ml, int32_t* counters, bf16* out,
+                             cudaStream_t stream);
 
 /// The raw qkv projection of a decode step, for decode attention with RoPE
 /// and the cache write fused in.
@@ -241,8 +253,8 @@ bool decode_attention_fuses_rope(const attention_shape& shape);
 /// Called on the executor's thread, while a step is enqueued or captured.
 void launch_decode_attention_rope(const attention_shape& shape, const rope_input& rope,
                                   const kv_view& kv, const batch_view& batch, int32_t splits,
-                                  float* part_o, float* part_ml, int32_t* counters, bf16* out,
-                                  cudaStream_t stream);
+                                  int32_t warps, float* part_o, float* part_ml,
+                                  int32_t* counters, bf16* out, cudaStream_t stream);
 
 /// Work item of the prefill kernel: sequence and first query row of a tile.
 struct prefill_item {
@@ -285,6 +297,9 @@ struct kernel_generations {
   /// 1 never, 2 where timing favours them, 3 always (2 splits where k allows;
   /// tests).
   int gemm_splits = 2;
+  /// Warps a block of the decode attention: 0 by decode_attention_warps's
+  /// rule, 2 or 4 forced (awarps=2, awarps=4).
+  int attention_warps = 0;
 };
 kernel_generations& active_kernels();
 

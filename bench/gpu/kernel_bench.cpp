@@ -308,29 +308,34 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       struct variant {
         int gen;
         int32_t splits; // 0: the launcher's choice
+        int32_t warps;  // 0: the launcher's choice
       };
-      std::vector<variant> variants = {{2, 0}, {1, 0}};
+      std::vector<variant> variants = {{2, 0, 0}, {1, 0, 0}};
       if (sweep)
-        variants = {{2, 0}};
+        variants = {{2, 0, 0}};
       else if (ac.seqs >= 64)
-        variants.insert(variants.end(), {{2, 1}, {2, 2}, {2, 4}});
+        variants.insert(variants.end(), {{2, 1, 0}, {2, 2, 0}, {2, 4, 0}, {2, 1, 4}});
       for (const variant vr : variants) {
         gpu::active_kernels().decode_attention = vr.gen;
         const int32_t splits =
           vr.splits > 0 ? vr.splits : gpu::decode_attention_splits(sh, ac.seqs, sms, per_sm);
+        const int32_t warps =
+          vr.warps > 0 ? vr.warps : gpu::decode_attention_warps(sh, ac.seqs, splits, sms, per_sm);
         device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
         device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
         device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
         METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
         const double us = time_us([&](int) {
-          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
-                                       pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
-                                       nullptr);
+          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, warps,
+                                       po.get<float>(), pml.get<float>(), cnt.get<int32_t>(),
+                                       out.get<bf16>(), nullptr);
         });
         std::string name = vr.gen == 1 ? "decode_attention_v1" : "decode_attention";
         name += shape_tag;
         if (vr.splits > 0)
           name += "_splits" + std::to_string(vr.splits);
+        if (vr.warps > 0)
+          name += "_warps" + std::to_string(vr.warps);
         row(name, us, 2.0 * double(pool) / bw * 1e6);
       }
       gpu::active_kernels().decode_attention = saved.decode_attention;
@@ -370,9 +375,9 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
           METRONOME_CUDA(cudaMemcpy(d_len.get(), lv.data(), 4, cudaMemcpyHostToDevice));
           for (int32_t splits : {1, 2, auto_splits}) {
             const double us = chain_us([&](cudaStream_t s2) {
-              gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
-                                           pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
-                                           s2);
+              gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, 4,
+                                           po.get<float>(), pml.get<float>(), cnt.get<int32_t>(),
+                                           out.get<bf16>(), s2);
             });
             row("chain_decode_attention_bs1_len" + std::to_string(len) + "_splits"
                   + std::to_string(splits),
@@ -387,6 +392,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         // The cuBLAS decode path's two launches (RoPE + cache write, then the
         // attention) against the fused kernel, from the raw projection.
         const int32_t splits = gpu::decode_attention_splits(sh, ac.seqs, sms, per_sm);
+        const int32_t warps = gpu::decode_attention_warps(sh, ac.seqs, splits, sms, per_sm);
         const int64_t width = int64_t(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
         device_buffer raw(size_t(bv.num_tokens) * size_t(width) * 2);
         fill_random(raw.get(), raw.bytes(), 11);
@@ -402,14 +408,15 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         const double fused = time_us([&](int) {
           gpu::launch_decode_attention_rope(
             sh, gpu::rope_input{raw.get<bf16>(), nullptr, d_inv.get<float>()}, kvv, bv, splits,
-            po.get<float>(), pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(), nullptr);
+            warps, po.get<float>(), pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
+            nullptr);
         });
         const double two = time_us([&](int) {
           gpu::launch_rope_kv_write(raw.get<bf16>(), nullptr, d_inv.get<float>(), bv, kvv,
                                     c.num_heads, dq.get<bf16>(), nullptr);
-          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, po.get<float>(),
-                                       pml.get<float>(), cnt.get<int32_t>(), out.get<bf16>(),
-                                       nullptr);
+          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, warps,
+                                       po.get<float>(), pml.get<float>(), cnt.get<int32_t>(),
+                                       out.get<bf16>(), nullptr);
         });
         row("decode_attention_rope" + shape_tag, fused, 2.0 * double(pool) / bw * 1e6);
         row("rope_then_decode_attention" + shape_tag, two, 2.0 * double(pool) / bw * 1e6);

@@ -97,6 +97,53 @@ TEST(gpu_attention, decode_splits_aim_at_two_blocks_an_sm_within_one_wave) {
   EXPECT_EQ(gpu::decode_attention_splits(sh, 24, 132, 4), 2);
 }
 
+// Two warps a block where the grid needs more than one wave of 4-warp blocks
+// and at least twice the waves of 2-warp blocks (twice as many an SM), four
+// otherwise; forced either way by METRONOME_KERNELS=awarps
+// (active_kernels().attention_warps).
+TEST(gpu_attention, decode_warps_halve_where_that_halves_the_waves) {
+  gpu::attention_shape sh{32, 8, 128, 0, 1.0f};
+  const int saved = gpu::active_kernels().attention_warps;
+  gpu::active_kernels().attention_warps = 0;
+  for (int32_t per_sm : {1, 2, 4})
+    for (int32_t sms : {8, 132})
+      for (int32_t seqs = 1; seqs <= 512; ++seqs) {
+        const int32_t splits = gpu::decode_attention_splits(sh, seqs, sms, per_sm);
+        const int32_t blocks = seqs * sh.kv_heads * splits;
+        const int32_t slots = per_sm * sms;
+        const int32_t waves4 = (blocks + slots - 1) / slots;
+        const int32_t waves2 = (blocks + 2 * slots - 1) / (2 * slots);
+        const int32_t warps = gpu::decode_attention_warps(sh, seqs, splits, sms, per_sm);
+        SCOPED_TRACE(std::to_string(seqs) + " sequences, " + std::to_string(sms) + " SMs of "
+                     + std::to_string(per_sm) + " blocks");
+        if (blocks <= slots) {
+          EXPECT_EQ(warps, 4); // one wave either way: keep the loads in flight
+        } else if (blocks <= 2 * slots) {
+          EXPECT_EQ(warps, 2); // one wave instead of two
+        } else {
+          EXPECT_EQ(warps, 2 * waves2 <= waves4 ? 2 : 4);
+        }
+      }
+  // The H200's shapes (132 SMs). 8B (head_dim 128, 2 blocks an SM): from 34
+  // sequences (272 blocks on 264 slots) to 66 (528), then 4 at 96 (768
+  // blocks: 3 waves against 2 of twice the time), 2 at 128 (1,024: 4
+  // against 2). 1B (head_dim 64, 4 an SM): from 67 sequences on to 132.
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 33, 1, 132, 2), 4);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 34, 1, 132, 2), 2);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 2), 2);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 96, 1, 132, 2), 4);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 128, 1, 132, 2), 2);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 1, 33, 132, 2), 4);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 4), 4);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 67, 1, 132, 4), 2);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 128, 1, 132, 4), 2);
+  gpu::active_kernels().attention_warps = 4;
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 2), 4);
+  gpu::active_kernels().attention_warps = 2;
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 1, 33, 132, 2), 2);
+  gpu::active_kernels().attention_warps = saved;
+}
+
 TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("decode_attention");
@@ -129,20 +176,25 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
                             1.0f / std::sqrt(float(c.head_dim))};
     for (int gen : {2, 1}) {
       test::kernel_generation_scope scope(gen);
-      for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132, 2), 64}) {
-        SCOPED_TRACE("generation " + std::to_string(gen) + " splits " + std::to_string(splits));
-        dev_array<float> part_o(size_t(kv.num_seqs()) * c.heads * splits * c.head_dim);
-        dev_array<float> part_ml(size_t(kv.num_seqs()) * c.heads * splits * 2);
-        dev_array<int32_t> counters(std::vector<int32_t>(size_t(kv.num_seqs()) * c.heads, 0));
-        dev_array<bf16> out(qn);
-        gpu::launch_decode_attention(sh, d_q.get(), kv.view(), kv.batch(), splits, part_o.get(),
-                                     part_ml.get(), counters.get(), out.get(), nullptr);
-        test::sync_check();
-        EXPECT_LT(test::relative_error(test::download_bf16(out), want), 5e-3);
-        // The merging block leaves every counter at zero for the next launch.
-        for (auto v : counters.download())
-          ASSERT_EQ(v, 0);
-      }
+      for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132, 2), 64})
+        for (int32_t warps : {4, 2}) {
+          if (gen == 1 && warps == 2)
+            continue; // the first generation has one form
+          SCOPED_TRACE("generation " + std::to_string(gen) + " splits " + std::to_string(splits)
+                       + " warps " + std::to_string(warps));
+          dev_array<float> part_o(size_t(kv.num_seqs()) * c.heads * splits * c.head_dim);
+          dev_array<float> part_ml(size_t(kv.num_seqs()) * c.heads * splits * 2);
+          dev_array<int32_t> counters(std::vector<int32_t>(size_t(kv.num_seqs()) * c.heads, 0));
+          dev_array<bf16> out(qn);
+          gpu::launch_decode_attention(sh, d_q.get(), kv.view(), kv.batch(), splits, warps,
+                                       part_o.get(), part_ml.get(), counters.get(), out.get(),
+                                       nullptr);
+          test::sync_check();
+          EXPECT_LT(test::relative_error(test::download_bf16(out), want), 5e-3);
+          // The merging block leaves every counter at zero for the next launch.
+          for (auto v : counters.download())
+            ASSERT_EQ(v, 0);
+        }
     }
   }
 }
@@ -199,36 +251,39 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
     dev_array<int32_t> counters(std::vector<int32_t>(size_t(tokens) * c.heads, 0));
     gpu::launch_rope_kv_write(d_qkv.get(), bias, d_inv.get(), kv_a.batch(), kv_a.view(), c.heads,
                               d_q.get(), nullptr);
-    gpu::launch_decode_attention(sh, d_q.get(), kv_a.view(), kv_a.batch(), auto_splits, po.get(),
-                                 pml.get(), counters.get(), out_a.get(), nullptr);
+    gpu::launch_decode_attention(sh, d_q.get(), kv_a.view(), kv_a.batch(), auto_splits, 4,
+                                 po.get(), pml.get(), counters.get(), out_a.get(), nullptr);
     test::sync_check();
     kv_a.download();
     const auto got_a = test::download_bf16(out_a);
     const auto want = reference(c, kv_a, test::download_bf16(d_q));
     ASSERT_LT(test::relative_error(got_a, want), 5e-3);
 
-    std::vector<float> got_auto; // the fused kernel at auto_splits
-    for (int32_t splits : {1, 3, auto_splits, 64}) {
-      SCOPED_TRACE("splits " + std::to_string(splits));
-      // A fresh cache each time (the current rows hold stale random values),
-      // so that every split count must write them itself, before reading.
-      auto rng_b = rng_kv;
-      test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
-      dev_array<bf16> out_b(qn);
-      const gpu::rope_input rope{d_qkv.get(), bias, d_inv.get()};
-      gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), splits, po.get(),
-                                        pml.get(), counters.get(), out_b.get(), nullptr);
-      test::sync_check();
-      kv_b.download();
-      EXPECT_TRUE(kv_b.same_pools(kv_a));
-      const auto got_b = test::download_bf16(out_b);
-      EXPECT_LT(test::relative_error(got_b, got_a), 2e-3);
-      EXPECT_LT(test::relative_error(got_b, want), 5e-3);
-      for (auto v : counters.download())
-        ASSERT_EQ(v, 0);
-      if (splits == auto_splits)
-        got_auto = got_b;
-    }
+    std::vector<float> got_auto; // the fused kernel at auto_splits, 4 warps
+    for (int32_t splits : {1, 3, auto_splits, 64})
+      for (int32_t warps : {4, 2}) {
+        SCOPED_TRACE("splits " + std::to_string(splits) + " warps " + std::to_string(warps));
+        // A fresh cache each time (the current rows hold stale random values),
+        // so that every split count must write them itself, before reading.
+        // Two warps (64 threads) write a 128-wide row in two passes.
+        auto rng_b = rng_kv;
+        test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+        dev_array<bf16> out_b(qn);
+        const gpu::rope_input rope{d_qkv.get(), bias, d_inv.get()};
+        gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), splits, warps,
+                                          po.get(), pml.get(), counters.get(), out_b.get(),
+                                          nullptr);
+        test::sync_check();
+        kv_b.download();
+        EXPECT_TRUE(kv_b.same_pools(kv_a));
+        const auto got_b = test::download_bf16(out_b);
+        EXPECT_LT(test::relative_error(got_b, got_a), 2e-3);
+        EXPECT_LT(test::relative_error(got_b, want), 5e-3);
+        for (auto v : counters.download())
+          ASSERT_EQ(v, 0);
+        if (splits == auto_splits && warps == 4)
+          got_auto = got_b;
+      }
 
     // The projection as split-K partials (rope_input::partials) whose fp32
     // sum is exactly the bf16 projection above (small dyadic offsets that
@@ -254,7 +309,7 @@ TEST(gpu_attention, decode_with_fused_rope_matches_rope_then_decode) {
       rope.partials = d_parts.get();
       rope.splits = parts;
       rope.split_stride = int64_t(n);
-      gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), auto_splits,
+      gpu::launch_decode_attention_rope(sh, rope, kv_b.view(), kv_b.batch(), auto_splits, 4,
                                         po.get(), pml.get(), counters.get(), out_b.get(),
                                         nullptr);
       test::sync_check();

@@ -219,8 +219,8 @@ int32_t decode_attention_warps(const attention_shape& shape, int32_t num_seqs, i
 /// and merged by the last part to finish; counters (one int32 per sequence and
 /// kv-head block, at least seqs * num_heads) must start at zero and are left
 /// at zero. `warps` (2 or 4: decode_attention_warps) a block; the first
-/// generation ignores it. Any of these choices gives the same output bits
-/// for the same splits and warps.
+/// generation ignores it. The output's bits depend on splits and warps (the
+/// order of the softmax merges) and on nothing else: the same every run.
 void launch_decode_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
                              const batch_view& batch, int32_t splits, int32_t warps,
                              float* part_o, float* part_ml, int32_t* counters, bf16* out,

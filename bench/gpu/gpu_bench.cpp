@@ -329,6 +329,7 @@ struct options {
   bool headline = false;    // only the target figures (prefill 2048, decode bs1, bs64)
   bool kernels_only = false; // the per-kernel timings and nothing else (for profilers)
   int32_t max_batch = 128;
+  int32_t page_size = 16;    // cuda_runner_options::page_size (server: kv_cache.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
 };
 
@@ -358,6 +359,7 @@ int run(const options& o) {
   ro.max_num_batched_tokens = 2048;
   ro.gpu_memory_fraction = 0.85;
   ro.small_batch_path = o.path;
+  ro.page_size = o.page_size;
   const auto t_load = std::chrono::steady_clock::now();
   auto runner = make_cuda_runner(model, ro);
   const double load_s =
@@ -619,11 +621,13 @@ int main(int argc, char** argv) {
       o.path = next();
     else if (a == "--max-batch")
       o.max_batch = std::stoi(next());
+    else if (a == "--page-size")
+      o.page_size = std::stoi(next());
     else {
       std::fprintf(stderr,
                    "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
                    " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
-                   " [--max-batch N] [--path auto|gemv|skinny|cublas]\n"
+                   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
                    "       gpu_bench --make-preset NAME --make-out DIR\n");
       return 2;
     }

@@ -588,49 +588,68 @@ int run(const options& o) {
 
 int main(int argc, char** argv) {
   metronome::options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc)
-        throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model")
-      o.model = next();
-    else if (a == "--name")
-      o.name = next();
-    else if (a == "--out")
-      o.out = next();
-    else if (a == "--grid")
-      o.grid = next();
-    else if (a == "--make-preset")
-      o.make_preset = next();
-    else if (a == "--make-out")
-      o.model = next();
-    else if (a == "--quick")
-      o.quick = true;
-    else if (a == "--kernels")
-      o.kernels = true;
-    else if (a == "--decode-only")
-      o.decode_only = true;
-    else if (a == "--headline")
-      o.headline = true;
-    else if (a == "--kernels-only")
-      o.kernels_only = true;
-    else if (a == "--path")
-      o.path = next();
-    else if (a == "--max-batch")
-      o.max_batch = std::stoi(next());
-    else if (a == "--page-size")
-      o.page_size = std::stoi(next());
-    else {
-      std::fprintf(stderr,
-                   "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
-                   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
-                   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
-                   "       gpu_bench --make-preset NAME --make-out DIR\n");
-      return 2;
+  // A malformed option is named on stderr (exit 2), never an abort.
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc)
+          throw std::invalid_argument(a + " needs a value");
+        return argv[++i];
+      };
+      auto whole_number = [&]() -> int32_t {
+        const std::string v = next();
+        size_t used = 0;
+        int32_t n = 0;
+        try {
+          n = int32_t(std::stoi(v, &used));
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (v.empty() || used != v.size())
+          throw std::invalid_argument(a + ": expected a whole number, not '" + v + "'");
+        return n;
+      };
+      if (a == "--model")
+        o.model = next();
+      else if (a == "--name")
+        o.name = next();
+      else if (a == "--out")
+        o.out = next();
+      else if (a == "--grid")
+        o.grid = next();
+      else if (a == "--make-preset")
+        o.make_preset = next();
+      else if (a == "--make-out")
+        o.model = next();
+      else if (a == "--quick")
+        o.quick = true;
+      else if (a == "--kernels")
+        o.kernels = true;
+      else if (a == "--decode-only")
+        o.decode_only = true;
+      else if (a == "--headline")
+        o.headline = true;
+      else if (a == "--kernels-only")
+        o.kernels_only = true;
+      else if (a == "--path")
+        o.path = next();
+      else if (a == "--max-batch")
+        o.max_batch = whole_number();
+      else if (a == "--page-size")
+        o.page_size = whole_number();
+      else {
+        std::fprintf(stderr,
+                     "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
+                     " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
+                     " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
+                     "       gpu_bench --make-preset NAME --make-out DIR\n");
+        return 2;
+      }
     }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+    return 2;
   }
   if (o.model.empty()) {
     std::fprintf(stderr, "gpu_bench: --model is required\n");

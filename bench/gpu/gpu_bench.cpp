@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/gpu/kernel_bench.hpp"
+#include "config/config_scalar.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_runner.hpp"
 #include "gpu/device_memory.hpp"
@@ -583,72 +584,61 @@ int run(const options& o) {
   return 0;
 }
 
+constexpr const char* usage =
+  "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
+  " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
+  " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
+  "       gpu_bench --make-preset NAME --make-out DIR";
+
+/// The command line into `o`; empty, or what to print before exiting with 2
+/// (the usage, or the malformed option named).
+std::string parse_args(int argc, char** argv, options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    const std::string v = has_value ? argv[i + 1] : "";
+    std::string* text = a == "--model" || a == "--make-out" ? &o.model
+                        : a == "--name"                     ? &o.name
+                        : a == "--out"                      ? &o.out
+                        : a == "--grid"                     ? &o.grid
+                        : a == "--make-preset"              ? &o.make_preset
+                        : a == "--path"                     ? &o.path
+                                                            : nullptr;
+    int32_t* number = a == "--max-batch" ? &o.max_batch : a == "--page-size" ? &o.page_size : nullptr;
+    bool* flag = a == "--quick"          ? &o.quick
+                 : a == "--kernels"      ? &o.kernels
+                 : a == "--decode-only"  ? &o.decode_only
+                 : a == "--headline"     ? &o.headline
+                 : a == "--kernels-only" ? &o.kernels_only
+                                         : nullptr;
+    if (flag) {
+      *flag = true;
+      continue;
+    }
+    if (!text && !number)
+      return usage;
+    if (!has_value)
+      return "gpu_bench: " + a + " needs a value";
+    ++i;
+    if (text) {
+      *text = v;
+      continue;
+    }
+    const auto n = parse_integer(v); // the config's strict decimal syntax
+    if (!n || *n < 1 || *n > (int64_t(1) << 20))
+      return "gpu_bench: " + a + ": expected a whole number from 1 to 1048576, not '" + v + "'";
+    *number = int32_t(*n);
+  }
+  return {};
+}
+
 } // namespace
 } // namespace metronome
 
 int main(int argc, char** argv) {
   metronome::options o;
-  // A malformed option is named on stderr (exit 2), never an abort.
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> std::string {
-        if (i + 1 >= argc)
-          throw std::invalid_argument(a + " needs a value");
-        return argv[++i];
-      };
-      auto whole_number = [&]() -> int32_t {
-        const std::string v = next();
-        size_t used = 0;
-        int32_t n = 0;
-        try {
-          n = int32_t(std::stoi(v, &used));
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (v.empty() || used != v.size())
-          throw std::invalid_argument(a + ": expected a whole number, not '" + v + "'");
-        return n;
-      };
-      if (a == "--model")
-        o.model = next();
-      else if (a == "--name")
-        o.name = next();
-      else if (a == "--out")
-        o.out = next();
-      else if (a == "--grid")
-        o.grid = next();
-      else if (a == "--make-preset")
-        o.make_preset = next();
-      else if (a == "--make-out")
-        o.model = next();
-      else if (a == "--quick")
-        o.quick = true;
-      else if (a == "--kernels")
-        o.kernels = true;
-      else if (a == "--decode-only")
-        o.decode_only = true;
-      else if (a == "--headline")
-        o.headline = true;
-      else if (a == "--kernels-only")
-        o.kernels_only = true;
-      else if (a == "--path")
-        o.path = next();
-      else if (a == "--max-batch")
-        o.max_batch = whole_number();
-      else if (a == "--page-size")
-        o.page_size = whole_number();
-      else {
-        std::fprintf(stderr,
-                     "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
-                     " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
-                     " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
-                     "       gpu_bench --make-preset NAME --make-out DIR\n");
-        return 2;
-      }
-    }
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+  if (const std::string error = metronome::parse_args(argc, argv, o); !error.empty()) {
+    std::fprintf(stderr, "%s\n", error.c_str());
     return 2;
   }
   if (o.model.empty()) {

@@ -81,6 +81,7 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
     g.page_size = o.page_size;
     g.kv_cache_tokens = o.kv_cache_tokens;
     g.cuda_graphs = o.cuda_graphs;
+    g.kv_cache_dtype = o.kv_cache_dtype;
     g.max_model_len = max_model_len;
     // Sequences the runner may hold: the running ones, plus as many finished
     // ones waiting to be released with the next plan.
@@ -105,6 +106,12 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (o.page_size <= 0 || o.max_batch_size <= 0 || o.max_num_batched_tokens <= 0)
     throw std::invalid_argument("engine: page_size, max_batch_size and max_num_batched_tokens "
                                 "must be positive");
+  if (o.kv_cache_dtype != "bf16" && o.kv_cache_dtype != "fp8")
+    throw std::invalid_argument("engine.kv_cache_dtype '" + o.kv_cache_dtype
+                                + "': expected bf16 or fp8");
+  if (o.kv_cache_dtype == "fp8" && o.device == "cpu")
+    throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
+                                "keeps its KV cache in fp32)");
 
   engine e;
   e.status = std::make_shared<engine_status>();
@@ -133,7 +140,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     st.max_model_len = cpu_pages * o.page_size;
   }
   st.kv_cache_strategy = "paged;page_size=" + std::to_string(o.page_size)
-                         + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=bf16");
+                         + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
 
   auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
   e.kv_cache = spawn_kv_cache(sys, 0, e.status);

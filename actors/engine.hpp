@@ -66,6 +66,10 @@ struct engine_options {
   /// GPU settings.
   double gpu_memory_fraction = 0.9;
   bool cuda_graphs = true;
+  /// Element type of the KV cache: "bf16", or "fp8" (e4m3 with a scale per
+  /// token row; CUDA only: spawn_engine refuses it on the CPU, whose KV cache
+  /// is fp32 whatever this says).
+  std::string kv_cache_dtype = "bf16";
   /// Test hook: builds the runner instead of the device's own (called on the
   /// executor's thread at every (re)start).
   std::function<std::unique_ptr<model_runner>()> runner_factory;

@@ -153,7 +153,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 // -- shorthand flags -------------------------------------------------------------
 
-constexpr std::array<config_flag, 15> flags = {{
+constexpr std::array<config_flag, 16> flags = {{
   {"--host", "server.host", "Address to listen on"},
   {"--port", "server.port", "TCP port (0 = any free port)"},
   {"--model", "model.path", "Hugging Face model folder"},
@@ -166,6 +166,7 @@ constexpr std::array<config_flag, 15> flags = {{
   {"--page-size", "engine.page_size", "Tokens per KV-cache page"},
   {"--kv-cache-tokens", "engine.kv_cache_tokens", "KV-cache capacity in tokens (0 = auto)"},
   {"--gpu-memory-fraction", "engine.gpu_memory_fraction", "Share of GPU memory to use"},
+  {"--kv-cache-dtype", "engine.kv_cache_dtype", "KV-cache element type: bf16 or fp8 (CUDA only)"},
   {"--policy", "engine.policy", "fcfs, ladb or srpt"},
   {"--io-threads", "server.io_threads", "Network threads"},
   {"--log-level", "logging.level", "trace, debug, info, warn or error"},

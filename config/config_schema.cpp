@@ -305,6 +305,10 @@ std::vector<config_key> make_keys() {
                {0, 1, true, false}, "Share of GPU memory Metronome may use."));
   add(boolean_key("engine.cuda_graphs", METRONOME_FIELD(engine.cuda_graphs),
                   "Replay decode steps as CUDA graphs (ignored on cpu)."));
+  add(choice_key("engine.kv_cache_dtype", METRONOME_FIELD(engine.kv_cache_dtype),
+                 std::array{kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8},
+                 "Element type of the KV cache: bf16, or fp8 (e4m3 with a scale per token row: "
+                 "about half the memory and half the bytes a decode step reads; CUDA only)."));
   add(choice_key("engine.policy", METRONOME_FIELD(engine.policy),
                  std::array{scheduling_policy::fcfs, scheduling_policy::ladb,
                             scheduling_policy::srpt},

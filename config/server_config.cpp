@@ -54,6 +54,14 @@ std::string_view to_string(scheduling_policy x) {
   return "?";
 }
 
+std::string_view to_string(kv_cache_dtype_kind x) {
+  switch (x) {
+    case kv_cache_dtype_kind::bf16: return "bf16";
+    case kv_cache_dtype_kind::fp8: return "fp8";
+  }
+  return "?";
+}
+
 std::string_view to_string(queue_strategy_kind x) {
   switch (x) {
     case queue_strategy_kind::priority_by_remaining_steps: return "priority_by_remaining_steps";
@@ -83,6 +91,13 @@ std::string_view to_string(log_level x) {
 
 std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text) {
   for (auto x : {scheduling_policy::fcfs, scheduling_policy::ladb, scheduling_policy::srpt})
+    if (to_string(x) == text)
+      return x;
+  return std::nullopt;
+}
+
+std::optional<kv_cache_dtype_kind> parse_kv_cache_dtype(std::string_view text) {
+  for (auto x : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8})
     if (to_string(x) == text)
       return x;
   return std::nullopt;

@@ -50,6 +50,10 @@ enum class chat_template_kind : uint8_t {
 /// The scheduler's admission policy (issue 6 adds ladb and srpt).
 enum class scheduling_policy : uint8_t { fcfs, ladb, srpt };
 
+/// Element type of the CUDA KV cache: bf16, or fp8 (e4m3 bytes with one float
+/// scale per token row of each kv head). The CPU's KV cache is fp32 always.
+enum class kv_cache_dtype_kind : uint8_t { bf16, fp8 };
+
 /// The order in which LADB's router releases admitted requests.
 enum class queue_strategy_kind : uint8_t { priority_by_remaining_steps, fcfs };
 
@@ -62,12 +66,14 @@ enum class log_level : uint8_t { trace, debug, info, warn, error };
 /// The YAML spelling of each value ("" for chat_template_kind::from_tokenizer).
 std::string_view to_string(chat_template_kind x);
 std::string_view to_string(scheduling_policy x);
+std::string_view to_string(kv_cache_dtype_kind x);
 std::string_view to_string(queue_strategy_kind x);
 std::string_view to_string(fallback_policy_kind x);
 std::string_view to_string(log_level x);
 
 /// Parses a YAML spelling; nullopt when `text` is none of them.
 std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text);
+std::optional<kv_cache_dtype_kind> parse_kv_cache_dtype(std::string_view text);
 
 // -- sections --------------------------------------------------------------------
 
@@ -123,6 +129,9 @@ struct engine_section {
   double gpu_memory_fraction = 0.9;
   /// Capture decode steps as CUDA graphs (ignored on the CPU).
   bool cuda_graphs = true;
+  /// Element type of the KV cache; fp8 needs a CUDA device (the CPU keeps
+  /// its KV cache in fp32 whatever this says, and refuses fp8 at start).
+  kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
   scheduling_policy policy = scheduling_policy::fcfs;
   /// A step running longer fails the executor (the supervisor restarts it).
   int64_t step_timeout_ms = 30000;

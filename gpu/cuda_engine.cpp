@@ -9,6 +9,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include "gpu/kernels_v1.hpp"
 #include "model/environment.hpp"
 #include "model/model_error.hpp"
 
@@ -65,6 +66,22 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
   check_shape(options_.small_batch_path == "auto" || options_.small_batch_path == "gemv"
                 || options_.small_batch_path == "skinny" || options_.small_batch_path == "cublas",
               "small_batch_path", "must be auto, gemv, skinny or cublas");
+  check_shape(options_.kv_cache_dtype == "bf16" || options_.kv_cache_dtype == "fp8",
+              "kv_cache_dtype", "must be bf16 or fp8, not '" + options_.kv_cache_dtype + "'");
+  kv_fp8_ = options_.kv_cache_dtype == "fp8";
+  if (kv_fp8_) {
+    // Every kernel that reads or writes the cache has an fp8 form from the
+    // second generation on, for the shapes of its tensor-core decode kernel.
+    const attention_shape sh = attention_of(0);
+    check_shape(decode_attention_v2_supports(sh), "kv_cache_dtype",
+                "fp8 needs head_dim 16, 32, 64 or 128 and at most 8 query heads a kv head "
+                "(this model: head_dim " + std::to_string(c.head_dim) + ", "
+                  + std::to_string(c.num_heads / c.num_kv_heads) + " a kv head)");
+    const kernel_generations& k = active_kernels();
+    check_shape(k.decode_attention != 1 && k.prefill_attention != 1, "kv_cache_dtype",
+                "fp8 needs the second-generation attention kernels (METRONOME_KERNELS "
+                "selects the first)");
+  }
 
   int count = 0;
   METRONOME_CUDA(cudaGetDeviceCount(&count));
@@ -240,7 +257,7 @@ void cuda_engine::allocate_activations() {
 
   // Split-K partials: the most (sequences x splits) any batch size needs.
   attention_shape sh = attention_of(0);
-  attn_blocks_per_sm_ = decode_attention_blocks_per_sm(sh);
+  attn_blocks_per_sm_ = decode_attention_blocks_per_sm(sh, kv_fp8_);
   max_splits_product_ = 1;
   for (int32_t n = 1; n <= max_batch_; ++n)
     max_splits_product_ = std::max(
@@ -250,6 +267,8 @@ void cuda_engine::allocate_activations() {
   part_ml_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads) * 2 * 4);
   split_counters_ = device_buffer(b * size_t(c.num_heads) * 4);
   METRONOME_CUDA(cudaMemset(split_counters_.get(), 0, split_counters_.bytes()));
+  if (kv_fp8_)
+    kv_stage_ = device_buffer(b * 2 * kv * 4);
   if (residual_rms_norm_supports(c.hidden_size))
     split_partials_ = device_buffer(size_t(max_gemm_splits) * b * std::max(h, q + 2 * kv) * 4);
   sample_ws_ = device_buffer(sample_workspace_bytes(max_batch_));
@@ -299,9 +318,20 @@ void cuda_engine::allocate_activations() {
   const size_t workspaces = part_o_.bytes() + part_ml_.bytes() + split_counters_.bytes()
                             + sample_ws_.bytes() + cublas_ws_.bytes() + inputs_.bytes()
                             + outputs_.bytes() + skinny_partials_.bytes()
-                            + skinny_counters_.bytes() + split_partials_.bytes();
+                            + skinny_counters_.bytes() + split_partials_.bytes()
+                            + kv_stage_.bytes();
   plan_.push_back({"activations", int64_t(activations)});
   plan_.push_back({"workspaces", int64_t(workspaces)});
+}
+
+size_t cuda_engine::kv_layer_bytes(int64_t pages) const {
+  const auto& c = model_->config;
+  const size_t rows = size_t(pages) * size_t(options_.page_size) * size_t(c.num_kv_heads);
+  if (!kv_fp8_)
+    return 2 * rows * size_t(c.head_dim) * 2;
+  // Rounded up to 256 bytes, so that every layer's pools start 16-byte
+  // aligned (the prefill copies 16 bytes at a time) whatever the row count.
+  return (2 * rows * (size_t(c.head_dim) + 4) + 255) / 256 * 256;
 }
 
 void cuda_engine::plan_kv_and_capture() {
@@ -310,7 +340,8 @@ void cuda_engine::plan_kv_and_capture() {
   METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t budget = size_t(double(total_b) * options_.gpu_memory_fraction);
   const size_t ps = size_t(options_.page_size);
-  const size_t token_bytes = size_t(c.num_layers) * 2 * size_t(c.kv_size()) * 2;
+  const size_t token_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads)
+                             * (kv_fp8_ ? size_t(c.head_dim) + 4 : size_t(c.head_dim) * 2);
   max_seqs_ = options_.max_seqs > 0 ? options_.max_seqs : 4 * max_batch_;
   check_shape(max_seqs_ >= max_batch_, "max_seqs", "must be at least max_batch_size");
 
@@ -328,7 +359,8 @@ void cuda_engine::plan_kv_and_capture() {
   if (!graphs_.empty()) {
     num_pages_ = 1;
     page_stride_ = 1;
-    kv_layer_bytes_ = 2 * 2 * ps * size_t(c.kv_size()) * 2;
+    kv_layer_bytes_ = kv_layer_bytes(2);
+    kv_rows_ = size_t(2) * ps * size_t(c.num_kv_heads);
     kv_pool_ = device_buffer(size_t(c.num_layers) * kv_layer_bytes_);
     page_table_ = device_buffer(size_t(max_seqs_ + 1) * 4);
     METRONOME_CUDA(cudaDeviceSynchronize());
@@ -376,7 +408,8 @@ void cuda_engine::plan_kv_and_capture() {
   page_stride_ = int32_t((max_len + int64_t(ps) - 1) / int64_t(ps));
 
   // The pool has one extra page: the scratch page of padding rows.
-  kv_layer_bytes_ = 2 * size_t(num_pages_ + 1) * ps * size_t(c.kv_size()) * 2;
+  kv_layer_bytes_ = kv_layer_bytes(int64_t(num_pages_) + 1);
+  kv_rows_ = size_t(num_pages_ + 1) * ps * size_t(c.num_kv_heads);
   kv_pool_ = device_buffer(size_t(c.num_layers) * kv_layer_bytes_);
   METRONOME_CUDA(cudaMemsetAsync(kv_pool_.get(), 0, kv_pool_.bytes(), stream_));
   page_table_ = device_buffer(size_t(max_seqs_ + 1) * size_t(page_stride_) * 4);

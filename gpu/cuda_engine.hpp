@@ -276,6 +276,10 @@ private:
   int32_t num_sms_ = 0;
   // decode_attention_blocks_per_sm(layer 0's shape), set by allocate_activations.
   int32_t attn_blocks_per_sm_ = 0;
+  // kv_cache_dtype "fp8": the pools hold e4m3 bytes and row scales
+  // (kv_view::k8); the qkv GEMV and skinny GEMM leave the rotated rows in
+  // kv_stage_ for the attention to quantise (kv_view::stage).
+  bool kv_fp8_ = false;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   cudaEvent_t step_done_[2] = {nullptr, nullptr}; // per staging slot
@@ -297,6 +301,8 @@ private:
   device_buffer skinny_partials_, skinny_counters_;
   // [max_gemm_splits][max_batch_][max(hidden, qkv width)] fp32
   device_buffer split_partials_;
+  // fp8 cache, GEMV and skinny paths: rotated k, v rows [max_batch][2][kv_size] fp32.
+  device_buffer kv_stage_;
   std::map<int32_t, split_choice> splits_;
   static constexpr int32_t max_gemm_splits = 4;
   /// METRONOME_PDL=auto keeps a decode graph with PDL (then with late
@@ -315,7 +321,13 @@ private:
   // KV pool and page tables.
   int32_t num_pages_ = 0, max_seqs_ = 0, page_stride_ = 0;
   device_buffer kv_pool_, page_table_;
+  // One layer's share of kv_pool_: K then V ([pages + 1][kv_heads][page_size]
+  // rows of head_dim bf16, or of head_dim bytes followed by the K and V row
+  // scales with the fp8 cache).
   size_t kv_layer_bytes_ = 0;
+  size_t kv_rows_ = 0; // rows of one layer's K (or V) pool: (pages + 1) x page_size x kv_heads
+  /// Bytes of one layer's pools for `pages` pages.
+  size_t kv_layer_bytes(int64_t pages) const;
 
   /// One padded decode batch size and its captured step.
   struct decode_graph {

@@ -194,8 +194,17 @@ kv_view cuda_engine::kv_of(int32_t layer_index) const {
   const auto& c = model_->config;
   kv_view kv;
   auto* base = kv_pool_.get<unsigned char>() + size_t(layer_index) * kv_layer_bytes_;
-  kv.k = reinterpret_cast<bf16*>(base);
-  kv.v = reinterpret_cast<bf16*>(base + kv_layer_bytes_ / 2);
+  if (kv_fp8_) {
+    // [K bytes][V bytes][K scales][V scales], rows x head_dim bytes each.
+    const size_t rows = kv_rows_;
+    kv.k8 = base;
+    kv.v8 = base + rows * size_t(c.head_dim);
+    kv.k_scale = reinterpret_cast<float*>(base + 2 * rows * size_t(c.head_dim));
+    kv.v_scale = kv.k_scale + rows;
+  } else {
+    kv.k = reinterpret_cast<bf16*>(base);
+    kv.v = reinterpret_cast<bf16*>(base + kv_layer_bytes_ / 2);
+  }
   kv.page_table = page_table_.get<int32_t>();
   kv.page_table_stride = page_stride_;
   kv.page_size = options_.page_size;
@@ -306,15 +315,19 @@ void cuda_engine::enqueue_decode(const layout& l, int32_t batch, decode_path pat
       a.n = qkv;
       a.k = h;
       a.m = batch;
-      a.bias = L.qkv_bias;
       input(a, L.attn_norm);
+      a.bias = L.qkv_bias;
       a.out_bf16 = q_.get<bf16>();
       a.inv_freq = inv_freq_.get<float>();
       a.batch = sv.batch;
       a.kv = kv;
+      // The fp8 cache: the rotated k and v rows go to the stage, which the
+      // attention quantises into the cache (kv_view::stage).
+      if (kv_fp8_)
+        a.kv.stage = kv_stage_.get<float>();
       a.num_heads = c.num_heads;
       project(gemv_epilogue::qkv_rope, a);
-      attend(sh, kv, sv.batch, batch, false);
+      attend(sh, a.kv, sv.batch, batch, false);
     } else {
       if (rc.qkv > 0)
         tuner_->run_split(xn, batch, L.qkv, qkv, h, split_partials_.get<float>(), rc.qkv, stream_);

@@ -42,6 +42,10 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv_common.cuh"
@@ -131,6 +135,114 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
     w[i] = 0;
 }
 
+// -- the fp8 cache (kv_view::k8) ------------------------------------------------
+// Its rows hold the same elements at the same indices in one byte each, so a
+// lane reads the same elements as from the bf16 cache in half the bytes (a
+// 16-byte load becomes an 8-byte one at the same element offsets) and turns
+// them into pairs for the MMAs (e4m3 converts exactly to f16 and to bf16).
+// The row scales are applied outside the MMAs: a key's K scale to its scores
+// (S = K Q^T in f16, q rounded to bf16 first as the bf16 cache's kernel does),
+// its V scale to its probabilities before they meet V (O^T += V^T P^T in
+// bf16, as with the bf16 cache: P times a small scale would fall below f16's
+// range where one key holds most of the weight), the row sums l without it.
+
+/// 32-bit words of e4m3 that hold what WORDS words of bf16 hold (a 16-bit
+/// piece in the low half below 2 words).
+template <int WORDS>
+constexpr int words8 = WORDS >= 2 ? WORDS / 2 : 1;
+
+/// load_words for the fp8 cache: the elements of load_words<WORDS, STRIDE>
+/// at p, STRIDE in elements (= bytes here).
+template <int WORDS, int STRIDE, bool NC>
+__device__ __forceinline__ void load_words8(uint32_t (&w)[words8<WORDS>], const uint8_t* p,
+                                            uint64_t policy) {
+  if constexpr (WORDS >= 4) {
+#pragma unroll
+    for (int i = 0; i < WORDS / 4; ++i) {
+      if constexpr (NC)
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+            : "=r"(w[2 * i]), "=r"(w[2 * i + 1])
+            : "l"(p + STRIDE * i), "l"(policy));
+      else
+        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                     : "=r"(w[2 * i]), "=r"(w[2 * i + 1])
+                     : "l"(p + STRIDE * i), "l"(policy)
+                     : "memory");
+    }
+  } else if constexpr (WORDS == 2) {
+    if constexpr (NC)
+      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
+          : "=r"(w[0])
+          : "l"(p), "l"(policy));
+    else
+      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
+                   : "=r"(w[0])
+                   : "l"(p), "l"(policy)
+                   : "memory");
+  } else {
+    w[0] = __ldcg(reinterpret_cast<const unsigned short*>(p)); // head_dim 16 only
+  }
+}
+
+/// The f16 pairs (BF16: bf16 pairs) of WORDS words from their e4m3 bytes
+/// (load_words8); both exact.
+template <int WORDS, bool BF16 = false>
+__device__ __forceinline__ void e4m3_to_f16_words(uint32_t (&out)[WORDS],
+                                                  const uint32_t (&raw)[words8<WORDS>]) {
+#pragma unroll
+  for (int j = 0; j < WORDS; ++j) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(raw[j / 2] >> (16 * (j & 1)));
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    if constexpr (BF16) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      out[j] = pack_bf16x2(f.x, f.y);
+    } else {
+      out[j] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+/// The fp8 cache's writer: the row (k, v) in sm_row into the cache at element
+/// offset `row` (each row's scale, its largest |value| / 448, then its bytes:
+/// rope_kv_write's arithmetic). Every thread of the block calls it.
+template <int D, int THREADS>
+__device__ __forceinline__ void store_row8(const kv_view& kv, int64_t row,
+                                           const float (&sm_row)[2][D], float (&sm_amax)[2]) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (warp < 2) { // warp 0: k, warp 1: v
+    float mx = 0.0f;
+    for (int d = lane; d < D; d += 32)
+      mx = fmaxf(mx, fabsf(sm_row[warp][d]));
+    mx = warp_max(mx);
+    if (lane == 0) {
+      sm_amax[warp] = mx;
+      (warp == 0 ? kv.k_scale : kv.v_scale)[row / D] = mx * (1.0f / 448.0f);
+    }
+  }
+  __syncthreads();
+  const float ik = e4m3_inverse_scale(sm_amax[0]), iv = e4m3_inverse_scale(sm_amax[1]);
+  for (int d = tid; d < D; d += THREADS) {
+    kv.k8[row + d] = to_e4m3(sm_row[0][d] * ik);
+    kv.v8[row + d] = to_e4m3(sm_row[1][d] * iv);
+  }
+  __syncthreads();
+}
+
+/// mma_bf16 with f16 operands.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+    "{%8, %9}, {%0, %1, %2, %3};"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /// Which dims of a key a lane holds. A lane holds D/4 dims of K (and of q)
 /// and D/8 of V. Where that is more than one 16-byte load, the lanes that
 /// share a row interleave their loads (lane t's i-th load at 16 t + 64 i
@@ -169,6 +281,15 @@ struct step_regs {
   uint32_t v[4][tc_cfg<D>::vw]; // keys 4t .. 4t + 3
 };
 
+/// step_regs from the fp8 cache: the bytes, and the K and V scales of keys
+/// s(g), s(g + 8) (whose scores and probabilities this lane holds).
+template <int D>
+struct step_regs8 {
+  uint32_t k[2][words8<tc_cfg<D>::kw>];
+  uint32_t v[4][words8<tc_cfg<D>::vw>];
+  float ks[2], vs[2];
+};
+
 /// A 32-bit global load the compiler issues where it is written.
 __device__ __forceinline__ int32_t load_pinned(const int32_t* p) {
   int32_t v;
@@ -189,7 +310,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 /// cuBLAS path needs no RoPE launch. The arithmetic is rope_kv_write_kernel's,
 /// through the same helpers (an absent bias adds zero to q here). Otherwise q
 /// is the rotated q [tokens][heads][D].
-template <int D, bool ROPE, int WARPS>
+template <int D, bool ROPE, int WARPS, bool KV8>
 __global__ void __launch_bounds__(WARPS * 32)
   decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, rope_input rope,
                              kv_view kv, batch_view batch, int32_t splits,
@@ -197,8 +318,12 @@ __global__ void __launch_bounds__(WARPS * 32)
                              int32_t* __restrict__ counters, bf16* __restrict__ out,
                              bool kv_evict_first, bool late_trigger) {
   using C = tc_cfg<D>;
+  using regs = std::conditional_t<KV8, step_regs8<D>, step_regs<D>>;
   constexpr int warps = WARPS, threads = WARPS * 32;
   __shared__ float sm_o[warps][8][D];
+  // The fp8 writer's row (rotated k, v) and its two largest |values|.
+  __shared__ float sm_row[KV8 ? 2 : 1][KV8 ? D : 1];
+  __shared__ float sm_amax[2];
   __shared__ float sm_cos[ROPE ? D / 2 : 1], sm_sin[ROPE ? D / 2 : 1];
   __shared__ float sm_m[warps][8], sm_l[warps][8];
   __shared__ float mg_w[8][max_splits];
@@ -276,20 +401,49 @@ __global__ void __launch_bounds__(WARPS * 32)
       r.v[i] = row_of(base + 4 * t + i);
   };
   const uint64_t kv_policy = l2_policy(kv_evict_first);
-  auto load_step = [&](const step_rows& r, step_regs<D>& x) {
+  auto load_step = [&](const step_rows& r, regs& x) {
+    if constexpr (KV8) {
+      constexpr int kw8 = words8<C::kw>, vw8 = words8<C::vw>;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (r.k[i] >= 0)
-        load_words<C::kw, C::k_stride, !ROPE>(x.k[i], kv.k + r.k[i] + C::k_base(t), kv_policy);
-      else
-        zero_words<C::kw>(x.k[i]);
-    }
+      for (int i = 0; i < 2; ++i) {
+        if (r.k[i] >= 0) {
+          // Coherent loads: a block of this kernel may write the current
+          // row first (the fused RoPE, or kv.stage).
+          load_words8<C::kw, C::k_stride, false>(x.k[i], kv.k8 + r.k[i] + C::k_base(t),
+                                                 kv_policy);
+          const int64_t row = r.k[i] / D; // of the scale arrays
+          x.ks[i] = __ldcg(kv.k_scale + row);
+          x.vs[i] = __ldcg(kv.v_scale + row);
+        } else {
+          zero_words<kw8>(x.k[i]);
+          x.ks[i] = x.vs[i] = 0.0f;
+        }
+      }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (r.v[i] >= 0)
-        load_words<C::vw, C::v_stride, !ROPE>(x.v[i], kv.v + r.v[i] + C::v_base(g), kv_policy);
-      else
-        zero_words<C::vw>(x.v[i]);
+      for (int i = 0; i < 4; ++i) {
+        if (r.v[i] >= 0)
+          load_words8<C::vw, C::v_stride, false>(x.v[i], kv.v8 + r.v[i] + C::v_base(g),
+                                                 kv_policy);
+        else
+          zero_words<vw8>(x.v[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (r.k[i] >= 0)
+          load_words<C::kw, C::k_stride, !ROPE>(x.k[i], kv.k + r.k[i] + C::k_base(t),
+                                                kv_policy);
+        else
+          zero_words<C::kw>(x.k[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (r.v[i] >= 0)
+          load_words<C::vw, C::v_stride, !ROPE>(x.v[i], kv.v + r.v[i] + C::v_base(g),
+                                                kv_policy);
+        else
+          zero_words<C::vw>(x.v[i]);
+      }
     }
   };
 
@@ -306,7 +460,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   else
     rows_next = step_rows{{-1, -1}, {-1, -1, -1, -1}};
 
-  step_regs<D> cur;
+  regs cur;
   // Whether this warp's first step is loaded before the wait (above).
   const bool early = !ROPE && s != nsteps - 1;
   if (early)
@@ -326,6 +480,25 @@ __global__ void __launch_bounds__(WARPS * 32)
                                      l2_policy(false));
     else
       zero_words<C::kw>(qw);
+    if constexpr (KV8) {
+#pragma unroll
+      for (int w = 0; w < C::kw; ++w) {
+        const float2 x = unpack2(qw[w]);
+        qw[w] = pack_f16x2(x.x, x.y);
+      }
+      // The GEMV path (kv.stage): the block whose split holds the current
+      // token quantises its rotated row into the cache before any warp
+      // loads that step (early loads never hold it: see `early`).
+      if (kv.stage && len > 0 && (nsteps - 1) / per_split == split) {
+        const float* src = kv.stage + (int64_t(qrow) * 2 * kv.kv_heads + kvh) * D;
+        for (int d = tid; d < D; d += threads) {
+          sm_row[0][d] = src[d];
+          sm_row[1][d] = src[int64_t(kv.kv_heads) * D + d];
+        }
+        __syncthreads();
+        store_row8<D, threads>(kv, row_of(pos), sm_row, sm_amax);
+      }
+    }
   } else {
     // Raw q (and bias) of the dims lane t holds, then of their rotation
     // partners (d + D/2 mod D: the same chunk shape, D/2 elements away). From
@@ -422,18 +595,31 @@ __global__ void __launch_bounds__(WARPS * 32)
             b += to_float(rope.bias[kc + half]);
           }
           gemv_detail::rope_rotate(a, b, cs, sn);
-          kv.k[cur_row + d] = __float2bfloat16_rn(a);
-          kv.k[cur_row + d + half] = __float2bfloat16_rn(b);
+          if constexpr (KV8) {
+            sm_row[0][d] = a;
+            sm_row[0][d + half] = b;
+          } else {
+            kv.k[cur_row + d] = __float2bfloat16_rn(a);
+            kv.k[cur_row + d + half] = __float2bfloat16_rn(b);
+          }
         }
       }
       if (writer) {
         float a = raw_v;
         if (rope.bias)
           a += to_float(rope.bias[vc]);
-        kv.v[cur_row + d] = __float2bfloat16_rn(a);
+        if constexpr (KV8)
+          sm_row[1][d] = a;
+        else
+          kv.v[cur_row + d] = __float2bfloat16_rn(a);
       }
     }
     __syncthreads();
+    if constexpr (KV8) {
+      // `writer` is the same for the whole block, so are the barriers.
+      if (writer)
+        store_row8<D, threads>(kv, cur_row, sm_row, sm_amax);
+    }
 #pragma unroll
     for (int w = 0; w < C::kw; ++w) {
       const int d = C::k_base(t) + (w / cw) * C::k_stride + 2 * (w % cw);
@@ -452,7 +638,12 @@ __global__ void __launch_bounds__(WARPS * 32)
           gemv_detail::rope_rotate(other, mine, sm_cos[i], sm_sin[i]);
         r[e] = mine;
       }
-      qw[w] = g < group ? pack_bf16x2(r[0], r[1]) : 0u;
+      // With the fp8 cache q is an f16 operand, rounded to bf16 first (exact
+      // in f16), as the unfused kernel reads it from rope_kv_write's q.
+      qw[w] = g < group ? (KV8 ? pack_f16x2(__bfloat162float(__float2bfloat16_rn(r[0])),
+                                            __bfloat162float(__float2bfloat16_rn(r[1])))
+                               : pack_bf16x2(r[0], r[1]))
+                        : 0u;
     }
   }
 
@@ -468,7 +659,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   if (!early)
     load_step(r0, cur);
   for (; s < s_end; s += warps) {
-    step_regs<D> nxt;
+    regs nxt;
     load_step(rows_next, nxt);
     if (s + 2 * warps < s_end)
       rows_of_step(s + 2 * warps, rows_next);
@@ -477,11 +668,26 @@ __global__ void __launch_bounds__(WARPS * 32)
 
     // S^T[16 keys][8 heads]: rows s(g), s(g + 8); columns 2t, 2t + 1.
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (KV8) {
+      uint32_t k0[C::kw], k1[C::kw];
+      e4m3_to_f16_words<C::kw>(k0, cur.k[0]);
+      e4m3_to_f16_words<C::kw>(k1, cur.k[1]);
 #pragma unroll
-    for (int kk = 0; kk < C::ks; ++kk) {
-      const uint32_t a[4] = {cur.k[0][2 * kk], cur.k[1][2 * kk], cur.k[0][2 * kk + 1],
-                             cur.k[1][2 * kk + 1]};
-      mma_bf16(c, a, qw[2 * kk], qw[2 * kk + 1]);
+      for (int kk = 0; kk < C::ks; ++kk) {
+        const uint32_t a[4] = {k0[2 * kk], k1[2 * kk], k0[2 * kk + 1], k1[2 * kk + 1]};
+        mma_f16(c, a, qw[2 * kk], qw[2 * kk + 1]);
+      }
+      c[0] *= cur.ks[0];
+      c[1] *= cur.ks[0];
+      c[2] *= cur.ks[1];
+      c[3] *= cur.ks[1];
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < C::ks; ++kk) {
+        const uint32_t a[4] = {cur.k[0][2 * kk], cur.k[1][2 * kk], cur.k[0][2 * kk + 1],
+                               cur.k[1][2 * kk + 1]};
+        mma_bf16(c, a, qw[2 * kk], qw[2 * kk + 1]);
+      }
     }
     const int32_t base = base0 + s * step_keys;
     const bool ok0 = base + kr0 >= lo && base + kr0 < len;
@@ -504,8 +710,25 @@ __global__ void __launch_bounds__(WARPS * 32)
       l[e] = l[e] * alpha[e] + c[e] + c[2 + e];
     }
     // P^T as B fragments: (head g; keys 2t, 2t + 1) and (head g; keys 2t + 8, 2t + 9).
-    pk[0] = transpose8x8(pack_bf16x2(c[0], c[1]));
-    pk[1] = transpose8x8(pack_bf16x2(c[2], c[3]));
+    if constexpr (KV8) {
+      pk[0] = transpose8x8(pack_bf16x2(c[0] * cur.vs[0], c[1] * cur.vs[0]));
+      pk[1] = transpose8x8(pack_bf16x2(c[2] * cur.vs[1], c[3] * cur.vs[1]));
+    } else {
+      pk[0] = transpose8x8(pack_bf16x2(c[0], c[1]));
+      pk[1] = transpose8x8(pack_bf16x2(c[2], c[3]));
+    }
+    uint32_t vf[4][C::vw];
+    if constexpr (KV8) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        e4m3_to_f16_words<C::vw, true>(vf[i], cur.v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int w = 0; w < C::vw; ++w)
+          vf[i][w] = cur.v[i][w];
+    }
     // O^T[dims][heads] = O^T * alpha + V^T P^T, one m16 tile of dims at a time.
 #pragma unroll
     for (int dt = 0; dt < C::ks; ++dt) {
@@ -513,10 +736,10 @@ __global__ void __launch_bounds__(WARPS * 32)
       o[dt][1] *= alpha[1];
       o[dt][2] *= alpha[0];
       o[dt][3] *= alpha[1];
-      const uint32_t a[4] = {__byte_perm(cur.v[0][dt], cur.v[1][dt], 0x5410),
-                             __byte_perm(cur.v[0][dt], cur.v[1][dt], 0x7632),
-                             __byte_perm(cur.v[2][dt], cur.v[3][dt], 0x5410),
-                             __byte_perm(cur.v[2][dt], cur.v[3][dt], 0x7632)};
+      const uint32_t a[4] = {__byte_perm(vf[0][dt], vf[1][dt], 0x5410),
+                             __byte_perm(vf[0][dt], vf[1][dt], 0x7632),
+                             __byte_perm(vf[2][dt], vf[3][dt], 0x5410),
+                             __byte_perm(vf[2][dt], vf[3][dt], 0x7632)};
       mma_bf16(o[dt], a, pk[0], pk[1]);
     }
     cur = nxt;
@@ -662,20 +885,33 @@ __global__ void __launch_bounds__(WARPS * 32)
     *counter = 0;
 }
 
-template <int D, int WARPS>
+template <int D, int WARPS, bool KV8>
 void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
                const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
                float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
   const bool hint = stream_hint_on(hint_decode_kv);
   if (rope)
-    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, true, WARPS>, grid,
-                  dim3(WARPS * 32), 0, stream, sh, static_cast<const bf16*>(nullptr), *rope, kv,
-                  batch, splits, part_o, part_ml, counters, out, hint, false);
+    launch_kernel("decode_attention_tc_kernel",
+                  decode_attention_tc_kernel<D, true, WARPS, KV8>, grid, dim3(WARPS * 32), 0,
+                  stream, sh, static_cast<const bf16*>(nullptr), *rope, kv, batch, splits,
+                  part_o, part_ml, counters, out, hint, false);
   else
-    launch_kernel("decode_attention_tc_kernel", decode_attention_tc_kernel<D, false, WARPS>, grid,
-                  dim3(WARPS * 32), 0, stream, sh, q, rope_input{}, kv, batch, splits, part_o,
-                  part_ml, counters, out, hint, late_triggers());
+    launch_kernel("decode_attention_tc_kernel",
+                  decode_attention_tc_kernel<D, false, WARPS, KV8>, grid, dim3(WARPS * 32), 0,
+                  stream, sh, q, rope_input{}, kv, batch, splits, part_o, part_ml, counters,
+                  out, hint, late_triggers());
+}
+
+template <int D, int WARPS>
+void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
+               const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
+               float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+  if (kv.k8)
+    return launch_tc<D, WARPS, true>(sh, q, rope, kv, batch, splits, part_o, part_ml,
+                                     counters, out, stream);
+  launch_tc<D, WARPS, false>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out,
+                             stream);
 }
 
 template <int D>
@@ -703,6 +939,8 @@ void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* 
                      + std::to_string(warps));
   if (splits > 1 && (!part_o || !part_ml || !counters))
     throw cuda_error("launch_decode_attention: splits > 1 needs partial buffers and counters");
+  if (kv.k8 && (!kv.v8 || !kv.k_scale || !kv.v_scale))
+    throw cuda_error("launch_decode_attention: an fp8 cache needs k8, v8 and both scales");
   switch (sh.head_dim) {
     case 16: return launch_tc<16>(sh, q, rope, kv, batch, splits, warps, part_o, part_ml, counters, out, stream);
     case 32: return launch_tc<32>(sh, q, rope, kv, batch, splits, warps, part_o, part_ml, counters, out, stream);
@@ -716,15 +954,21 @@ void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* 
   }
 }
 
-/// Blocks an SM holds of both forms of the kernel for head_dim D (the fewer).
-template <int D>
+/// Blocks an SM holds of both forms of the kernel for head_dim D and the
+/// cache's form (the fewer).
+template <int D, bool KV8>
 int32_t resident_blocks() {
   int with_rope = 0, without = 0;
   METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-    &with_rope, decode_attention_tc_kernel<D, true, default_warps>, default_warps * 32, 0));
+    &with_rope, decode_attention_tc_kernel<D, true, default_warps, KV8>, default_warps * 32, 0));
   METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-    &without, decode_attention_tc_kernel<D, false, default_warps>, default_warps * 32, 0));
+    &without, decode_attention_tc_kernel<D, false, default_warps, KV8>, default_warps * 32, 0));
   return std::max(1, std::min(with_rope, without));
+}
+
+template <int D>
+int32_t resident_blocks(bool fp8) {
+  return fp8 ? resident_blocks<D, true>() : resident_blocks<D, false>();
 }
 
 bool use_v2(const attention_shape& sh) {
@@ -743,12 +987,12 @@ bool attention_supports_head_dim(int32_t d) {
   return d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
 }
 
-int32_t decode_attention_blocks_per_sm(const attention_shape& sh) {
+int32_t decode_attention_blocks_per_sm(const attention_shape& sh, bool fp8) {
   switch (sh.head_dim) {
-    case 16: return resident_blocks<16>();
-    case 32: return resident_blocks<32>();
-    case 64: return resident_blocks<64>();
-    case 128: return resident_blocks<128>();
+    case 16: return resident_blocks<16>(fp8);
+    case 32: return resident_blocks<32>(fp8);
+    case 64: return resident_blocks<64>(fp8);
+    case 128: return resident_blocks<128>(fp8);
     default: return 1; // the first generation's shapes: its split rule ignores this
   }
 }
@@ -799,9 +1043,12 @@ void launch_decode_attention(const attention_shape& sh, const bf16* q, const kv_
                              const batch_view& batch, int32_t splits, int32_t warps,
                              float* part_o, float* part_ml, int32_t* counters, bf16* out,
                              cudaStream_t stream) {
-  if (!use_v2(sh))
+  if (!use_v2(sh)) {
+    if (kv.k8)
+      throw cuda_error("launch_decode_attention: the first generation has no fp8 cache");
     return launch_decode_attention_v1(sh, q, kv, batch, splits, part_o, part_ml, counters, out,
                                       stream);
+  }
   launch_checked(sh, q, nullptr, kv, batch, splits, warps, part_o, part_ml, counters, out,
                  stream);
 }

@@ -184,6 +184,80 @@ __global__ void rope_kv_write_kernel(gemv_args a) {
                                                      to_float(row[rows.r1]));
 }
 
+/// rope_kv_write_kernel for the fp8 cache (kv_view::k8), whose rows are
+/// quantised whole: one block per (token, head). A q head's block rotates
+/// its pairs into q_out as the bf16 kernel does; a kv head's block rotates
+/// the k row and reads the v row into shared memory, takes each row's
+/// largest |value|, and writes the row's scale (that / 448) and its e4m3
+/// bytes. The arithmetic before the rounding is rope_kv_write_kernel's (the
+/// raw projection plus bias, rotated in fp32 through the shared helpers).
+constexpr int rope8_threads = 128;
+
+__global__ void __launch_bounds__(rope8_threads)
+  rope_kv_write8_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
+                        const float* __restrict__ inv_freq, batch_view batch, kv_view kv,
+                        int32_t num_heads, bf16* __restrict__ q_out) {
+  __shared__ float row[2][rope8_threads];
+  __shared__ float amax[2][rope8_threads / 32];
+  pdl_wait();
+  pdl_trigger();
+  const int32_t t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
+  const int32_t d = kv.head_dim, half = d / 2, kvh = kv.kv_heads;
+  const bf16* raw = qkv + int64_t(t) * (num_heads + 2 * kvh) * d;
+  const int32_t pos = batch.positions[t];
+  auto value = [&](int32_t col) {
+    return to_float(raw[col]) + (bias ? to_float(bias[col]) : 0.0f);
+  };
+  if (head < num_heads) {
+    if (tid < half) {
+      float a = value(head * d + tid), b = value(head * d + tid + half), c, s;
+      gemv_detail::rope_angle(inv_freq, pos, tid, c, s);
+      gemv_detail::rope_rotate(a, b, c, s);
+      bf16* q = q_out + (int64_t(t) * num_heads + head) * d;
+      q[tid] = __float2bfloat16_rn(a);
+      q[tid + half] = __float2bfloat16_rn(b);
+    }
+    return;
+  }
+  const int32_t h = head - num_heads;
+  const int32_t slot = batch.seq_slot[batch.token_seq[t]];
+  const int32_t page = kv.page_table[int64_t(slot) * kv.page_table_stride + pos / kv.page_size];
+  if (tid < half) {
+    float a = value((num_heads + h) * d + tid), b = value((num_heads + h) * d + tid + half), c, s;
+    gemv_detail::rope_angle(inv_freq, pos, tid, c, s);
+    gemv_detail::rope_rotate(a, b, c, s);
+    row[0][tid] = a;
+    row[0][tid + half] = b;
+  }
+  if (tid < d)
+    row[1][tid] = value((num_heads + kvh + h) * d + tid);
+  __syncthreads();
+  const int lane = tid & 31, warp = tid >> 5;
+  float mk = tid < d ? fabsf(row[0][tid]) : 0.0f, mv = tid < d ? fabsf(row[1][tid]) : 0.0f;
+  mk = warp_max(mk);
+  mv = warp_max(mv);
+  if (lane == 0) {
+    amax[0][warp] = mk;
+    amax[1][warp] = mv;
+  }
+  __syncthreads();
+  float ak = 0.0f, av = 0.0f;
+#pragma unroll
+  for (int w = 0; w < rope8_threads / 32; ++w) {
+    ak = fmaxf(ak, amax[0][w]);
+    av = fmaxf(av, amax[1][w]);
+  }
+  const int64_t r = (int64_t(page) * kvh + h) * kv.page_size + pos % kv.page_size;
+  if (tid < d) {
+    kv.k8[r * d + tid] = to_e4m3(row[0][tid] * e4m3_inverse_scale(ak));
+    kv.v8[r * d + tid] = to_e4m3(row[1][tid] * e4m3_inverse_scale(av));
+  }
+  if (tid == 0) {
+    kv.k_scale[r] = ak * (1.0f / 448.0f);
+    kv.v_scale[r] = av * (1.0f / 448.0f);
+  }
+}
+
 __global__ void swiglu_kernel(const bf16* __restrict__ gu, int32_t inter, int64_t total,
                               bf16* __restrict__ act) {
   pdl_wait();
@@ -296,6 +370,16 @@ void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_fr
                           bf16* q_out, cudaStream_t stream) {
   if (batch.num_tokens <= 0)
     return;
+  if (kv.k8) {
+    if (kv.head_dim > rope8_threads || kv.head_dim % 2 != 0 || !kv.v8 || !kv.k_scale
+        || !kv.v_scale)
+      throw cuda_error("launch_rope_kv_write: an fp8 cache needs an even head_dim of at most "
+                       + std::to_string(rope8_threads) + ", k8, v8 and both scales");
+    const dim3 grid(unsigned(batch.num_tokens), unsigned(num_heads + kv.kv_heads));
+    launch_kernel("rope_kv_write8_kernel", rope_kv_write8_kernel, grid, dim3(rope8_threads), 0,
+                  stream, qkv, bias, inv_freq, batch, kv, num_heads, q_out);
+    return;
+  }
   // The qkv GEMV's epilogue, on the rows of an unfused projection.
   gemv_args a;
   a.x = qkv;

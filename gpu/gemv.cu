@@ -351,6 +351,9 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
     throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
   if (a.residual_in && !a.norm_weight)
     throw cuda_error("launch_gemv: a residual input needs its norm weight");
+  if (epilogue == gemv_epilogue::qkv_rope && a.kv.k8 && !a.kv.stage)
+    throw cuda_error("launch_gemv: qkv_rope with the fp8 cache needs kv.stage (the decode "
+                     "attention quantises the rows from there)");
   // The residual-adding projections (o, down) launch early only with late
   // triggers (kernels.hpp), in either generation: with PDL on every other
   // launch and off for these two, the 8B batch-1 step took 3% less time than

@@ -236,6 +236,12 @@ __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pa
       bf16* q = a.out_bf16 + int64_t(m) * a.num_heads * d + head * d;
       q[i] = __float2bfloat16_rn(y0);
       q[i + half] = __float2bfloat16_rn(y1);
+    } else if (a.kv.k8) {
+      const bool is_k = head < a.num_heads + kvh;
+      const int32_t h = head - a.num_heads - (is_k ? 0 : kvh);
+      float* dst = a.kv.stage + ((int64_t(m) * 2 + (is_k ? 0 : 1)) * kvh + h) * d;
+      dst[i] = y0;
+      dst[i + half] = y1;
     } else {
       const bool is_k = head < a.num_heads + kvh;
       const int32_t h = head - a.num_heads - (is_k ? 0 : kvh);

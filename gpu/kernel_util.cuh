@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 namespace metronome::gpu::dev {
@@ -83,6 +84,21 @@ __device__ __forceinline__ void unpack(const bf16x8& v, float (&f)[8]) {
   }
 }
 
+/// One e4m3 byte of x (round to nearest even, saturating at +-448): how the
+/// fp8 KV cache's writers store a row's values divided by its scale
+/// (kv_view::k8; model/dtype.hpp's f32_to_e4m3 on the host).
+__device__ __forceinline__ uint8_t to_e4m3(float x) {
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
+/// 448 / amax, what a row with that largest |value| is multiplied by before
+/// to_e4m3; 0 for a row whose largest |value| is 0 or below 2^-100 (whose
+/// inverse could overflow), stored as zeros. model/cpu_ops.cpp's
+/// round_rows_to_e4m3 is the host's copy of this rule.
+__device__ __forceinline__ float e4m3_inverse_scale(float amax) {
+  return amax >= 0x1p-100f ? 448.0f / amax : 0.0f;
+}
+
 /// Packs two floats into a bf16 pair, round to nearest even.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -130,6 +146,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+
+/// cp_async16 of 4 bytes (through L1: the 16-byte form alone bypasses it).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() {

@@ -28,6 +28,22 @@ using bf16 = __nv_bfloat16;
 struct kv_view {
   bf16* k = nullptr;
   bf16* v = nullptr;
+  /// The cache's fp8 form, where k8 is set (k and v are then unused): the
+  /// same pools in e4m3 bytes (model/dtype.hpp), and one float scale per
+  /// (page, kv head, row) [pages][kv_heads][page_size] for each, so a row's
+  /// values are its bytes times its scale (the row's largest |value| / 448:
+  /// no row can overflow). Only the second-generation decode attention
+  /// reads this form so far.
+  uint8_t* k8 = nullptr;
+  uint8_t* v8 = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  /// fp8 only, on the GEMV and skinny decode paths: the qkv_rope epilogue
+  /// leaves each token's rotated k and v rows here, [tokens][2][kv_heads]
+  /// [head_dim] fp32 (a row's scale needs the whole row, which that
+  /// epilogue spreads over warps), and the decode attention's block that
+  /// holds the token quantises them into the cache before it reads.
+  float* stage = nullptr;
   const int32_t* page_table = nullptr; // [slots][page_table_stride]
   int32_t page_table_stride = 0;
   int32_t page_size = 0;
@@ -83,7 +99,9 @@ bool residual_rms_norm_supports(int32_t n);
 
 /// Splits qkv [tokens][q + 2 kv] (plus bias), rotates q and k (Hugging Face
 /// half-split RoPE with inv_freq [head_dim / 2]) and writes q to q_out
-/// [tokens][q] and k, v into the paged cache at each token's position.
+/// [tokens][q] and k, v into the paged cache at each token's position (into
+/// its fp8 form where kv.k8 is set: each row's scale, then its bytes;
+/// head_dim <= 128).
 void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_freq,
                           const batch_view& batch, const kv_view& kv, int32_t num_heads,
                           bf16* q_out, cudaStream_t stream);
@@ -193,9 +211,10 @@ void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& args,
 // -- attention ---------------------------------------------------------------------------
 
 /// Blocks of the decode attention for `shape` that one SM holds at once (the
-/// occupancy of its kernels, with and without the fused RoPE: the smaller).
-/// Needs the device current on the calling thread; any thread.
-int32_t decode_attention_blocks_per_sm(const attention_shape& shape);
+/// occupancy of its kernels, with and without the fused RoPE: the smaller),
+/// reading the bf16 cache or (fp8) its fp8 form, whose kernels need fewer
+/// registers. Needs the device current on the calling thread; any thread.
+int32_t decode_attention_blocks_per_sm(const attention_shape& shape, bool fp8 = false);
 
 /// Splits along the context the decode kernel will use for `num_seqs`
 /// sequences on `num_sms` SMs that hold `blocks_per_sm` of its blocks each
@@ -221,6 +240,7 @@ int32_t decode_attention_warps(const attention_shape& shape, int32_t num_seqs, i
 /// at zero. `warps` (2 or 4: decode_attention_warps) a block; the first
 /// generation ignores it. The output's bits depend on splits and warps (the
 /// order of the softmax merges) and on nothing else: the same every run.
+/// Reads the cache's fp8 form where kv.k8 is set (the second generation).
 void launch_decode_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
                              const batch_view& batch, int32_t splits, int32_t warps,
                              float* part_o, float* part_ml, int32_t* counters, bf16* out,
@@ -270,7 +290,9 @@ int32_t prefill_tile_rows();
 constexpr int32_t prefill_min_tile = 64;
 
 /// Flash-style causal attention of every token of the step over its
-/// sequence's cached keys (chunked prefill continues from cached pages).
+/// sequence's cached keys (chunked prefill continues from cached pages), from
+/// the bf16 cache or its fp8 form (kv.k8; head_dim <= 128, the second
+/// generation).
 void launch_prefill_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
                               const batch_view& batch, const prefill_item* items,
                               int32_t num_items, bf16* out, cudaStream_t stream);

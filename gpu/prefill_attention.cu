@@ -21,8 +21,17 @@
 // everything cached before it (chunked prefill) and causally to itself. Work
 // items (sequence, tile) are listed longest first by the host so the last
 // wave is short.
+//
+// The fp8 cache (kv_view::k8; head_dim <= 128): cp.async fills the ring with
+// the tiles' e4m3 bytes and row scales instead, and once a tile has landed
+// the block turns it into one bf16 K and V tile (value times scale) in the
+// layout above, so the math is the same; the next tile's bytes still load
+// during this tile's math.
 
 #include <string>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernel_util.cuh"
@@ -48,9 +57,26 @@ struct prefill_cfg {
   static constexpr int threads = warps * 32;
   static constexpr int rs = D + 8; // row stride in elements: 16 bytes of padding
   static constexpr size_t smem = size_t(bm + 4 * bn) * rs * 2;
+  /// With the fp8 cache: Q, one bf16 K and V tile, and a ring of two tiles'
+  /// bytes and scales (no more than smem for D <= 128).
+  static constexpr size_t smem8 = size_t(bm + 2 * bn) * rs * 2 + size_t(4) * bn * D + 16 * bn;
   static constexpr int min_blocks = D <= 128 ? 2 : 1;
   static_assert(bm == tile_rows);
 };
+
+/// Eight e4m3 values times `scale`, as eight bf16 (16 bytes).
+__device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? raw.x : raw.y;
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i & 1)));
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+    w[i] = pack_bf16x2(f.x * scale, f.y * scale);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -58,7 +84,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <int D>
+template <int D, bool KV8>
 __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_blocks)
   prefill_attention_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
                            batch_view batch, const prefill_item* __restrict__ items,
@@ -67,8 +93,13 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   constexpr int MT = C::mt, BM = C::bm, BN = C::bn, RS = C::rs, T = C::threads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);
-  bf16* ks = qs + BM * RS;     // [2][BN][RS]
-  bf16* vs = ks + 2 * BN * RS; // [2][BN][RS]
+  bf16* ks = qs + BM * RS;                    // [2][BN][RS] (fp8: [BN][RS])
+  bf16* vs = ks + (KV8 ? 1 : 2) * BN * RS;    // [2][BN][RS] (fp8: [BN][RS])
+  // fp8 only: the ring of bytes [2][BN][D] and scales [2][BN] of K and V.
+  uint8_t* rk = reinterpret_cast<uint8_t*>(vs + (KV8 ? 1 : 2) * BN * RS);
+  uint8_t* rv = rk + 2 * BN * D;
+  float* sk = reinterpret_cast<float*>(rv + 2 * BN * D);
+  float* sv = sk + 2 * BN;
 
   pdl_wait();
   pdl_trigger();
@@ -102,7 +133,37 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
     const bf16* src = valid ? q + int64_t(row0 + item.row + r) * q_stride + head * D + col : q;
     cp_async16(qs + r * RS + col, src, valid);
   }
+  // Row of key `key` in the pools, or -1 outside [lo, kv_end).
+  auto row_of = [&](int32_t key) -> int64_t {
+    if (key < lo || key >= kv_end)
+      return -1;
+    int32_t page, in_page;
+    if (ps_shift >= 0) {
+      page = pt[key >> ps_shift];
+      in_page = key & (ps - 1);
+    } else {
+      page = pt[key / ps];
+      in_page = key % ps;
+    }
+    return (int64_t(page) * kv.kv_heads + kvh) * ps + in_page;
+  };
   auto load_kv = [&](int32_t kt, int buf) {
+    if constexpr (KV8) {
+      constexpr int cpr8 = D / 16; // 16-byte chunks of a row of bytes
+      for (int c = tid; c < BN * cpr8; c += T) {
+        const int r = c / cpr8, col = (c % cpr8) * 16;
+        const int64_t row = row_of(kt + r);
+        const int64_t off = row >= 0 ? row * D + col : 0;
+        cp_async16(rk + (buf * BN + r) * D + col, kv.k8 + off, row >= 0);
+        cp_async16(rv + (buf * BN + r) * D + col, kv.v8 + off, row >= 0);
+      }
+      for (int r = tid; r < BN; r += T) {
+        const int64_t row = row_of(kt + r);
+        cp_async4(sk + buf * BN + r, kv.k_scale + (row >= 0 ? row : 0), row >= 0);
+        cp_async4(sv + buf * BN + r, kv.v_scale + (row >= 0 ? row : 0), row >= 0);
+      }
+      return;
+    }
     for (int c = tid; c < BN * cpr; c += T) {
       const int r = c / cpr, col = (c % cpr) * 8;
       const int32_t key = kt + r;
@@ -164,12 +225,26 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+    if constexpr (KV8) {
+      // This tile's bytes to bf16 values (the ring's zero-filled rows, keys
+      // outside the window, stay zero).
+      constexpr int c8 = D / 8;
+      for (int c = tid; c < BN * c8; c += T) {
+        const int r = c / c8, col = (c % c8) * 8;
+        const int at = (buf * BN + r) * D + col;
+        *reinterpret_cast<uint4*>(ks + r * RS + col) =
+          dequant8(*reinterpret_cast<const uint2*>(rk + at), sk[buf * BN + r]);
+        *reinterpret_cast<uint4*>(vs + r * RS + col) =
+          dequant8(*reinterpret_cast<const uint2*>(rv + at), sv[buf * BN + r]);
+      }
+      __syncthreads();
+    }
 
     // Skip tiles wholly after this warp's rows or wholly before its window.
     const bool skip = kt > w_last_pos || (window > 0 && kt + BN - 1 <= w_first_pos - window);
     if (!skip) {
-      const bf16* kb = ks + buf * BN * RS;
-      const bf16* vb = vs + buf * BN * RS;
+      const bf16* kb = ks + (KV8 ? 0 : buf * BN * RS);
+      const bf16* vb = vs + (KV8 ? 0 : buf * BN * RS);
       float s[MT][BN / 8][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -299,21 +374,35 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
     }
 }
 
-template <int D>
+template <int D, bool KV8>
 void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
                     const batch_view& batch, const prefill_item* items, int32_t num_items,
                     bf16* out, cudaStream_t stream) {
   using C = prefill_cfg<D>;
+  constexpr size_t smem = KV8 ? C::smem8 : C::smem;
   static const bool configured = [] {
-    METRONOME_CUDA(cudaFuncSetAttribute(prefill_attention_kernel<D>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(C::smem)));
+    METRONOME_CUDA(cudaFuncSetAttribute(prefill_attention_kernel<D, KV8>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(unsigned(sh.num_heads), unsigned(num_items));
-  launch_kernel("prefill_attention_kernel", prefill_attention_kernel<D>, grid, dim3(C::threads),
-                C::smem, stream, sh, q, kv, batch, items, out);
+  launch_kernel("prefill_attention_kernel", prefill_attention_kernel<D, KV8>, grid,
+                dim3(C::threads), smem, stream, sh, q, kv, batch, items, out);
+}
+
+template <int D>
+void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
+                    const batch_view& batch, const prefill_item* items, int32_t num_items,
+                    bf16* out, cudaStream_t stream) {
+  if constexpr (D <= 128) {
+    if (kv.k8)
+      return launch_prefill<D, true>(sh, q, kv, batch, items, num_items, out, stream);
+  } else {
+    if (kv.k8)
+      throw cuda_error("launch_prefill_attention: the fp8 cache needs head_dim <= 128");
+  }
+  launch_prefill<D, false>(sh, q, kv, batch, items, num_items, out, stream);
 }
 
 } // namespace
@@ -327,8 +416,13 @@ void launch_prefill_attention(const attention_shape& sh, const bf16* q, const kv
                               int32_t num_items, bf16* out, cudaStream_t stream) {
   if (num_items <= 0)
     return;
-  if (active_kernels().prefill_attention == 1)
+  if (kv.k8 && (!kv.v8 || !kv.k_scale || !kv.v_scale))
+    throw cuda_error("launch_prefill_attention: an fp8 cache needs k8, v8 and both scales");
+  if (active_kernels().prefill_attention == 1) {
+    if (kv.k8)
+      throw cuda_error("launch_prefill_attention: the first generation has no fp8 cache");
     return launch_prefill_attention_v1(sh, q, kv, batch, items, num_items, out, stream);
+  }
   if (num_items > 65535)
     throw cuda_error("launch_prefill_attention: " + std::to_string(num_items)
                      + " tiles exceed the grid limit");

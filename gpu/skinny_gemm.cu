@@ -428,6 +428,8 @@ void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& a, const skinny
     throw cuda_error("launch_skinny_gemm: m = " + std::to_string(a.m) + " is not in 1..64");
   if (!a.x || a.residual_in)
     throw cuda_error("launch_skinny_gemm: the input must be bf16 x (normalise it first)");
+  if (epilogue == gemv_epilogue::qkv_rope && a.kv.k8 && !a.kv.stage)
+    throw cuda_error("launch_skinny_gemm: qkv_rope with the fp8 cache needs kv.stage");
   if (!skinny_gemm_supports(epilogue, a.n, a.k, a.kv.head_dim))
     throw cuda_error("launch_skinny_gemm: unsupported shape n = " + std::to_string(a.n)
                      + ", k = " + std::to_string(a.k));

@@ -87,6 +87,10 @@ void cpu_engine::forward(std::span<const forward_input> batch, std::span<float> 
         const int32_t slot = int32_t(pos % kv_.page_size());
         std::copy_n(k.data() + row * kv_size, kv_size, kv_.slot(l, page, 0, slot));
         std::copy_n(v.data() + row * kv_size, kv_size, kv_.slot(l, page, 1, slot));
+        if (kv_fp8_) {
+          ref::round_rows_to_e4m3(kv_.slot(l, page, 0, slot), cfg.num_kv_heads, cfg.head_dim);
+          ref::round_rows_to_e4m3(kv_.slot(l, page, 1, slot), cfg.num_kv_heads, cfg.head_dim);
+        }
       }
     }
     attention(l, batch, q.data(), attn_out.data());

@@ -87,6 +87,14 @@ public:
     return kv_;
   }
 
+  /// Whether the cache rounds each key and value row as the GPU's fp8 KV
+  /// cache stores it (ref::round_rows_to_e4m3), still held as floats: the
+  /// reference of kv_cache_dtype "fp8" in the GPU tests. Off by default; set
+  /// it before the first forward, on the caller's thread.
+  void set_kv_fp8(bool on) {
+    kv_fp8_ = on;
+  }
+
   /// Runs the model over `batch`, writes each sequence's keys and values into
   /// its pages and the logits of its last token into logits[i * vocab ...].
   /// Throws std::invalid_argument on an out-of-vocabulary token, an empty
@@ -100,6 +108,7 @@ private:
   std::shared_ptr<const model_folder> model_;
   cpu_kv_cache kv_;
   std::vector<float> inv_freq_;
+  bool kv_fp8_ = false;
 };
 
 } // namespace metronome

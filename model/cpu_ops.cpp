@@ -1,7 +1,9 @@
 #include "model/cpu_ops.hpp"
 
+#include "model/dtype.hpp"
 #include "model/parallel.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -66,6 +68,20 @@ void rope(float* x, int32_t heads, int32_t head_dim, int64_t pos, const float* i
       v[i] = a * c - b * s;
       v[i + half] = b * c + a * s;
     }
+  }
+}
+
+void round_rows_to_e4m3(float* x, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      amax = std::max(amax, std::fabs(row[i]));
+    const float scale = amax * (1.0f / 448.0f);
+    // gpu/kernel_util.cuh's e4m3_inverse_scale: a row below 2^-100 is zeros.
+    const float inv = amax >= 0x1p-100f ? 448.0f / amax : 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      row[i] = e4m3_to_f32(f32_to_e4m3(row[i] * inv)) * scale;
   }
 }
 

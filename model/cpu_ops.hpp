@@ -29,6 +29,12 @@ void rms_norm(const float* x, const float* weight, double eps, int64_t rows, int
 /// Hugging Face's half-split layout: pairs (i, i + head_dim / 2).
 void rope(float* x, int32_t heads, int32_t head_dim, int64_t pos, const float* inv_freq);
 
+/// Rounds `rows` rows of width n in place as the fp8 KV cache stores them:
+/// each row's scale is its largest |value| / 448, each value becomes the
+/// e4m3 of value / scale times the scale (model/dtype.hpp's f32_to_e4m3,
+/// the GPU writers' arithmetic).
+void round_rows_to_e4m3(float* x, int64_t rows, int64_t n);
+
 /// out = silu(gate) * up, elementwise over n values; out may alias gate.
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 

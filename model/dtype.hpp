@@ -68,6 +68,48 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+/// FP8 E4M3 (OCP "e4m3fn": 4 exponent bits, bias 7, 3 mantissa bits, no
+/// infinities, 0x7f and 0xff NaN, largest finite 448) to float: exact. The
+/// KV cache's fp8 form stores its rows this way (gpu/kernels.hpp, kv_view).
+inline float e4m3_to_f32(uint8_t b) {
+  const uint32_t sign = uint32_t{b & 0x80u} << 24;
+  const uint32_t e = (b >> 3) & 0xfu, m = b & 0x7u;
+  if (e == 0xfu && m == 0x7u)
+    return bits_to_f32(sign | 0x7fc00000u);
+  if (e == 0) // subnormal: m * 2^-9, exact in float
+    return bits_to_f32(sign | f32_to_bits(float(m) * 0x1p-9f));
+  return bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+/// float to FP8 E4M3, round to nearest even, saturating to +-448 (what the
+/// GPU's `cvt.rn.satfinite.e4m3x2.f32` does); NaN to 0x7f.
+inline uint8_t f32_to_e4m3(float f) {
+  const uint32_t bits = f32_to_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u)
+    return 0x7f;
+  if (mag >= 0x43e00000u) // 448 and above (and infinity) saturate
+    return static_cast<uint8_t>(sign | 0x7eu);
+  const float a = bits_to_f32(mag);
+  if (a < 0x1p-6f) { // the subnormal range: steps of 2^-9, ties to even
+    const float q = a * 0x1p9f;  // exact
+    uint32_t n = uint32_t(q);
+    const float rest = q - float(n);
+    if (rest > 0.5f || (rest == 0.5f && (n & 1u)))
+      ++n; // n = 8 is the smallest normal, 0x08
+    return static_cast<uint8_t>(sign | n);
+  }
+  // Normal: keep 3 of float's 23 mantissa bits, ties to even; a carry out of
+  // the mantissa moves to the next exponent (at most 448, checked above).
+  const uint32_t e = (mag >> 23) - 120u; // 1..15
+  uint32_t code = (e << 3) | ((mag >> 20) & 0x7u);
+  const uint32_t rest = mag & 0xfffffu;
+  if (rest > 0x80000u || (rest == 0x80000u && (code & 1u)))
+    ++code;
+  return static_cast<uint8_t>(sign | code);
+}
+
 /// IEEE half (stored as its 16 bits) to float: exact.
 float f16_to_f32(uint16_t h);
 

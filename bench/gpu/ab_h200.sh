@@ -6,7 +6,8 @@
 #
 #   bench/gpu/ab_h200.sh REPS [MODEL...]     (default: llama3-1b llama3-8b)
 #
-# AB_VARIANTS lists "label:binary[:VAR=VALUE,VAR=VALUE]" (default: the build
+# AB_VARIANTS lists "label:binary[:VAR=VALUE,VAR=VALUE[:--arg,value,...]]"
+# (default: the build
 # in .device/ as "new" against .device/base/gpu_bench as "base"). The model
 # folders are made on first use under /tmp/metronome-bench/models, as
 # run_h200.sh makes them.
@@ -33,11 +34,15 @@ for rep in $(seq "$reps"); do
   for v in "${variants[@]}"; do
     for m in "${models[@]}"; do
       label=${v%%:*} rest=${v#*:}
-      bin=${rest%%:*} envs=()
-      [ "$rest" != "$bin" ] && IFS=, read -r -a envs <<< "${rest#*:}"
+      bin=${rest%%:*} envs=() args=()
+      if [ "$rest" != "$bin" ]; then
+        rest=${rest#*:}
+        [ -n "${rest%%:*}" ] && IFS=, read -r -a envs <<< "${rest%%:*}"
+        [ "$rest" != "${rest%%:*}" ] && IFS=, read -r -a args <<< "${rest#*:}"
+      fi
       f=$out/ab-$m-$label-$rep.json
       env ${envs[@]+"${envs[@]}"} timeout 120 "$root/$bin" --model "$work/models/$m" --name "$m/$label" \
-        --out "$f" --decode-only --max-batch 64 --quick > "${f%.json}.log" 2>&1 \
+        --out "$f" --decode-only --max-batch 64 --quick ${args[@]+"${args[@]}"} > "${f%.json}.log" 2>&1 \
         || echo "FAILED: $m $label (exit $?)"
       python3 - "$f" <<'PY'
 import json, sys

@@ -332,6 +332,7 @@ struct options {
   int32_t max_batch = 128;
   int32_t page_size = 16;    // cuda_runner_options::page_size (server: kv_cache.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
+  std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
 };
 
 int run(const options& o) {
@@ -346,7 +347,12 @@ int run(const options& o) {
 
   auto model = model_folder::open(o.model);
   const auto& cfg = model->config;
-  const model_costs mc = costs_of(cfg);
+  model_costs mc = costs_of(cfg);
+  // The floors count the cache's own bytes: with fp8, head_dim bytes and a
+  // 4-byte scale a row.
+  if (o.kv_dtype == "fp8")
+    mc.kv_bytes_per_token = double(cfg.num_layers) * 2 * cfg.num_kv_heads * (cfg.head_dim + 4);
+  std::printf("kv cache: %s\n", o.kv_dtype.c_str());
   json rows = json::array(), grid = json::array();
   if (o.kernels || o.kernels_only)
     bench::kernel_bench(cfg, o.name, bw, flops, rows);
@@ -361,6 +367,7 @@ int run(const options& o) {
   ro.gpu_memory_fraction = 0.85;
   ro.small_batch_path = o.path;
   ro.page_size = o.page_size;
+  ro.kv_cache_dtype = o.kv_dtype;
   const auto t_load = std::chrono::steady_clock::now();
   auto runner = make_cuda_runner(model, ro);
   const double load_s =
@@ -588,6 +595,7 @@ constexpr const char* usage =
   "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
+  "       [--kv-cache-dtype bf16|fp8]\n"
   "       gpu_bench --make-preset NAME --make-out DIR";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -603,6 +611,7 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--grid"                     ? &o.grid
                         : a == "--make-preset"              ? &o.make_preset
                         : a == "--path"                     ? &o.path
+                        : a == "--kv-cache-dtype"           ? &o.kv_dtype
                                                             : nullptr;
     int32_t* number = a == "--max-batch" ? &o.max_batch : a == "--page-size" ? &o.page_size : nullptr;
     bool* flag = a == "--quick"          ? &o.quick

@@ -309,12 +309,25 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         int gen;
         int32_t splits; // 0: the launcher's choice
         int32_t warps;  // 0: the launcher's choice
+        bool fp8 = false; // the fp8 cache (kv_view::k8)
       };
       std::vector<variant> variants = {{2, 0, 0}, {1, 0, 0}};
       if (sweep)
         variants = {{2, 0, 0}};
       else if (ac.seqs >= 64)
         variants.insert(variants.end(), {{2, 1, 0}, {2, 2, 0}, {2, 4, 0}, {2, 1, 4}});
+      if (sweep && std::getenv("METRONOME_ATTN_SWEEP_FP8"))
+        variants.insert(variants.end(), {{2, 0, 0, true}, {2, 0, 2, true}, {2, 0, 4, true}});
+      // The fp8 form for timing: the bf16 pools' first halves as bytes
+      // (random, NaN codes included: the time does not depend on them) and
+      // one scale a row.
+      device_buffer scales(size_t(pages) * size_t(kv) / size_t(c.head_dim) * ps * 8);
+      fill_random(scales.get(), scales.bytes(), 11);
+      gpu::kv_view kv8 = kvv;
+      kv8.k8 = k.get<uint8_t>();
+      kv8.v8 = v.get<uint8_t>();
+      kv8.k_scale = scales.get<float>();
+      kv8.v_scale = kv8.k_scale + scales.bytes() / 8;
       for (const variant vr : variants) {
         gpu::active_kernels().decode_attention = vr.gen;
         const int32_t splits =
@@ -326,7 +339,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);
         METRONOME_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
         const double us = time_us([&](int) {
-          gpu::launch_decode_attention(sh, dq.get<bf16>(), kvv, bv, splits, warps,
+          gpu::launch_decode_attention(sh, dq.get<bf16>(), vr.fp8 ? kv8 : kvv, bv, splits, warps,
                                        po.get<float>(), pml.get<float>(), cnt.get<int32_t>(),
                                        out.get<bf16>(), nullptr);
         });
@@ -336,7 +349,9 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
           name += "_splits" + std::to_string(vr.splits);
         if (vr.warps > 0)
           name += "_warps" + std::to_string(vr.warps);
-        row(name, us, 2.0 * double(pool) / bw * 1e6);
+        if (vr.fp8)
+          name += "_fp8";
+        row(name, us, (vr.fp8 ? 1.0 : 2.0) * double(pool) / bw * 1e6);
       }
       gpu::active_kernels().decode_attention = saved.decode_attention;
       if (ac.seqs == 1 && ac.ctx == 128) {

@@ -280,6 +280,31 @@ TEST_F(engine_test, invalid_requests_get_errors_naming_the_parameter) {
   EXPECT_TRUE(settles());
 }
 
+TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
+  auto message_of = [&] {
+    try {
+      start();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "spawn_engine accepted kv_cache_dtype " << opts.kv_cache_dtype;
+    return std::string();
+  };
+  opts.kv_cache_dtype = "fp8";
+  EXPECT_EQ(message_of(), "engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' keeps "
+                          "its KV cache in fp32)");
+  opts.kv_cache_dtype = "fp4";
+  EXPECT_EQ(message_of(), "engine.kv_cache_dtype 'fp4': expected bf16 or fp8");
+  EXPECT_FALSE(eng);
+  // bf16, the default, runs on the CPU (whose KV cache is fp32 regardless).
+  opts.kv_cache_dtype = "bf16";
+  start();
+  EXPECT_EQ(eng->status->kv_cache_strategy, "paged;page_size=16;dtype=fp32");
+  auto out = run(completion("Hello", 2));
+  ASSERT_FALSE(out.error) << out.error->message;
+  EXPECT_TRUE(out.done);
+}
+
 TEST_F(engine_test, a_request_that_outlives_its_timeout_fails_and_frees_its_pages) {
   start();
   auto r = completion("Slowly", 3000);

@@ -93,6 +93,8 @@ TEST(config_wrong_type, scalars_of_each_kind) {
           R"(expected a number in (0, 1], got "most")"},
          {"engine.cuda_graphs", "1", R"(expected true or false, got "1")"},
          {"engine.policy", "lifo", R"(expected one of fcfs, ladb, srpt, got "lifo")"},
+         {"engine.kv_cache_dtype", "fp4", R"(expected one of bf16, fp8, got "fp4")"},
+         {"engine.kv_cache_dtype", "e4m3", R"(expected one of bf16, fp8, got "e4m3")"},
          {"model.chat_template", "vicuna",
           R"(expected one of "", llama3, llama2, mistral, chatml, got "vicuna")"},
          {"model.device", "gpu",

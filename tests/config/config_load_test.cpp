@@ -135,6 +135,7 @@ model:
 engine:
   cuda_graphs: off
   gpu_memory_fraction: 1
+  kv_cache_dtype: fp8
   policy: srpt
 supervisor:
   drift:
@@ -154,6 +155,7 @@ logging:
   EXPECT_EQ(cfg.model.chat_template, chat_template_kind::chatml);
   EXPECT_FALSE(cfg.engine.cuda_graphs);
   EXPECT_EQ(cfg.engine.gpu_memory_fraction, 1.0);
+  EXPECT_EQ(cfg.engine.kv_cache_dtype, kv_cache_dtype_kind::fp8);
   EXPECT_EQ(cfg.engine.policy, scheduling_policy::srpt);
   EXPECT_EQ(cfg.supervisor.drift.window_s, 2.5);
   EXPECT_EQ(cfg.supervisor.executor.max_restarts, 0);
@@ -183,6 +185,18 @@ TEST(config_values, booleans_and_empty_strings) {
   EXPECT_EQ(cfg.model.path, "");
   EXPECT_EQ(cfg.model.chat_template, chat_template_kind::from_tokenizer);
   EXPECT_TRUE(load_config_string("engine:\n  cuda_graphs: True\n", "t.yaml").engine.cuda_graphs);
+}
+
+TEST(config_values, kv_cache_dtypes) {
+  EXPECT_EQ(server_config{}.engine.kv_cache_dtype, kv_cache_dtype_kind::bf16);
+  EXPECT_EQ(load_config_string("engine:\n  kv_cache_dtype: fp8\n", "t.yaml").engine.kv_cache_dtype,
+            kv_cache_dtype_kind::fp8);
+  EXPECT_EQ(load_config_string("engine:\n  kv_cache_dtype: bf16\n", "t.yaml").engine.kv_cache_dtype,
+            kv_cache_dtype_kind::bf16);
+  for (auto x : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8})
+    EXPECT_EQ(parse_kv_cache_dtype(to_string(x)), x) << to_string(x);
+  for (auto bad : {"", "fp4", "FP8", "e4m3", "bf16 ", "fp32"})
+    EXPECT_EQ(parse_kv_cache_dtype(bad), std::nullopt) << bad;
 }
 
 TEST(config_values, devices) {
@@ -250,6 +264,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"engine.kv_cache_tokens", "65536"},
     {"engine.gpu_memory_fraction", "0.55"},
     {"engine.cuda_graphs", "false"},
+    {"engine.kv_cache_dtype", "fp8"},
     {"engine.policy", "ladb"},
     {"engine.step_timeout_ms", "1234"},
     {"engine.prefill_chunk_tokens", "1000"},

@@ -149,5 +149,15 @@ TEST(config_override, shorthand_flags_map_to_keys) {
   EXPECT_EQ(cfg.server.port, 9000);
 }
 
+TEST(config_override, kv_cache_dtype_flag) {
+  EXPECT_EQ(flag_key_path("--kv-cache-dtype"), "engine.kv_cache_dtype");
+  auto cfg = load_config(std::nullopt, {{"engine.kv_cache_dtype", "fp8", "--kv-cache-dtype"}});
+  EXPECT_EQ(cfg.engine.kv_cache_dtype, kv_cache_dtype_kind::fp8);
+  auto e = catch_config_error(
+    [] { load_config(std::nullopt, {{"engine.kv_cache_dtype", "fp4", "--kv-cache-dtype"}}); });
+  EXPECT_STREQ(e.what(),
+               "--kv-cache-dtype: engine.kv_cache_dtype: expected one of bf16, fp8, got \"fp4\"");
+}
+
 } // namespace
 } // namespace metronome

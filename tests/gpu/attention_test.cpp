@@ -29,9 +29,10 @@ std::string name_of(const attn_case& c) {
   return s;
 }
 
-/// ref::attend for every token and head of the step.
+/// ref::attend for every token and head of the step, over the bf16 cache or
+/// the values its fp8 form stands for.
 std::vector<float> reference(const attn_case& c, const test::paged_kv& kv,
-                             const std::vector<float>& q) {
+                             const std::vector<float>& q, bool fp8 = false) {
   const int32_t d = c.head_dim, group = c.heads / c.kv_heads;
   const float scale = 1.0f / std::sqrt(float(d));
   std::vector<float> out(q.size());
@@ -41,8 +42,8 @@ std::vector<float> reference(const attn_case& c, const test::paged_kv& kv,
       std::vector<float> keys(size_t(len) * d), values(size_t(len) * d);
       for (int32_t j = 0; j < len; ++j)
         for (int32_t e = 0; e < d; ++e) {
-          keys[size_t(j) * d + e] = kv.k_at(s, j, g, e);
-          values[size_t(j) * d + e] = kv.v_at(s, j, g, e);
+          keys[size_t(j) * d + e] = fp8 ? kv.k8_at(s, j, g, e) : kv.k_at(s, j, g, e);
+          values[size_t(j) * d + e] = fp8 ? kv.v8_at(s, j, g, e) : kv.v_at(s, j, g, e);
         }
       std::vector<float> scores(static_cast<size_t>(len), 0.0f);
       for (int32_t t = kv.q_start(s); t < kv.q_start(s + 1); ++t) {
@@ -196,6 +197,247 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
             ASSERT_EQ(v, 0);
         }
     }
+  }
+}
+
+// The fp8 cache (kv_view::k8): the kernel against the reference over the
+// values the cache stands for, at the same tolerance as the bf16 cache (what
+// the MMAs add is the same), and the quantisation's own error against the
+// bf16 cache it was made from, which is what a user of the fp8 form gives up.
+TEST(gpu_attention, decode_reads_the_fp8_cache) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("decode_attention_fp8");
+  std::vector<attn_case> cases = {
+    {32, 8, 128, 16, 0, {{1023, 1}, {0, 1}, {15, 1}, {300, 1}}},
+    {32, 8, 64, 16, 0, {{127, 1}, {4100, 1}}},
+    {4, 2, 16, 16, 0, {{4, 1}, {15, 1}, {16, 1}}},
+    {8, 8, 32, 16, 16, {{40, 1}, {9, 1}}},
+    {28, 4, 128, 7, 333, {{1500, 1}, {40, 1}}},
+    {12, 2, 128, 16, 0, {{33, 1}, {20000, 1}}},
+  };
+  if (test::quick_mode())
+    cases.resize(2);
+  test::kernel_generation_scope scope(2);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    kv.make_fp8();
+    const size_t qn = size_t(kv.num_tokens()) * c.heads * c.head_dim;
+    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
+    auto d_q = test::upload_bf16(q);
+    const auto want = reference(c, kv, q, true);
+    const auto want_bf16 = reference(c, kv, q, false);
+    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                            1.0f / std::sqrt(float(c.head_dim))};
+    for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132, 2), 64})
+      for (int32_t warps : {4, 2}) {
+        SCOPED_TRACE("splits " + std::to_string(splits) + " warps " + std::to_string(warps));
+        dev_array<float> part_o(size_t(kv.num_seqs()) * c.heads * splits * c.head_dim);
+        dev_array<float> part_ml(size_t(kv.num_seqs()) * c.heads * splits * 2);
+        dev_array<int32_t> counters(std::vector<int32_t>(size_t(kv.num_seqs()) * c.heads, 0));
+        dev_array<bf16> out(qn);
+        gpu::launch_decode_attention(sh, d_q.get(), kv.view8(), kv.batch(), splits, warps,
+                                     part_o.get(), part_ml.get(), counters.get(), out.get(),
+                                     nullptr);
+        test::sync_check();
+        const auto got = test::download_bf16(out);
+        EXPECT_LT(test::relative_error(got, want), 5e-3);
+        // e4m3 keeps 3 mantissa bits: about 2-3% of the output's size here.
+        const double quantised = test::relative_error(got, want_bf16);
+        EXPECT_LT(quantised, 0.06);
+        EXPECT_GT(quantised, 1e-3); // the bytes were read, not the bf16 pools
+        for (auto v : counters.download())
+          ASSERT_EQ(v, 0);
+      }
+  }
+  // The first generation has no fp8 form: a clear error, not a wrong read.
+  test::kernel_generation_scope v1(1);
+  test::paged_kv kv(rng, 2, 64, 16, {{10, 1}}, 1, true);
+  kv.make_fp8();
+  gpu::attention_shape sh{4, 2, 64, 0, 0.125f};
+  dev_array<bf16> q(size_t(4) * 64), out(size_t(4) * 64);
+  EXPECT_THROW(gpu::launch_decode_attention(sh, q.get(), kv.view8(), kv.batch(), 1, 4, nullptr,
+                                            nullptr, nullptr, out.get(), nullptr),
+               gpu::cuda_error);
+}
+
+// The GEMV path's fp8 writer: with kv.stage, the decode attention's block
+// that holds each sequence's current token quantises that token's rotated k
+// and v rows from the stage into the cache (the same bytes and scales as the
+// host's f32_to_e4m3 of the same floats), touches no other row, and attends
+// over what it wrote.
+TEST(gpu_attention, decode_quantises_the_staged_rows_into_the_fp8_cache) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("decode_attention_stage_fp8");
+  std::vector<attn_case> cases = {
+    {32, 8, 128, 16, 0, {{127, 1}, {0, 1}, {1000, 1}, {15, 1}}},
+    {32, 8, 64, 16, 0, {{63, 1}, {4100, 1}}},
+    {4, 2, 16, 16, 0, {{4, 1}, {16, 1}, {0, 1}}},
+    {28, 4, 128, 7, 333, {{1500, 1}, {40, 1}}},
+  };
+  if (test::quick_mode())
+    cases.resize(2);
+  test::kernel_generation_scope scope(2);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const auto rng_kv = rng;
+    test::paged_kv probe(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    const int32_t tokens = probe.num_tokens();
+    const size_t row = size_t(c.kv_heads) * c.head_dim;
+    auto stage = test::random_floats(rng, size_t(tokens) * 2 * row, -3, 3);
+    dev_array<float> d_stage(stage);
+    const size_t qn = size_t(tokens) * c.heads * c.head_dim;
+    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
+    auto d_q = test::upload_bf16(q);
+    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                            1.0f / std::sqrt(float(c.head_dim))};
+    dev_array<float> po(size_t(tokens) * c.heads * 64 * c.head_dim), pml(size_t(tokens) * c.heads * 128);
+    dev_array<int32_t> counters(std::vector<int32_t>(size_t(tokens) * c.heads, 0));
+    for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, tokens, 132, 2), 64})
+      for (int32_t warps : {4, 2}) {
+        SCOPED_TRACE("splits " + std::to_string(splits) + " warps " + std::to_string(warps));
+        auto rng_b = rng_kv;
+        test::paged_kv kv(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+        kv.make_fp8();
+        auto rng_c = rng_kv;
+        test::paged_kv untouched(rng_c, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+        untouched.make_fp8();
+        gpu::kv_view view = kv.view8();
+        view.stage = d_stage.get();
+        dev_array<bf16> out(qn);
+        gpu::launch_decode_attention(sh, d_q.get(), view, kv.batch(), splits, warps, po.get(),
+                                     pml.get(), counters.get(), out.get(), nullptr);
+        test::sync_check();
+        kv.download8();
+        EXPECT_TRUE(kv.same_fp8_outside_step(untouched));
+        for (int32_t t = 0; t < tokens; ++t)
+          for (int32_t h = 0; h < c.kv_heads; ++h)
+            for (int32_t which = 0; which < 2; ++which) {
+              std::vector<float> want(stage.begin() + int64_t((size_t(t) * 2 + size_t(which)) * row + size_t(h) * c.head_dim),
+                                      stage.begin() + int64_t((size_t(t) * 2 + size_t(which)) * row + size_t(h + 1) * c.head_dim));
+              ref::round_rows_to_e4m3(want.data(), 1, c.head_dim);
+              for (int32_t e = 0; e < c.head_dim; ++e) {
+                const float got = which == 0 ? kv.k8_at(kv.seq_of(t), kv.position(t), h, e)
+                                             : kv.v8_at(kv.seq_of(t), kv.position(t), h, e);
+                ASSERT_EQ(got, want[size_t(e)])
+                  << (which ? "v" : "k") << " of token " << t << " head " << h << " dim " << e;
+              }
+            }
+        EXPECT_LT(test::relative_error(test::download_bf16(out), reference(c, kv, q, true)), 5e-3);
+        for (auto v : counters.download())
+          ASSERT_EQ(v, 0);
+      }
+  }
+}
+
+// The fp8 cache's writers: rope_kv_write (prefill and unfused steps) and the
+// fused-RoPE decode attention. The block holding a token's row rotates its
+// k, takes each row's scale from its largest |value| and writes the bytes:
+// within e4m3's rounding of the rows rope_kv_write writes to the bf16 cache,
+// the same bytes from both writers, q the same bits as the bf16 kernel's, no
+// other row touched; the fused kernel attends over what it wrote (against the
+// reference over the downloaded fp8 cache).
+TEST(gpu_attention, decode_with_fused_rope_writes_and_reads_the_fp8_cache) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("decode_attention_rope_fp8");
+  std::vector<attn_case> cases = {
+    {32, 8, 128, 16, 0, {{127, 1}, {0, 1}, {1000, 1}, {15, 1}}},
+    {32, 8, 64, 16, 0, {{63, 1}, {4100, 1}}},
+    {28, 4, 128, 7, 333, {{1500, 1}, {40, 1}, {6, 1}}},
+    {4, 2, 16, 16, 0, {{4, 1}, {16, 1}, {0, 1}}},
+  };
+  if (test::quick_mode())
+    cases.resize(2);
+  test::kernel_generation_scope scope(2);
+  gpu::active_kernels().decode_rope = 2;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const auto rng_kv = rng;
+    test::paged_kv kv_a(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    const int32_t tokens = kv_a.num_tokens();
+    const auto qkv_f = test::random_floats(rng, size_t(tokens) * width, -2, 2);
+    auto d_qkv = test::upload_bf16(qkv_f);
+    std::vector<float> inv(size_t(c.head_dim / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+    dev_array<float> d_inv(inv);
+    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                            1.0f / std::sqrt(float(c.head_dim))};
+    const size_t qn = size_t(tokens) * c.heads * c.head_dim;
+    // The bf16 rows and rotated q rope_kv_write makes.
+    dev_array<bf16> d_q(qn);
+    gpu::launch_rope_kv_write(d_qkv.get(), nullptr, d_inv.get(), kv_a.batch(), kv_a.view(),
+                              c.heads, d_q.get(), nullptr);
+    test::sync_check();
+    kv_a.download();
+    const auto q = test::download_bf16(d_q);
+    // rope_kv_write into the fp8 form of the same initial cache.
+    auto rng_w = rng_kv;
+    test::paged_kv kv_w(rng_w, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    kv_w.make_fp8();
+    {
+      auto rng_c = rng_kv;
+      test::paged_kv kv_c(rng_c, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+      kv_c.make_fp8();
+      dev_array<bf16> d_q8(qn);
+      gpu::launch_rope_kv_write(d_qkv.get(), nullptr, d_inv.get(), kv_w.batch(), kv_w.view8(),
+                                c.heads, d_q8.get(), nullptr);
+      test::sync_check();
+      kv_w.download8();
+      EXPECT_TRUE(kv_w.same_fp8_outside_step(kv_c));
+      EXPECT_EQ(test::download_bf16(d_q8), q);
+    }
+    dev_array<float> po(size_t(tokens) * c.heads * 64 * c.head_dim), pml(size_t(tokens) * c.heads * 128);
+    dev_array<int32_t> counters(std::vector<int32_t>(size_t(tokens) * c.heads, 0));
+    const int32_t auto_splits = gpu::decode_attention_splits(sh, kv_a.num_seqs(), 132, 2);
+    for (int32_t splits : {1, 3, auto_splits, 64})
+      for (int32_t warps : {4, 2}) {
+        SCOPED_TRACE("splits " + std::to_string(splits) + " warps " + std::to_string(warps));
+        auto rng_b = rng_kv;
+        test::paged_kv kv_b(rng_b, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+        kv_b.make_fp8();
+        auto rng_c = rng_kv; // the untouched fp8 form, for the rows nobody may write
+        test::paged_kv kv_c(rng_c, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+        kv_c.make_fp8();
+        dev_array<bf16> out(qn);
+        const gpu::rope_input rope{d_qkv.get(), nullptr, d_inv.get()};
+        gpu::launch_decode_attention_rope(sh, rope, kv_b.view8(), kv_b.batch(), splits, warps,
+                                          po.get(), pml.get(), counters.get(), out.get(),
+                                          nullptr);
+        test::sync_check();
+        kv_b.download8();
+        EXPECT_TRUE(kv_b.same_fp8_outside_step(kv_c));
+        // Each written value within e4m3's rounding of the bf16 row: half a
+        // step of 3 mantissa bits (1/16 of the value), a subnormal step near
+        // zero, and the bf16 row's own rounding.
+        int32_t checked = 0;
+        for (int32_t t = 0; t < tokens; ++t)
+          for (int32_t h = 0; h < c.kv_heads; ++h) {
+            const int32_t s = kv_a.seq_of(t), pos = kv_a.position(t);
+            float ak = 0.0f, av = 0.0f;
+            for (int32_t e = 0; e < c.head_dim; ++e) {
+              ak = std::max(ak, std::fabs(kv_a.k_at(s, pos, h, e)));
+              av = std::max(av, std::fabs(kv_a.v_at(s, pos, h, e)));
+            }
+            for (int32_t e = 0; e < c.head_dim; ++e) {
+              const float k = kv_a.k_at(s, pos, h, e), v = kv_a.v_at(s, pos, h, e);
+              ASSERT_NEAR(kv_b.k8_at(s, pos, h, e), k,
+                          std::fabs(k) * (1.0f / 16 + 1.0f / 128) + ak * 0x1p-18f)
+                << "k of token " << t << " head " << h << " dim " << e;
+              ASSERT_NEAR(kv_b.v8_at(s, pos, h, e), v,
+                          std::fabs(v) * (1.0f / 16 + 1.0f / 128) + av * 0x1p-18f)
+                << "v of token " << t << " head " << h << " dim " << e;
+              ++checked;
+            }
+          }
+        EXPECT_EQ(checked, tokens * c.kv_heads * c.head_dim);
+        EXPECT_TRUE(kv_b.same_fp8(kv_w)); // both writers, the same bytes and scales
+        const auto want = reference(c, kv_b, q, true);
+        EXPECT_LT(test::relative_error(test::download_bf16(out), want), 5e-3);
+        for (auto v : counters.download())
+          ASSERT_EQ(v, 0);
+      }
   }
 }
 
@@ -364,6 +606,62 @@ TEST(gpu_attention, prefill_matches_reference_for_chunks_over_cached_pages) {
       EXPECT_LT(test::relative_error(test::download_bf16(out), want), 1e-2);
     }
   }
+}
+
+// The prefill kernel over the fp8 cache (chunks over cached pages, windows,
+// page sizes that do not divide the tiles) against the reference over the
+// values the cache stands for; the first generation and head_dim 256 refuse it.
+TEST(gpu_attention, prefill_reads_the_fp8_cache) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("prefill_attention_fp8");
+  std::vector<attn_case> cases = {
+    {32, 8, 128, 16, 0, {{0, 130}, {1000, 64}}},
+    {4, 1, 16, 16, 16, {{0, 40}, {20, 7}}},
+    {32, 8, 64, 16, 0, {{0, 64}, {0, 65}, {37, 1}, {100, 200}}},
+    {32, 16, 128, 7, 100, {{150, 90}, {0, 170}}},
+    {8, 8, 32, 16, 0, {{0, 33}}},
+    {32, 8, 128, 16, 0, {{0, 300}, {129, 128}}},
+  };
+  if (test::quick_mode())
+    cases.resize(2);
+  test::kernel_generation_scope scope(2);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 2, true);
+    kv.make_fp8();
+    const size_t qn = size_t(kv.num_tokens()) * c.heads * c.head_dim;
+    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
+    auto d_q = test::upload_bf16(q);
+    const auto want = reference(c, kv, q, true);
+    std::vector<gpu::prefill_item> items;
+    for (int32_t s = 0; s < kv.num_seqs(); ++s)
+      for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile_rows())
+        items.push_back({s, r});
+    std::reverse(items.begin(), items.end());
+    dev_array<gpu::prefill_item> d_items(items);
+    dev_array<bf16> out(qn);
+    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                            1.0f / std::sqrt(float(c.head_dim))};
+    gpu::launch_prefill_attention(sh, d_q.get(), kv.view8(), kv.batch(), d_items.get(),
+                                  int32_t(items.size()), out.get(), nullptr);
+    test::sync_check();
+    const auto got = test::download_bf16(out);
+    EXPECT_LT(test::relative_error(got, want), 1e-2);
+    EXPECT_GT(test::relative_error(got, reference(c, kv, q, false)), 1e-3);
+  }
+  test::paged_kv kv(rng, 1, 256, 16, {{0, 8}}, 1, true);
+  kv.make_fp8();
+  dev_array<gpu::prefill_item> one(std::vector<gpu::prefill_item>{{0, 0}});
+  dev_array<bf16> q(size_t(8) * 256), out(size_t(8) * 256);
+  EXPECT_THROW(gpu::launch_prefill_attention({1, 1, 256, 0, 0.0625f}, q.get(), kv.view8(),
+                                             kv.batch(), one.get(), 1, out.get(), nullptr),
+               gpu::cuda_error);
+  test::kernel_generation_scope v1(1);
+  test::paged_kv kv64(rng, 1, 64, 16, {{0, 8}}, 1, true);
+  kv64.make_fp8();
+  EXPECT_THROW(gpu::launch_prefill_attention({1, 1, 64, 0, 0.125f}, q.get(), kv64.view8(),
+                                             kv64.batch(), one.get(), 1, out.get(), nullptr),
+               gpu::cuda_error);
 }
 
 } // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "model/dtype.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 
 namespace metronome::test {
@@ -121,6 +122,105 @@ public:
       cudaMemcpy(v_bits_.data(), v_->get(), v_bits_.size() * 2, cudaMemcpyDeviceToHost));
   }
 
+  /// Makes the cache's fp8 form (kv_view::k8) from the bf16 pools as they
+  /// are now: each row quantized with its own scale (largest |value| / 448,
+  /// f32_to_e4m3 as the GPU's writer rounds). Rows holding poison stay
+  /// poison: NaN bytes (0x7f) and NaN scales.
+  void make_fp8() {
+    const size_t rows = k_bits_.size() / size_t(head_dim_);
+    k8_bits_.assign(k_bits_.size(), 0x7f);
+    v8_bits_.assign(v_bits_.size(), 0x7f);
+    k_scale_.assign(rows, std::nanf(""));
+    v_scale_.assign(rows, std::nanf(""));
+    auto quantize = [&](const std::vector<uint16_t>& src, std::vector<uint8_t>& dst,
+                        std::vector<float>& scale) {
+      for (size_t r = 0; r < rows; ++r) {
+        const uint16_t* x = src.data() + r * size_t(head_dim_);
+        if (x[0] == 0xffff)
+          continue;
+        float amax = 0.0f;
+        for (int32_t e = 0; e < head_dim_; ++e)
+          amax = std::max(amax, std::fabs(bf16_to_f32(x[e])));
+        scale[r] = amax * (1.0f / 448.0f);
+        const float inv = amax >= 0x1p-100f ? 448.0f / amax : 0.0f;
+        for (int32_t e = 0; e < head_dim_; ++e)
+          dst[r * size_t(head_dim_) + size_t(e)] = f32_to_e4m3(bf16_to_f32(x[e]) * inv);
+      }
+    };
+    quantize(k_bits_, k8_bits_, k_scale_);
+    quantize(v_bits_, v8_bits_, v_scale_);
+    k8_ = std::make_unique<dev_array<uint8_t>>(k8_bits_);
+    v8_ = std::make_unique<dev_array<uint8_t>>(v8_bits_);
+    d_k_scale_ = std::make_unique<dev_array<float>>(k_scale_);
+    d_v_scale_ = std::make_unique<dev_array<float>>(v_scale_);
+  }
+
+  /// view() with the fp8 form (after make_fp8()).
+  gpu::kv_view view8() const {
+    gpu::kv_view v = view();
+    v.k8 = k8_->get();
+    v.v8 = v8_->get();
+    v.k_scale = d_k_scale_->get();
+    v.v_scale = d_v_scale_->get();
+    return v;
+  }
+
+  /// Reads the fp8 form back (after a kernel wrote it).
+  void download8() {
+    METRONOME_CUDA(cudaDeviceSynchronize());
+    k8_bits_ = k8_->download();
+    v8_bits_ = v8_->download();
+    k_scale_ = d_k_scale_->download();
+    v_scale_ = d_v_scale_->download();
+  }
+
+  /// The values the fp8 form stands for.
+  float k8_at(int32_t seq, int32_t pos, int32_t h, int32_t e) const {
+    const size_t i = index(seq, pos, h, e);
+    return e4m3_to_f32(k8_bits_[i]) * k_scale_[i / size_t(head_dim_)];
+  }
+  float v8_at(int32_t seq, int32_t pos, int32_t h, int32_t e) const {
+    const size_t i = index(seq, pos, h, e);
+    return e4m3_to_f32(v8_bits_[i]) * v_scale_[i / size_t(head_dim_)];
+  }
+
+  /// Whether both fp8 forms hold the same bytes and scales everywhere except
+  /// in the rows of this step's tokens (after download8()).
+  bool same_fp8_outside_step(const paged_kv& o) const {
+    std::vector<bool> step(k_scale_.size(), false);
+    for (int32_t t = 0; t < num_tokens(); ++t)
+      for (int32_t h = 0; h < kv_heads_; ++h)
+        step[index(seq_of(t), position(t), h, 0) / size_t(head_dim_)] = true;
+    for (size_t r = 0; r < step.size(); ++r) {
+      if (step[r])
+        continue;
+      const auto same_scale = [](float a, float b) {
+        return (std::isnan(a) && std::isnan(b)) || a == b;
+      };
+      if (!same_scale(k_scale_[r], o.k_scale_[r]) || !same_scale(v_scale_[r], o.v_scale_[r]))
+        return false;
+      for (size_t e = r * size_t(head_dim_); e < (r + 1) * size_t(head_dim_); ++e)
+        if (k8_bits_[e] != o.k8_bits_[e] || v8_bits_[e] != o.v8_bits_[e])
+          return false;
+    }
+    return true;
+  }
+
+  /// Whether both fp8 forms hold the same bytes and scales everywhere
+  /// (after download8()); NaN scales (poison) compare equal.
+  bool same_fp8(const paged_kv& o) const {
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      if (a.size() != b.size())
+        return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!((std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i]))
+          return false;
+      return true;
+    };
+    return k8_bits_ == o.k8_bits_ && v8_bits_ == o.v8_bits_ && same(k_scale_, o.k_scale_)
+           && same(v_scale_, o.v_scale_);
+  }
+
   float k_at(int32_t seq, int32_t pos, int32_t h, int32_t e) const {
     return bf16_to_f32(k_bits_[index(seq, pos, h, e)]);
   }
@@ -156,6 +256,10 @@ private:
   std::vector<int32_t> table_, slot_, q_start_, seq_len_, positions_, token_seq_;
   std::vector<uint16_t> k_bits_, v_bits_;
   std::unique_ptr<dev_array<gpu::bf16>> k_, v_;
+  std::vector<uint8_t> k8_bits_, v8_bits_;
+  std::vector<float> k_scale_, v_scale_;
+  std::unique_ptr<dev_array<uint8_t>> k8_, v8_;
+  std::unique_ptr<dev_array<float>> d_k_scale_, d_v_scale_;
   std::unique_ptr<dev_array<int32_t>> d_table_, d_positions_, d_token_seq_, d_slot_, d_q_start_,
     d_seq_len_;
 };

@@ -89,6 +89,8 @@ TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1,x", "--prompt-ids: 'x' is not an integer"},
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 999999999", "id 999999999 outside the model's vocabulary"},
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --temperature 5", "temperature: must lie in [0, 2]"},
+    {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --kv-cache-dtype fp4", "--kv-cache-dtype: expected bf16 or fp8, got 'fp4'"},
+    {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --kv-cache-dtype fp8", "--kv-cache-dtype fp8 needs --device cuda:N"},
     {"make-model --preset nope --out /tmp/x", "unknown preset 'nope' (presets: tiny-llama3"},
     {"make-model --out /tmp/x", "give --preset NAME or --config FILE"},
   };

@@ -36,8 +36,10 @@ protected:
 
   /// Logits of the last token after prefilling `tokens` in chunks of `chunk`.
   std::vector<float> prefill(const std::vector<int32_t>& tokens, size_t chunk,
-                             const std::vector<int32_t>& pages, int32_t page_size = 8) {
+                             const std::vector<int32_t>& pages, int32_t page_size = 8,
+                             bool kv_fp8 = false) {
     cpu_engine engine(model_, 64, page_size);
+    engine.set_kv_fp8(kv_fp8);
     std::vector<float> logits(static_cast<size_t>(vocab_));
     for (size_t start = 0; start < tokens.size(); start += chunk) {
       auto part = std::span<const int32_t>(tokens).subspan(start, std::min(chunk, tokens.size() - start));
@@ -82,6 +84,24 @@ TEST_P(cpu_engine_test, a_sequence_gets_the_same_logits_alone_and_in_a_batch) {
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), logits.begin() + long(i) * vocab_))
       << "sequence " << i;
   }
+}
+
+// The fp8 cache's reference (set_kv_fp8): the rounding moves the logits, by
+// about what 3 mantissa bits of the keys and values cost, and chunking still
+// does not change them (a row is rounded once, when it is written).
+TEST_P(cpu_engine_test, an_fp8_rounded_cache_moves_the_logits_a_little) {
+  const auto tokens = random_tokens(40, 5);
+  const auto pages = page_range(0, 8);
+  const auto exact = prefill(tokens, 40, pages);
+  const auto fp8 = prefill(tokens, 40, pages, 8, true);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(fp8[i] - exact[i])));
+    scale = std::max(scale, double(std::fabs(exact[i])));
+  }
+  EXPECT_GT(diff, 1e-4 * scale);
+  EXPECT_LT(diff, 0.1 * scale);
+  EXPECT_EQ(prefill(tokens, 7, pages, 8, true), fp8);
 }
 
 TEST_P(cpu_engine_test, refuses_bad_input) {

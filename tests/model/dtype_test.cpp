@@ -1,11 +1,17 @@
 // Bit-level conversions between float and the 16-bit model types.
 
 #include <cmath>
+#include <algorithm>
+#include <fstream>
+#include <random>
 #include <limits>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "model/cpu_ops.hpp"
 #include "model/dtype.hpp"
+#include "tests/test_env.hpp"
 
 namespace metronome {
 namespace {
@@ -69,6 +75,84 @@ TEST(dtype, names_parse_both_ways) {
   EXPECT_FALSE(parse_dtype("F64"));
   EXPECT_FALSE(parse_dtype("I8"));
   EXPECT_FALSE(parse_torch_dtype("int8"));
+}
+
+// FP8 E4M3 against torch's float8_e4m3fn (tools/golden/e4m3_reference.py,
+// run on the GPU machine): every code's value, and the code of each input
+// (values, midpoints between codes and a float ulp either side, the
+// subnormal range, past 448, random floats).
+TEST(dtype, e4m3_matches_torch) {
+  const auto path = test::env("SOURCE_DIR") + "/tools/golden/e4m3.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "missing " << path;
+  const auto ref = nlohmann::json::parse(in);
+  ASSERT_EQ(ref.at("decode").size(), 256u);
+  for (uint32_t c = 0; c < 256; ++c) {
+    const auto& want = ref["decode"][c];
+    const float got = e4m3_to_f32(uint8_t(c));
+    if (want.is_null())
+      EXPECT_TRUE(std::isnan(got)) << "code " << c;
+    else
+      EXPECT_EQ(f32_to_bits(got), want.get<uint32_t>()) << "code " << c;
+  }
+  const auto& enc = ref.at("encode");
+  ASSERT_GT(enc.size(), 1000u);
+  for (const auto& row : enc) {
+    const float x = bits_to_f32(row[0].get<uint32_t>());
+    ASSERT_EQ(int(f32_to_e4m3(x)), row[1].get<int>()) << "input " << x;
+  }
+}
+
+// The fp8 KV cache's row rounding: the row's largest |value| survives (it is
+// 448 times the scale), every value moves by at most half a step of 3
+// mantissa bits (or of the subnormal range), a zero row stays zero.
+TEST(dtype, rows_round_to_e4m3_with_a_scale_each) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  const int64_t rows = 50, n = 64;
+  std::vector<float> x(size_t(rows * n));
+  for (auto& v : x)
+    v = d(rng) * (rng() % 4 == 0 ? 30.0f : 1.0f);
+  std::fill_n(x.begin(), n, 0.0f); // row 0: zeros
+  auto y = x;
+  ref::round_rows_to_e4m3(y.data(), rows, n);
+  int changed = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      amax = std::max(amax, std::fabs(x[size_t(r * n + i)]));
+    const float scale = amax / 448.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = x[size_t(r * n + i)], b = y[size_t(r * n + i)];
+      EXPECT_LE(std::fabs(a - b), std::max(std::fabs(a) / 16.0f, scale * std::ldexp(1.0f, -10)) * 1.0001f)
+        << "row " << r << " value " << a << " became " << b;
+      changed += a != b;
+      if (std::fabs(a) == amax)
+        EXPECT_NEAR(b, a, std::fabs(a) * 1e-6f);
+    }
+  }
+  EXPECT_GT(changed, rows * n / 2);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_EQ(y[size_t(i)], 0.0f);
+}
+
+TEST(dtype, every_finite_e4m3_survives_a_round_trip_through_float) {
+  int finite = 0;
+  for (uint32_t c = 0; c < 256; ++c) {
+    const float f = e4m3_to_f32(uint8_t(c));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(c == 0x7f || c == 0xff) << c;
+      EXPECT_EQ(f32_to_e4m3(f), 0x7f);
+      continue;
+    }
+    ++finite;
+    EXPECT_EQ(f32_to_e4m3(f), c) << "code " << c << " value " << f;
+  }
+  EXPECT_EQ(finite, 254);
+  EXPECT_EQ(e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(f32_to_e4m3(1e6f), 0x7e);  // saturates
+  EXPECT_EQ(f32_to_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
 }
 
 } // namespace

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole server on the GPU machine: `metronome generate` and `metronome
 # serve` with --device cuda:0 on the three tiny families (greedy ids against
-# the CPU engine), then the llama3-8b shape served over HTTP with streaming
-# latency measured by a client (TTFT, inter-token gaps).
+# the CPU engine; again with the fp8 KV cache), then the llama3-8b shape
+# served over HTTP with streaming latency measured by a client (TTFT,
+# inter-token gaps), with the bf16 and the fp8 KV cache.
 #   tools/device/serve_smoke.sh BIN_DIR TOKENIZER_DIR OUT_DIR
 # BIN_DIR holds metronome and lib/ (its non-CUDA shared libraries);
 # TOKENIZER_DIR holds llama3/, qwen3/, mistral/ tokenizer folders.
@@ -31,6 +32,10 @@ for spec in "tiny-llama3 llama3" "tiny-qwen2 qwen3" "tiny-mistral mistral"; do
         --temperature 0 --ignore-eos --json --device cuda:0 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
   same=$(python3 -c "a=$cpu; b=$gpu; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
   echo "$1: $same"
+  gpu8=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
+        --temperature 0 --ignore-eos --json --device cuda:0 --kv-cache-dtype fp8 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  same=$(python3 -c "a=$cpu; b=$gpu8; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
+  echo "$1, fp8 KV cache: $same"
 done
 
 serve_and_probe() { # model_dir port extra-args...
@@ -53,4 +58,7 @@ serve_and_probe "$work/tiny-llama3" 18080
 say "serve --device cuda:0, llama3-8b shape"
 "$m" make-model --preset llama3-8b --seed 1 --tokenizer "$tok/llama3" --out "$work/llama3-8b" >/dev/null
 serve_and_probe "$work/llama3-8b" 18081 --set engine.max_batch_size=64
+
+say "serve --device cuda:0, llama3-8b shape, fp8 KV cache"
+serve_and_probe "$work/llama3-8b" 18082 --set engine.max_batch_size=64 --kv-cache-dtype fp8
 rm -rf "$work"

@@ -24,6 +24,7 @@ struct generate_args {
   std::string prompt_ids;
   std::optional<std::string> prompt;
   std::string device = "cpu";
+  std::string kv_cache_dtype = "bf16";
   int32_t max_tokens = 32;
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -62,6 +63,11 @@ void run(const generate_args& a) {
     throw command_error("--device: expected cpu or cuda:N, got '" + a.device + "'");
   if (a.prompt.has_value() == !a.prompt_ids.empty())
     throw command_error("give exactly one of --prompt and --prompt-ids");
+  if (a.kv_cache_dtype != "bf16" && a.kv_cache_dtype != "fp8")
+    throw command_error("--kv-cache-dtype: expected bf16 or fp8, got '" + a.kv_cache_dtype + "'");
+  if (a.kv_cache_dtype == "fp8" && a.device == "cpu")
+    throw command_error("--kv-cache-dtype fp8 needs --device cuda:N (the CPU engine keeps its "
+                        "KV cache in fp32)");
   auto model = model_folder::open(a.model);
   const auto& cfg = model->config;
   // The model folder's tokenizer: required for --prompt, used for printing
@@ -107,6 +113,7 @@ void run(const generate_args& a) {
     g.page_size = page_size;
     g.kv_cache_tokens = int64_t(pages) * page_size;
     g.max_model_len = total;
+    g.kv_cache_dtype = a.kv_cache_dtype;
     runner = make_cuda_runner(model, g);
     if (runner->num_pages() < pages)
       throw command_error("--device " + a.device + ": the KV cache holds "
@@ -205,6 +212,8 @@ void setup(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Random seed (same seed, same output)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the model's EOS tokens");
   cmd->add_option("--device", a->device, "cpu (default) or cuda:N");
+  cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
+                  "KV cache elements on cuda: bf16 (default) or fp8 (e4m3, a scale a row)");
   cmd->add_flag("--json", a->json, "Print ids, TTFT and tokens/s as JSON");
   cmd->callback([a] { run(*a); });
 }

@@ -162,26 +162,26 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
         cp_async4(sk + buf * BN + r, kv.k_scale + (row >= 0 ? row : 0), row >= 0);
         cp_async4(sv + buf * BN + r, kv.v_scale + (row >= 0 ? row : 0), row >= 0);
       }
-      return;
-    }
-    for (int c = tid; c < BN * cpr; c += T) {
-      const int r = c / cpr, col = (c % cpr) * 8;
-      const int32_t key = kt + r;
-      const bool valid = key >= lo && key < kv_end;
-      int64_t off = 0;
-      if (valid) {
-        int32_t page, in_page;
-        if (ps_shift >= 0) {
-          page = pt[key >> ps_shift];
-          in_page = key & (ps - 1);
-        } else {
-          page = pt[key / ps];
-          in_page = key % ps;
+    } else {
+      for (int c = tid; c < BN * cpr; c += T) {
+        const int r = c / cpr, col = (c % cpr) * 8;
+        const int32_t key = kt + r;
+        const bool valid = key >= lo && key < kv_end;
+        int64_t off = 0;
+        if (valid) {
+          int32_t page, in_page;
+          if (ps_shift >= 0) {
+            page = pt[key >> ps_shift];
+            in_page = key & (ps - 1);
+          } else {
+            page = pt[key / ps];
+            in_page = key % ps;
+          }
+          off = ((int64_t(page) * kv.kv_heads + kvh) * ps + in_page) * D + col;
         }
-        off = ((int64_t(page) * kv.kv_heads + kvh) * ps + in_page) * D + col;
+        cp_async16(ks + (buf * BN + r) * RS + col, kv.k + off, valid);
+        cp_async16(vs + (buf * BN + r) * RS + col, kv.v + off, valid);
       }
-      cp_async16(ks + (buf * BN + r) * RS + col, kv.k + off, valid);
-      cp_async16(vs + (buf * BN + r) * RS + col, kv.v + off, valid);
     }
   };
   const int32_t kt_first = lo / BN * BN;

@@ -127,8 +127,9 @@ TEST(dtype, rows_round_to_e4m3_with_a_scale_each) {
       EXPECT_LE(std::fabs(a - b), std::max(std::fabs(a) / 16.0f, scale * std::ldexp(1.0f, -10)) * 1.0001f)
         << "row " << r << " value " << a << " became " << b;
       changed += a != b;
-      if (std::fabs(a) == amax)
+      if (std::fabs(a) == amax) {
         EXPECT_NEAR(b, a, std::fabs(a) * 1e-6f);
+      }
     }
   }
   EXPECT_GT(changed, rows * n / 2);

@@ -8,8 +8,11 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "caf/all.hpp"
 
@@ -75,7 +78,8 @@ struct engine_options {
   std::function<std::unique_ptr<model_runner>()> runner_factory;
 };
 
-/// Facts about a running engine, readable from any thread without blocking.
+/// Facts about a running engine, readable from any thread without blocking
+/// (the memory plan under a short lock).
 struct engine_status {
   /// The executor has loaded the model and is ready to run steps.
   std::atomic<bool> ready{false};
@@ -89,11 +93,32 @@ struct engine_status {
   /// KV pages in use and in all.
   std::atomic<int32_t> kv_used_pages{0};
   std::atomic<int32_t> kv_total_pages{0};
+
+  /// The runner's memory plan, set by the executor supervisor when an
+  /// executor (re)starts; read by /metrics. Any thread.
+  void set_memory_plan(std::vector<std::string> parts, std::vector<int64_t> bytes) {
+    std::lock_guard<std::mutex> guard(memory_mutex_);
+    memory_parts_ = std::move(parts);
+    memory_bytes_ = std::move(bytes);
+  }
+  std::vector<std::pair<std::string, int64_t>> memory_plan() const {
+    std::lock_guard<std::mutex> guard(memory_mutex_);
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (size_t i = 0; i < memory_parts_.size() && i < memory_bytes_.size(); ++i)
+      out.emplace_back(memory_parts_[i], memory_bytes_[i]);
+    return out;
+  }
+
   // Immutable after spawn_engine returns:
   std::string model_name;
   int32_t max_model_len = 0;
   std::string device;
   std::string kv_cache_strategy;
+
+private:
+  mutable std::mutex memory_mutex_;
+  std::vector<std::string> memory_parts_;
+  std::vector<int64_t> memory_bytes_;
 };
 
 /// Handles of a running engine.

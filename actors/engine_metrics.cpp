@@ -79,7 +79,11 @@ engine_metrics::engine_metrics()
     live_actors_(registry_.add_gauge("metronome:request_actors_alive",
                                      "Request actors alive (one per request in the server).")),
     ready_(registry_.add_gauge("metronome:engine_ready",
-                               "1 once the model is loaded and the executor runs.")) {
+                               "1 once the model is loaded and the executor runs.")),
+    memory_(registry_.add_gauge_family("metronome:memory_bytes",
+                                       "The runner's memory plan at start-up, by part (weights, "
+                                       "activations, graphs, kv_pool, ...).",
+                                       {"part"})) {
   // nop
 }
 
@@ -131,6 +135,8 @@ std::string engine_metrics::render(const engine_status& s) {
   waiting_.set(s.waiting.load());
   live_actors_.set(double(s.live_requests.load()));
   ready_.set(s.ready.load() ? 1.0 : 0.0);
+  for (const auto& [part, bytes] : s.memory_plan())
+    memory_.with({part}).set(double(bytes));
   return registry_.render();
 }
 

@@ -67,6 +67,7 @@ private:
   prometheus::gauge& waiting_;
   prometheus::gauge& live_actors_;
   prometheus::gauge& ready_;
+  prometheus::family<prometheus::gauge>& memory_;
 };
 
 } // namespace metronome

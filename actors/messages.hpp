@@ -209,7 +209,10 @@ struct executor_up_msg {
   int32_t num_pages = 0;
   int32_t page_size = 0;
   std::string device;
-  std::string memory_report;
+  /// The runner's memory plan (model_runner::memory_plan): bytes by part
+  /// ("weights", "activations", "graphs", "kv_pool", ...), in its order.
+  std::vector<std::string> memory_parts;
+  std::vector<int64_t> memory_bytes;
 };
 
 /// Executor supervisor -> scheduler: the executor died; its KV is gone.
@@ -389,7 +392,7 @@ typename Inspector::result_type inspect(Inspector& f, kv_stats& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, executor_up_msg& x) {
   return f(caf::meta::type_name("executor_up_msg"), x.executor, x.num_pages, x.page_size,
-           x.device, x.memory_report);
+           x.device, x.memory_parts, x.memory_bytes);
 }
 
 template <class Inspector>

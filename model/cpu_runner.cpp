@@ -129,6 +129,11 @@ public:
     return "cpu";
   }
 
+  /// The KV cache (fp32); the weights are the model's mapped files.
+  std::vector<memory_plan_entry> memory_plan() const override {
+    return {{"kv_pool", int64_t(engine_.kv_cache().bytes())}};
+  }
+
 private:
   cpu_engine engine_;
   sequence_table table_;

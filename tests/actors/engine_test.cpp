@@ -141,6 +141,27 @@ TEST_F(engine_test, a_completion_streams_the_greedy_tokens_as_text) {
   EXPECT_TRUE(settles());
 }
 
+// The runner's memory plan reaches /metrics once the executor is up: the CPU
+// runner's KV cache, fp32 keys and values of every layer for every page.
+TEST_F(engine_test, the_memory_plan_is_in_the_metrics_once_the_executor_is_up) {
+  start();
+  auto out = run(completion("Hello", 1)); // the executor is up once a step ran
+  ASSERT_TRUE(out.done);
+  const auto cfg = model_folder::open(chat_model())->config;
+  const int64_t pages = eng->status->kv_total_pages.load();
+  ASSERT_GT(pages, 0);
+  const int64_t bytes = pages * opts.page_size * cfg.num_layers * 2 * cfg.kv_size() * 4;
+  const std::string text = eng->metrics->render(*eng->status);
+  EXPECT_NE(text.find("# TYPE metronome:memory_bytes gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("metronome:memory_bytes{part=\"kv_pool\"} " + std::to_string(bytes) + "\n"),
+            std::string::npos)
+    << text;
+  const auto plan = eng->status->memory_plan();
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].first, "kv_pool");
+  EXPECT_EQ(plan[0].second, bytes);
+}
+
 TEST_F(engine_test, a_stop_string_ends_generation_before_it_and_is_not_sent) {
   start();
   auto full = run(completion("Once upon a time", 24));

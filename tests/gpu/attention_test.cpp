@@ -106,7 +106,7 @@ TEST(gpu_attention, decode_warps_halve_where_that_halves_the_waves) {
   gpu::attention_shape sh{32, 8, 128, 0, 1.0f};
   const int saved = gpu::active_kernels().attention_warps;
   gpu::active_kernels().attention_warps = 0;
-  for (int32_t per_sm : {1, 2, 4})
+  for (int32_t per_sm : {1, 2, 3, 4})
     for (int32_t sms : {8, 132})
       for (int32_t seqs = 1; seqs <= 512; ++seqs) {
         const int32_t splits = gpu::decode_attention_splits(sh, seqs, sms, per_sm);
@@ -138,6 +138,14 @@ TEST(gpu_attention, decode_warps_halve_where_that_halves_the_waves) {
   EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 4), 4);
   EXPECT_EQ(gpu::decode_attention_warps(sh, 67, 1, 132, 4), 2);
   EXPECT_EQ(gpu::decode_attention_warps(sh, 128, 1, 132, 4), 2);
+  // The 8B shape with the fp8 cache (its kernel: 160 registers, 3 blocks an
+  // SM): 4 warps at 48 sequences (384 blocks, one wave of 396 slots), 2 at
+  // 64 (512), 4 at 128 (1,024: 3 waves against 2 of twice the time), each
+  // the fastest in the H200 kernel sweep of round 22 call 1 (the prototype:
+  // 42.0, 58.5, 99.0 us).
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 48, 1, 132, 3), 4);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 3), 2);
+  EXPECT_EQ(gpu::decode_attention_warps(sh, 128, 1, 132, 3), 4);
   gpu::active_kernels().attention_warps = 4;
   EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 2), 4);
   gpu::active_kernels().attention_warps = 2;

@@ -106,12 +106,14 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (o.page_size <= 0 || o.max_batch_size <= 0 || o.max_num_batched_tokens <= 0)
     throw std::invalid_argument("engine: page_size, max_batch_size and max_num_batched_tokens "
                                 "must be positive");
-  if (o.kv_cache_dtype != "bf16" && o.kv_cache_dtype != "fp8")
-    throw std::invalid_argument("engine.kv_cache_dtype '" + o.kv_cache_dtype
-                                + "': expected bf16 or fp8");
+  // The KV cache's element type is checked against the model here, before
+  // any executor starts: a refusal inside the executor would only show as
+  // restarts and a degraded engine.
   if (o.kv_cache_dtype == "fp8" && o.device == "cpu")
     throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
                                 "keeps its KV cache in fp32)");
+  if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
+    throw std::invalid_argument("engine.kv_cache_dtype '" + o.kv_cache_dtype + "': " + p);
 
   engine e;
   e.status = std::make_shared<engine_status>();

@@ -11,7 +11,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -96,17 +95,13 @@ struct engine_status {
 
   /// The runner's memory plan, set by the executor supervisor when an
   /// executor (re)starts; read by /metrics. Any thread.
-  void set_memory_plan(std::vector<std::string> parts, std::vector<int64_t> bytes) {
+  void set_memory_plan(std::vector<memory_plan_entry> plan) {
     std::lock_guard<std::mutex> guard(memory_mutex_);
-    memory_parts_ = std::move(parts);
-    memory_bytes_ = std::move(bytes);
+    memory_plan_ = std::move(plan);
   }
-  std::vector<std::pair<std::string, int64_t>> memory_plan() const {
+  std::vector<memory_plan_entry> memory_plan() const {
     std::lock_guard<std::mutex> guard(memory_mutex_);
-    std::vector<std::pair<std::string, int64_t>> out;
-    for (size_t i = 0; i < memory_parts_.size() && i < memory_bytes_.size(); ++i)
-      out.emplace_back(memory_parts_[i], memory_bytes_[i]);
-    return out;
+    return memory_plan_;
   }
 
   // Immutable after spawn_engine returns:
@@ -117,8 +112,7 @@ struct engine_status {
 
 private:
   mutable std::mutex memory_mutex_;
-  std::vector<std::string> memory_parts_;
-  std::vector<int64_t> memory_bytes_;
+  std::vector<memory_plan_entry> memory_plan_;
 };
 
 /// Handles of a running engine.

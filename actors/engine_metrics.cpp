@@ -135,8 +135,8 @@ std::string engine_metrics::render(const engine_status& s) {
   waiting_.set(s.waiting.load());
   live_actors_.set(double(s.live_requests.load()));
   ready_.set(s.ready.load() ? 1.0 : 0.0);
-  for (const auto& [part, bytes] : s.memory_plan())
-    memory_.with({part}).set(double(bytes));
+  for (const auto& e : s.memory_plan())
+    memory_.with({e.name}).set(double(e.bytes));
   return registry_.render();
 }
 

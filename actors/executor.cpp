@@ -51,10 +51,7 @@ public:
     up.num_pages = runner_->num_pages();
     up.page_size = runner_->page_size();
     up.device = runner_->device();
-    for (const auto& e : runner_->memory_plan()) {
-      up.memory_parts.push_back(e.name);
-      up.memory_bytes.push_back(e.bytes);
-    }
+    up.memory_plan = runner_->memory_plan();
     caf::anon_send(supervisor_, std::move(up)); // typed actors may not send() to untyped ones
     return {
       [this](step_plan& plan) -> caf::result<step_output> {
@@ -169,11 +166,10 @@ caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
   return {
     [=](executor_up_msg& up) {
       std::string plan;
-      for (size_t i = 0; i < up.memory_parts.size() && i < up.memory_bytes.size(); ++i)
-        plan += (i ? ", " : "") + up.memory_parts[i] + " "
-                + std::to_string(up.memory_bytes[i] >> 20) + " MiB";
+      for (const auto& e : up.memory_plan)
+        plan += (plan.empty() ? "" : ", ") + e.name + " " + std::to_string(e.bytes >> 20) + " MiB";
       if (status) {
-        status->set_memory_plan(up.memory_parts, up.memory_bytes);
+        status->set_memory_plan(up.memory_plan);
         status->ready = true;
       }
       spdlog::info("executor ready on {}: {} KV pages of {} tokens{}{}", up.device, up.num_pages,

@@ -22,6 +22,7 @@
 
 #include "caf/all.hpp"
 
+#include "model/model_runner.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
 
@@ -209,10 +210,8 @@ struct executor_up_msg {
   int32_t num_pages = 0;
   int32_t page_size = 0;
   std::string device;
-  /// The runner's memory plan (model_runner::memory_plan): bytes by part
-  /// ("weights", "activations", "graphs", "kv_pool", ...), in its order.
-  std::vector<std::string> memory_parts;
-  std::vector<int64_t> memory_bytes;
+  /// The runner's memory plan (model_runner::memory_plan).
+  std::vector<memory_plan_entry> memory_plan;
 };
 
 /// Executor supervisor -> scheduler: the executor died; its KV is gone.
@@ -390,9 +389,14 @@ typename Inspector::result_type inspect(Inspector& f, kv_stats& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_plan_entry& x) {
+  return f(caf::meta::type_name("memory_plan_entry"), x.name, x.bytes);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, executor_up_msg& x) {
   return f(caf::meta::type_name("executor_up_msg"), x.executor, x.num_pages, x.page_size,
-           x.device, x.memory_parts, x.memory_bytes);
+           x.device, x.memory_plan);
 }
 
 template <class Inspector>

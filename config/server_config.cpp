@@ -96,13 +96,6 @@ std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text) 
   return std::nullopt;
 }
 
-std::optional<kv_cache_dtype_kind> parse_kv_cache_dtype(std::string_view text) {
-  for (auto x : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8})
-    if (to_string(x) == text)
-      return x;
-  return std::nullopt;
-}
-
 // -- cross-field validation ----------------------------------------------------------
 
 namespace {

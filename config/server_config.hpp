@@ -73,7 +73,6 @@ std::string_view to_string(log_level x);
 
 /// Parses a YAML spelling; nullopt when `text` is none of them.
 std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text);
-std::optional<kv_cache_dtype_kind> parse_kv_cache_dtype(std::string_view text);
 
 // -- sections --------------------------------------------------------------------
 

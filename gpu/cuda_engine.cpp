@@ -9,7 +9,6 @@
 
 #include <cuda_profiler_api.h>
 
-#include "gpu/kernels_v1.hpp"
 #include "model/environment.hpp"
 #include "model/model_error.hpp"
 
@@ -66,22 +65,9 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
   check_shape(options_.small_batch_path == "auto" || options_.small_batch_path == "gemv"
                 || options_.small_batch_path == "skinny" || options_.small_batch_path == "cublas",
               "small_batch_path", "must be auto, gemv, skinny or cublas");
-  check_shape(options_.kv_cache_dtype == "bf16" || options_.kv_cache_dtype == "fp8",
-              "kv_cache_dtype", "must be bf16 or fp8, not '" + options_.kv_cache_dtype + "'");
+  const std::string kv_problem = cuda_kv_cache_problem(c, options_.kv_cache_dtype);
+  check_shape(kv_problem.empty(), "kv_cache_dtype", kv_problem);
   kv_fp8_ = options_.kv_cache_dtype == "fp8";
-  if (kv_fp8_) {
-    // Every kernel that reads or writes the cache has an fp8 form from the
-    // second generation on, for the shapes of its tensor-core decode kernel.
-    const attention_shape sh = attention_of(0);
-    check_shape(decode_attention_v2_supports(sh), "kv_cache_dtype",
-                "fp8 needs head_dim 16, 32, 64 or 128 and at most 8 query heads a kv head "
-                "(this model: head_dim " + std::to_string(c.head_dim) + ", "
-                  + std::to_string(c.num_heads / c.num_kv_heads) + " a kv head)");
-    const kernel_generations& k = active_kernels();
-    check_shape(k.decode_attention != 1 && k.prefill_attention != 1, "kv_cache_dtype",
-                "fp8 needs the second-generation attention kernels (METRONOME_KERNELS "
-                "selects the first)");
-  }
 
   int count = 0;
   METRONOME_CUDA(cudaGetDeviceCount(&count));
@@ -324,14 +310,18 @@ void cuda_engine::allocate_activations() {
   plan_.push_back({"workspaces", int64_t(workspaces)});
 }
 
+size_t cuda_engine::kv_row_bytes() const {
+  const size_t d = size_t(model_->config.head_dim);
+  return kv_fp8_ ? d + 4 : d * 2;
+}
+
 size_t cuda_engine::kv_layer_bytes(int64_t pages) const {
-  const auto& c = model_->config;
-  const size_t rows = size_t(pages) * size_t(options_.page_size) * size_t(c.num_kv_heads);
-  if (!kv_fp8_)
-    return 2 * rows * size_t(c.head_dim) * 2;
-  // Rounded up to 256 bytes, so that every layer's pools start 16-byte
-  // aligned (the prefill copies 16 bytes at a time) whatever the row count.
-  return (2 * rows * (size_t(c.head_dim) + 4) + 255) / 256 * 256;
+  const size_t rows =
+    size_t(pages) * size_t(options_.page_size) * size_t(model_->config.num_kv_heads);
+  // The fp8 pools rounded up to 256 bytes, so that every layer's pools start
+  // 16-byte aligned (the prefill copies 16 bytes at a time) whatever the row
+  // count.
+  return kv_fp8_ ? (2 * rows * kv_row_bytes() + 255) / 256 * 256 : 2 * rows * kv_row_bytes();
 }
 
 void cuda_engine::plan_kv_and_capture() {
@@ -340,8 +330,8 @@ void cuda_engine::plan_kv_and_capture() {
   METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t budget = size_t(double(total_b) * options_.gpu_memory_fraction);
   const size_t ps = size_t(options_.page_size);
-  const size_t token_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads)
-                             * (kv_fp8_ ? size_t(c.head_dim) + 4 : size_t(c.head_dim) * 2);
+  const size_t token_bytes =
+    size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kv_row_bytes();
   max_seqs_ = options_.max_seqs > 0 ? options_.max_seqs : 4 * max_batch_;
   check_shape(max_seqs_ >= max_batch_, "max_seqs", "must be at least max_batch_size");
 
@@ -360,7 +350,6 @@ void cuda_engine::plan_kv_and_capture() {
     num_pages_ = 1;
     page_stride_ = 1;
     kv_layer_bytes_ = kv_layer_bytes(2);
-    kv_rows_ = size_t(2) * ps * size_t(c.num_kv_heads);
     kv_pool_ = device_buffer(size_t(c.num_layers) * kv_layer_bytes_);
     page_table_ = device_buffer(size_t(max_seqs_ + 1) * 4);
     METRONOME_CUDA(cudaDeviceSynchronize());
@@ -409,7 +398,6 @@ void cuda_engine::plan_kv_and_capture() {
 
   // The pool has one extra page: the scratch page of padding rows.
   kv_layer_bytes_ = kv_layer_bytes(int64_t(num_pages_) + 1);
-  kv_rows_ = size_t(num_pages_ + 1) * ps * size_t(c.num_kv_heads);
   kv_pool_ = device_buffer(size_t(c.num_layers) * kv_layer_bytes_);
   METRONOME_CUDA(cudaMemsetAsync(kv_pool_.get(), 0, kv_pool_.bytes(), stream_));
   page_table_ = device_buffer(size_t(max_seqs_ + 1) * size_t(page_stride_) * 4);

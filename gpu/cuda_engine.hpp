@@ -325,7 +325,9 @@ private:
   // rows of head_dim bf16, or of head_dim bytes followed by the K and V row
   // scales with the fp8 cache).
   size_t kv_layer_bytes_ = 0;
-  size_t kv_rows_ = 0; // rows of one layer's K (or V) pool: (pages + 1) x page_size x kv_heads
+  /// Bytes of one token row of one kv head, in K and in V each: head_dim
+  /// bf16, or head_dim e4m3 and its scale.
+  size_t kv_row_bytes() const;
   /// Bytes of one layer's pools for `pages` pages.
   size_t kv_layer_bytes(int64_t pages) const;
 

@@ -195,8 +195,10 @@ kv_view cuda_engine::kv_of(int32_t layer_index) const {
   kv_view kv;
   auto* base = kv_pool_.get<unsigned char>() + size_t(layer_index) * kv_layer_bytes_;
   if (kv_fp8_) {
-    // [K bytes][V bytes][K scales][V scales], rows x head_dim bytes each.
-    const size_t rows = kv_rows_;
+    // [K bytes][V bytes][K scales][V scales] of the pool's rows (its pages,
+    // the padding page included, x page_size x kv heads).
+    const size_t rows =
+      size_t(num_pages_ + 1) * size_t(options_.page_size) * size_t(c.num_kv_heads);
     kv.k8 = base;
     kv.v8 = base + rows * size_t(c.head_dim);
     kv.k_scale = reinterpret_cast<float*>(base + 2 * rows * size_t(c.head_dim));

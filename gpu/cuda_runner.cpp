@@ -27,6 +27,7 @@
 
 #include "gpu/cuda_engine.hpp"
 #include "gpu/cuda_runner.hpp"
+#include "gpu/kernels_v1.hpp"
 #include "model/model_weights.hpp"
 
 namespace metronome {
@@ -424,6 +425,29 @@ bool set_cuda_graphs(model_runner& runner, bool enabled) {
 double cuda_graph_replay_ms(model_runner& runner, int32_t batch, bool repeat_last_step) {
   auto* r = dynamic_cast<cuda_runner*>(&runner);
   return r ? r->engine().graph_replay_ms(batch, repeat_last_step) : std::nan("");
+}
+
+std::string cuda_kv_cache_problem(const model_config& c, const std::string& dtype) {
+  if (dtype != "bf16" && dtype != "fp8")
+    return "expected bf16 or fp8";
+  if (dtype == "bf16")
+    return {};
+  // Every kernel that reads or writes the cache has an fp8 form from the
+  // second generation on, for the shapes of its tensor-core decode kernel.
+  gpu::attention_shape sh;
+  sh.num_heads = c.num_heads;
+  sh.kv_heads = c.num_kv_heads;
+  sh.head_dim = c.head_dim;
+  if (!gpu::decode_attention_v2_supports(sh))
+    return "fp8 needs head_dim 16, 32, 64 or 128 and at most 8 query heads a kv head (this "
+           "model: head_dim " + std::to_string(c.head_dim) + ", "
+           + std::to_string(c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 0)
+           + " a kv head)";
+  const gpu::kernel_generations& k = gpu::active_kernels();
+  if (k.decode_attention == 1 || k.prefill_attention == 1)
+    return "fp8 needs the second-generation attention kernels (METRONOME_KERNELS selects the "
+           "first)";
+  return {};
 }
 
 std::string format_memory_plan(const std::vector<memory_plan_entry>& plan) {

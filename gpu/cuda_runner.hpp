@@ -91,6 +91,13 @@ std::string describe_cuda_runner(const model_runner& runner);
 /// with a temperature). Synchronises with the device.
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows);
 
+/// Why the CUDA runner cannot keep `config`'s KV cache as `dtype` ("" when it
+/// can): "expected bf16 or fp8" for another name; fp8 needs head_dim 16, 32,
+/// 64 or 128, at most 8 query heads a kv head and the second-generation
+/// attention kernels. Host arithmetic, no device: spawn_engine asks before
+/// any executor starts, the runner again when it starts. Any thread.
+std::string cuda_kv_cache_problem(const model_config& config, const std::string& dtype);
+
 /// The memory plan as a few lines of text, for logs and start-up output.
 std::string format_memory_plan(const std::vector<memory_plan_entry>& plan);
 

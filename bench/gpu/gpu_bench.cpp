@@ -630,6 +630,8 @@ std::string parse_args(int argc, char** argv, options& o) {
       return "gpu_bench: " + a + " needs a value";
     ++i;
     if (text) {
+      if (text == &o.kv_dtype && v != "bf16" && v != "fp8")
+        return "gpu_bench: " + a + ": expected bf16 or fp8, not '" + v + "'";
       *text = v;
       continue;
     }

@@ -7,6 +7,8 @@
 #include "actors/engine.hpp"
 #include "actors/engine_metrics.hpp"
 #include "actors/request_actor.hpp"
+#include "gpu/cuda_runner.hpp"
+#include "model/make_model.hpp"
 #include "model/tokenizer/chat_template.hpp"
 #include "model/model_weights.hpp"
 #include "model/tokenizer/tokenizer.hpp"
@@ -158,8 +160,8 @@ TEST_F(engine_test, the_memory_plan_is_in_the_metrics_once_the_executor_is_up) {
     << text;
   const auto plan = eng->status->memory_plan();
   ASSERT_EQ(plan.size(), 1u);
-  EXPECT_EQ(plan[0].first, "kv_pool");
-  EXPECT_EQ(plan[0].second, bytes);
+  EXPECT_EQ(plan[0].name, "kv_pool");
+  EXPECT_EQ(plan[0].bytes, bytes);
 }
 
 TEST_F(engine_test, a_stop_string_ends_generation_before_it_and_is_not_sent) {
@@ -324,6 +326,36 @@ TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
   auto out = run(completion("Hello", 2));
   ASSERT_FALSE(out.error) << out.error->message;
   EXPECT_TRUE(out.done);
+}
+
+// On a CUDA device, a model the fp8 cache cannot serve (head_dim 256) is
+// refused by spawn_engine with the reason, before any executor starts
+// (which would otherwise fail, restart and leave the engine degraded). No
+// GPU is needed: the check is host arithmetic.
+TEST_F(engine_test, an_fp8_kv_cache_the_model_cannot_use_is_refused_at_start) {
+  make_model_options mo;
+  mo.config = *preset_config("tiny-llama3");
+  mo.config.hidden_size = 256;
+  mo.config.num_heads = 1;
+  mo.config.num_kv_heads = 1;
+  mo.config.head_dim = 256;
+  if (cuda_kv_cache_problem(mo.config, "fp8").empty())
+    GTEST_SKIP() << "this build has no CUDA kernels to ask";
+  mo.seed = 7;
+  mo.tokenizer_dir = test::env("TESTDATA") + "/tokenizers/llama3";
+  mo.out_dir = test::scratch_dir("engine-head-dim-256");
+  make_model(mo);
+  opts.model_dir = mo.out_dir;
+  opts.device = "cuda:0";
+  opts.kv_cache_dtype = "fp8";
+  try {
+    eng = spawn_engine(sys, opts);
+    ADD_FAILURE() << "spawn_engine accepted fp8 for head_dim 256";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "engine.kv_cache_dtype 'fp8': fp8 needs head_dim 16, 32, 64 or 128 and at most 8 "
+              "query heads a kv head (this model: head_dim 256, 1 a kv head)");
+  }
 }
 
 TEST_F(engine_test, a_request_that_outlives_its_timeout_fails_and_frees_its_pages) {

@@ -90,7 +90,7 @@ protected:
     sc.step_timeout = 1s;
     scheduler = spawn_scheduler(sys, sc, kv, status, nullptr);
     sched.run();
-    executor_up_msg up{executor, 64, 16, "test", {}, {}};
+    executor_up_msg up{executor, 64, 16, "test", {}};
     caf::anon_send(scheduler, up);
     sched.run();
   }

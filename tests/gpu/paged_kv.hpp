@@ -194,9 +194,6 @@ public:
     for (size_t r = 0; r < step.size(); ++r) {
       if (step[r])
         continue;
-      const auto same_scale = [](float a, float b) {
-        return (std::isnan(a) && std::isnan(b)) || a == b;
-      };
       if (!same_scale(k_scale_[r], o.k_scale_[r]) || !same_scale(v_scale_[r], o.v_scale_[r]))
         return false;
       for (size_t e = r * size_t(head_dim_); e < (r + 1) * size_t(head_dim_); ++e)
@@ -210,12 +207,7 @@ public:
   /// (after download8()); NaN scales (poison) compare equal.
   bool same_fp8(const paged_kv& o) const {
     auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-      if (a.size() != b.size())
-        return false;
-      for (size_t i = 0; i < a.size(); ++i)
-        if (!((std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i]))
-          return false;
-      return true;
+      return std::equal(a.begin(), a.end(), b.begin(), b.end(), same_scale);
     };
     return k8_bits_ == o.k8_bits_ && v8_bits_ == o.v8_bits_ && same(k_scale_, o.k_scale_)
            && same(v_scale_, o.v_scale_);
@@ -245,6 +237,11 @@ public:
   }
 
 private:
+  /// Two scales are the same when equal or both NaN (poison).
+  static bool same_scale(float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || a == b;
+  }
+
   size_t index(int32_t seq, int32_t pos, int32_t h, int32_t e) const {
     const int32_t page = table_[size_t(slot_[size_t(seq)]) * stride_ + pos / page_size_];
     return ((size_t(page) * kv_heads_ + h) * page_size_ + pos % page_size_) * head_dim_ + e;

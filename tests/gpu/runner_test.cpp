@@ -732,6 +732,26 @@ TEST(gpu_runner_plans, reports_its_memory_plan) {
   std::printf("%s%s\n", format_memory_plan(plan).c_str(), describe_cuda_runner(*gpu).c_str());
 }
 
+// What the fp8 cache cannot serve, named from the model's shape before any
+// device is touched (host arithmetic: runs without a GPU), so that the server
+// refuses it at start instead of failing its executor.
+TEST(gpu_runner_plans, the_kv_cache_problem_names_what_fp8_cannot_serve) {
+  model_config c = *preset_config("tiny-llama3");
+  EXPECT_EQ(cuda_kv_cache_problem(c, "bf16"), "");
+  EXPECT_EQ(cuda_kv_cache_problem(c, "fp8"), "");
+  EXPECT_EQ(cuda_kv_cache_problem(c, "fp4"), "expected bf16 or fp8");
+  c.head_dim = 256;
+  EXPECT_EQ(cuda_kv_cache_problem(c, "bf16"), "");
+  EXPECT_NE(cuda_kv_cache_problem(c, "fp8").find("this model: head_dim 256"), std::string::npos);
+  c.head_dim = 128;
+  c.num_heads = 16 * c.num_kv_heads;
+  EXPECT_NE(cuda_kv_cache_problem(c, "fp8").find("16 a kv head"), std::string::npos);
+  c.num_heads = 8 * c.num_kv_heads;
+  EXPECT_EQ(cuda_kv_cache_problem(c, "fp8"), "");
+  test::kernel_generation_scope first(1);
+  EXPECT_NE(cuda_kv_cache_problem(c, "fp8").find("second-generation"), std::string::npos);
+}
+
 TEST(gpu_runner_plans, no_device_count_means_skip) {
   // Always runs: cuda_device_count() answers without throwing, GPU or not.
   EXPECT_GE(cuda_device_count(), 0);

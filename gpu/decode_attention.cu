@@ -136,10 +136,19 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
 }
 
 // -- the fp8 cache (kv_view::k8) ------------------------------------------------
-// Its rows hold the same elements at the same indices in one byte each, so a
-// lane reads the same elements as from the bf16 cache in half the bytes (a
-// 16-byte load becomes an 8-byte one at the same element offsets) and turns
-// them into pairs for the MMAs (e4m3 converts exactly to f16 and to bf16).
+// Its rows hold the same elements at the same indices in one byte each. A
+// lane loads runs of 16 bytes (tc_cfg's WIDE layout: at head dim 128 its K
+// dims are 16 t + 64 i + 0..15 and its V dims 16 g + 0..15, q loaded in the
+// same order), so that a load instruction reads 64 bytes of each of 8 K rows
+// or all 128 of 4 V rows: with the bf16 layout's offsets in bytes (8-byte
+// loads) every instruction read half of that and the L2 saw twice the
+// requests a byte. It turns them into pairs for the MMAs (e4m3 converts
+// exactly to f16 and to bf16). Its warps issue about twice the bf16 form's
+// instructions a byte, so the fp8 form also saves instructions where the
+// bf16 form, bound by memory, gains nothing (LEAN): one page-table read for
+// a step of 16 keys that lies in one page and in range, and no rescale of
+// O where no maximum moved (alpha is then exactly 1). Together: 8B batch 64
+// at 1,024 keys 57-61 -> 46-47 us (bench/results/h200-2026-12-02-r23.md).
 // The row scales are applied outside the MMAs: a key's K scale to its scores
 // (S = K Q^T in f16, q rounded to bf16 first as the bf16 cache's kernel does),
 // its V scale to its probabilities before they meet V (O^T += V^T P^T in
@@ -254,25 +263,70 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
 /// (bench/results/h200-2026-12-01-r6.md). A dot product and a weighted sum
 /// do not care which dims a lane holds, as long as K and q agree; the output
 /// dims follow v_dim().
-template <int D>
+template <int D, bool WIDE = false>
 struct tc_cfg {
   static constexpr int kw = D / 8;  // words of K per key a lane holds (D/4 dims)
   static constexpr int vw = D / 16; // words of V per key a lane holds (D/8 dims)
   static constexpr int ks = D / 16; // k steps of S^T = K Q^T, and m16 tiles of O^T
-  static constexpr int k_stride = 32, v_stride = 64; // elements between a lane's loads
+  /// A lane holds runs of k_run contiguous elements of a K row, k_stride
+  /// apart (the 4 lanes of a row side by side), and of v_run of a V row,
+  /// v_stride apart (8 lanes). One 16-byte load a run of bf16; WIDE (the fp8
+  /// cache's layout): 16 bytes a run of fp8, so that a load instruction
+  /// reads 64 or 128 bytes of a row rather than 32 or 64.
+  static constexpr int k_run = WIDE ? (D / 4 < 16 ? D / 4 : 16) : (D / 4 < 8 ? D / 4 : 8);
+  static constexpr int v_run = WIDE ? (D / 8 < 16 ? D / 8 : 16) : (D / 8 < 8 ? D / 8 : 8);
+  static constexpr int k_stride = 4 * k_run, v_stride = 8 * v_run;
+  static constexpr int kcw = k_run / 2, vcw = v_run / 2; // words a run
   /// First K (and q) element of lane t in a row.
-  static __device__ __forceinline__ int k_base(int t) {
-    return kw >= 4 ? 8 * t : t * (D / 4);
+  static __device__ __forceinline__ int k_base(int t) { return t * k_run; }
+  /// The K (and q) element in the low half of word w of lane t.
+  static __device__ __forceinline__ int k_elem(int t, int w) {
+    return k_base(t) + (w / kcw) * k_stride + 2 * (w % kcw);
   }
   /// First V element of lane g in a row.
-  static __device__ __forceinline__ int v_base(int g) {
-    return vw >= 4 ? 8 * g : g * (D / 8);
-  }
+  static __device__ __forceinline__ int v_base(int g) { return g * v_run; }
   /// The dim in the low half of V word w of lane g (the high half is the next).
   static __device__ __forceinline__ int v_dim(int g, int w) {
-    return vw >= 4 ? 8 * g + (w / 4) * v_stride + 2 * (w % 4) : g * (D / 8) + 2 * w;
+    return v_base(g) + (w / vcw) * v_stride + 2 * (w % vcw);
   }
 };
+
+/// WORDS words of bf16 at p in runs of RUNW words, STRIDE elements apart.
+template <int WORDS, int RUNW, int STRIDE, bool NC = true>
+__device__ __forceinline__ void load_runs(uint32_t (&w)[WORDS], const bf16* p, uint64_t policy) {
+#pragma unroll
+  for (int c = 0; c < WORDS / RUNW; ++c) {
+    uint32_t run[RUNW];
+    load_words<RUNW, 8, NC>(run, p + c * STRIDE, policy);
+#pragma unroll
+    for (int j = 0; j < RUNW; ++j)
+      w[c * RUNW + j] = run[j];
+  }
+}
+
+/// load_words8 in runs of RUNW bf16 words (RUNW / 2 raw words), STRIDE
+/// bytes apart: 16-byte loads for runs of 8.
+template <int WORDS, int RUNW, int STRIDE, bool NC>
+__device__ __forceinline__ void load_runs8(uint32_t (&w)[words8<WORDS>], const uint8_t* p,
+                                           uint64_t policy) {
+  if constexpr (RUNW == 8) {
+#pragma unroll
+    for (int c = 0; c < WORDS / 8; ++c) {
+      const uint8_t* a = p + c * STRIDE;
+      if constexpr (NC)
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(w[4 * c]), "=r"(w[4 * c + 1]), "=r"(w[4 * c + 2]), "=r"(w[4 * c + 3])
+            : "l"(a), "l"(policy));
+      else
+        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(w[4 * c]), "=r"(w[4 * c + 1]), "=r"(w[4 * c + 2]), "=r"(w[4 * c + 3])
+                     : "l"(a), "l"(policy)
+                     : "memory");
+    }
+  } else {
+    load_words8<WORDS, STRIDE, NC>(w, p, policy);
+  }
+}
 
 /// The K and V operands of one step of 16 keys for one lane.
 template <int D>
@@ -317,7 +371,11 @@ __global__ void __launch_bounds__(WARPS * 32)
                              float* __restrict__ part_o, float* __restrict__ part_ml,
                              int32_t* __restrict__ counters, bf16* __restrict__ out,
                              bool kv_evict_first, bool late_trigger) {
-  using C = tc_cfg<D>;
+  // The fp8 cache's form (LEAN, and tc_cfg's WIDE runs): its warps issue
+  // about twice the instructions a byte of the bf16 form, so it reads a
+  // step's page once and rescales O only where a maximum moved.
+  constexpr bool LEAN = KV8;
+  using C = tc_cfg<D, KV8>;
   using regs = std::conditional_t<KV8, step_regs8<D>, step_regs<D>>;
   constexpr int warps = WARPS, threads = WARPS * 32;
   __shared__ float sm_o[warps][8][D];
@@ -394,6 +452,24 @@ __global__ void __launch_bounds__(WARPS * 32)
   };
   auto rows_of_step = [&](int32_t s, step_rows& r) {
     const int32_t base = base0 + s * step_keys;
+    if (LEAN && ps % step_keys == 0 && base >= lo && base + step_keys <= len) {
+      // The whole step in range and in one page (base is a multiple of 16).
+      int32_t page, in_page;
+      if (ps_shift >= 0) {
+        page = pt[base >> ps_shift];
+        in_page = base & (ps - 1);
+      } else {
+        page = pt[base / ps];
+        in_page = base % ps;
+      }
+      const int64_t r0 = (int64_t(page) * kv.kv_heads + kvh) * head_stride + int64_t(in_page) * D;
+      r.k[0] = r0 + kr0 * D;
+      r.k[1] = r0 + kr1 * D;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        r.v[i] = r0 + (4 * t + i) * D;
+      return;
+    }
     r.k[0] = row_of(base + kr0);
     r.k[1] = row_of(base + kr1);
 #pragma unroll
@@ -409,8 +485,8 @@ __global__ void __launch_bounds__(WARPS * 32)
         if (r.k[i] >= 0) {
           // Coherent loads: a block of this kernel may write the current
           // row first (the fused RoPE, or kv.stage).
-          load_words8<C::kw, C::k_stride, false>(x.k[i], kv.k8 + r.k[i] + C::k_base(t),
-                                                 kv_policy);
+          load_runs8<C::kw, C::kcw, C::k_stride, false>(x.k[i], kv.k8 + r.k[i] + C::k_base(t),
+                                                        kv_policy);
           const int64_t row = r.k[i] / D; // of the scale arrays
           x.ks[i] = __ldcg(kv.k_scale + row);
           x.vs[i] = __ldcg(kv.v_scale + row);
@@ -422,8 +498,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (r.v[i] >= 0)
-          load_words8<C::vw, C::v_stride, false>(x.v[i], kv.v8 + r.v[i] + C::v_base(g),
-                                                 kv_policy);
+          load_runs8<C::vw, C::vcw, C::v_stride, false>(x.v[i], kv.v8 + r.v[i] + C::v_base(g),
+                                                        kv_policy);
         else
           zero_words<vw8>(x.v[i]);
       }
@@ -475,9 +551,9 @@ __global__ void __launch_bounds__(WARPS * 32)
   uint32_t qw[C::kw];
   if constexpr (!ROPE) {
     if (g < group)
-      load_words<C::kw, C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
-                                           + C::k_base(t),
-                                     l2_policy(false));
+      load_runs<C::kw, C::kcw, C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
+                                                  + C::k_base(t),
+                                            l2_policy(false));
     else
       zero_words<C::kw>(qw);
     if constexpr (KV8) {
@@ -505,7 +581,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     // D = 64 the partner of chunk c is this lane's chunk c ^ chunks / 2; below,
     // the one chunk of lane t ^ 2 (same g, so the same head).
     constexpr int half = D / 2;
-    constexpr int cw = C::kw >= 4 ? 4 : C::kw; // words a chunk
+    constexpr int cw = C::kcw; // words a run
     constexpr int chunks = C::kw / cw;
     const int64_t width = int64_t(sh.num_heads + 2 * sh.kv_heads) * D;
     const bf16* raw = rope.partials ? nullptr : rope.qkv + int64_t(qrow) * width;
@@ -517,7 +593,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int hq = (h0 + min(g, group - 1)) * D;
     const uint64_t qpol = l2_policy(false);
     if (!part) {
-      load_words<C::kw, C::k_stride>(own, raw + hq + C::k_base(t), qpol);
+      load_runs<C::kw, C::kcw, C::k_stride>(own, raw + hq + C::k_base(t), qpol);
     } else {
       float2 v[C::kw];
 #pragma unroll
@@ -538,7 +614,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         own[w] = pack_bf16x2(v[w].x, v[w].y);
     }
     if (rope.bias)
-      load_words<C::kw, C::k_stride>(bown, rope.bias + hq + C::k_base(t), qpol);
+      load_runs<C::kw, C::kcw, C::k_stride>(bown, rope.bias + hq + C::k_base(t), qpol);
     else
       zero_words<C::kw>(bown);
 #pragma unroll
@@ -622,7 +698,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 #pragma unroll
     for (int w = 0; w < C::kw; ++w) {
-      const int d = C::k_base(t) + (w / cw) * C::k_stride + 2 * (w % cw);
+      const int d = C::k_elem(t, w);
       const float2 x = unpack2(own[w]), y = unpack2(par[w]);
       const float2 bx = unpack2(bown[w]), by = unpack2(bpar[w]);
       float r[2];
@@ -730,12 +806,17 @@ __global__ void __launch_bounds__(WARPS * 32)
           vf[i][w] = cur.v[i][w];
     }
     // O^T[dims][heads] = O^T * alpha + V^T P^T, one m16 tile of dims at a time.
+    // LEAN: alpha is exactly 1 where no maximum moved, so O keeps its scale.
+    const bool rescale =
+      !LEAN || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
 #pragma unroll
     for (int dt = 0; dt < C::ks; ++dt) {
-      o[dt][0] *= alpha[0];
-      o[dt][1] *= alpha[1];
-      o[dt][2] *= alpha[0];
-      o[dt][3] *= alpha[1];
+      if (rescale) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[1];
+        o[dt][2] *= alpha[0];
+        o[dt][3] *= alpha[1];
+      }
       const uint32_t a[4] = {__byte_perm(vf[0][dt], vf[1][dt], 0x5410),
                              __byte_perm(vf[0][dt], vf[1][dt], 0x7632),
                              __byte_perm(vf[2][dt], vf[3][dt], 0x5410),

@@ -218,6 +218,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   int sms = 0;
   METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int32_t per_sm = gpu::decode_attention_blocks_per_sm(sh);
+  const int32_t per_sm8 = gpu::decode_attention_blocks_per_sm(sh, true); // the fp8 form's
   const int32_t ps = 16;
   struct attn_case {
     int32_t seqs, ctx, new_tokens;
@@ -331,9 +332,12 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       for (const variant vr : variants) {
         gpu::active_kernels().decode_attention = vr.gen;
         const int32_t splits =
-          vr.splits > 0 ? vr.splits : gpu::decode_attention_splits(sh, ac.seqs, sms, per_sm);
+          vr.splits > 0 ? vr.splits
+                        : gpu::decode_attention_splits(sh, ac.seqs, sms, vr.fp8 ? per_sm8 : per_sm);
         const int32_t warps =
-          vr.warps > 0 ? vr.warps : gpu::decode_attention_warps(sh, ac.seqs, splits, sms, per_sm);
+          vr.warps > 0 ? vr.warps
+                       : gpu::decode_attention_warps(sh, ac.seqs, splits, sms,
+                                                     vr.fp8 ? per_sm8 : per_sm);
         device_buffer po(size_t(ac.seqs) * size_t(c.num_heads) * splits * size_t(c.head_dim) * 4);
         device_buffer pml(size_t(ac.seqs) * size_t(c.num_heads) * splits * 8);
         device_buffer cnt(size_t(ac.seqs) * size_t(c.num_heads) * 4);

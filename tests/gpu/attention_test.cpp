@@ -222,6 +222,10 @@ TEST(gpu_attention, decode_reads_the_fp8_cache) {
     {8, 8, 32, 16, 16, {{40, 1}, {9, 1}}},
     {28, 4, 128, 7, 333, {{1500, 1}, {40, 1}}},
     {12, 2, 128, 16, 0, {{33, 1}, {20000, 1}}},
+    // Pages of 32 and 48 tokens: a step of 16 keys in one page takes one
+    // page-table read (a shift, then a division), with a window cutting steps.
+    {16, 4, 128, 32, 100, {{700, 1}, {33, 1}}},
+    {8, 2, 64, 48, 0, {{500, 1}, {47, 1}, {96, 1}}},
   };
   if (test::quick_mode())
     cases.resize(2);

@@ -358,6 +358,25 @@ TEST_F(engine_test, an_fp8_kv_cache_the_model_cannot_use_is_refused_at_start) {
   }
 }
 
+// A CUDA device this machine does not have (any on a machine without a GPU)
+// is refused by spawn_engine, rather than an executor failing, restarting and
+// leaving the engine degraded behind a listening server.
+TEST_F(engine_test, a_cuda_device_the_machine_lacks_is_refused_at_start) {
+  opts.model_dir = chat_model();
+  opts.device = "cuda:" + std::to_string(cuda_device_count());
+  try {
+    eng = spawn_engine(sys, opts);
+    ADD_FAILURE() << "spawn_engine accepted " << opts.device;
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("device '" + opts.device + "': ", 0), 0u) << what;
+    EXPECT_NE(what.find(cuda_device_count() == 0 ? "no CUDA device is available"
+                                                 : "CUDA device"),
+              std::string::npos)
+      << what;
+  }
+}
+
 TEST_F(engine_test, a_request_that_outlives_its_timeout_fails_and_frees_its_pages) {
   start();
   auto r = completion("Slowly", 3000);

@@ -13,6 +13,7 @@ tok=$2
 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
+mkdir -p "$out" || exit 2
 cublas_dir=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
          $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s) for p in nvidia.__path__ for s in ("cu13/lib", "cublas/lib")))' 2>/dev/null); do
@@ -42,10 +43,18 @@ serve_and_probe() { # model_dir port extra-args...
   local dir=$1 port=$2; shift 2
   "$m" serve --model "$dir" --device cuda:0 --port "$port" "$@" > "$out/serve-$port.log" 2>&1 &
   local pid=$!
+  local up=0
   for _ in $(seq 1 600); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && break
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && { up=1; break; }
+    kill -0 $pid 2>/dev/null || break # it exited: its log says why
     sleep 0.5
   done
+  if [ $up = 0 ]; then
+    echo "the server on port $port did not come up; its log:"
+    tail -5 "$out/serve-$port.log"
+    kill -TERM $pid 2>/dev/null; wait $pid
+    return 1
+  fi
   python3 "$here/stream_probe.py" "localhost:$port" "$@" 2>&1
   curl -s "localhost:$port/metrics" | grep -E '^metronome:(kv_cache_usage_perc|num_requests_running|request_actors_alive|request_success_total|time_to_first_token_seconds_(sum|count)|inter_token_latency_seconds_(sum|count)|step_duration_seconds_(sum|count))' 
   kill -TERM $pid; wait $pid

@@ -433,10 +433,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   const int64_t head_stride = int64_t(ps) * D; // one (page, kv head) block
   // Keys of this lane within a step: K rows s(g), s(g + 8); V rows 4t .. 4t + 3.
   const int kr0 = 4 * (g >> 1) + (g & 1), kr1 = kr0 + 2;
-  // Element offset of key j's row in the pools, or -1 if j is outside [lo, len).
-  auto row_of = [&](int32_t j) -> int64_t {
-    if (j < lo || j >= len)
-      return -1;
+  // Element offset of key j's row in the pools (j in range).
+  auto row_in_pool = [&](int32_t j) -> int64_t {
     int32_t page, in_page;
     if (ps_shift >= 0) {
       page = pt[j >> ps_shift];
@@ -447,6 +445,10 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
     return (int64_t(page) * kv.kv_heads + kvh) * head_stride + int64_t(in_page) * D;
   };
+  // The same, or -1 if j is outside [lo, len).
+  auto row_of = [&](int32_t j) -> int64_t {
+    return j < lo || j >= len ? -1 : row_in_pool(j);
+  };
   struct step_rows {
     int64_t k[2], v[4];
   };
@@ -454,15 +456,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int32_t base = base0 + s * step_keys;
     if (LEAN && ps % step_keys == 0 && base >= lo && base + step_keys <= len) {
       // The whole step in range and in one page (base is a multiple of 16).
-      int32_t page, in_page;
-      if (ps_shift >= 0) {
-        page = pt[base >> ps_shift];
-        in_page = base & (ps - 1);
-      } else {
-        page = pt[base / ps];
-        in_page = base % ps;
-      }
-      const int64_t r0 = (int64_t(page) * kv.kv_heads + kvh) * head_stride + int64_t(in_page) * D;
+      const int64_t r0 = row_in_pool(base);
       r.k[0] = r0 + kr0 * D;
       r.k[1] = r0 + kr1 * D;
 #pragma unroll

@@ -571,9 +571,10 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
   } else {
     // Raw q (and bias) of the dims lane t holds, then of their rotation
-    // partners (d + D/2 mod D: the same chunk shape, D/2 elements away). From
-    // D = 64 the partner of chunk c is this lane's chunk c ^ chunks / 2; below,
-    // the one chunk of lane t ^ 2 (same g, so the same head).
+    // partners (d + D/2 mod D: the same run shape, D/2 elements away). Where
+    // a lane holds more than one run (bf16 from D = 64, fp8 at D = 128) the
+    // partner of run c is this lane's run c ^ chunks / 2; otherwise it is the
+    // one run of lane t ^ 2 (same g, so the same head).
     constexpr int half = D / 2;
     constexpr int cw = C::kcw; // words a run
     constexpr int chunks = C::kw / cw;

@@ -17,9 +17,10 @@
 // q as B), and keys 4t .. 4t + 3, D/8 dims of V, which a byte permute turns
 // into A fragments of V^T whose k order matches the key order s of the P
 // fragments; s(2i + e) = 4i + e, s(8 + 2i + e) = 4i + 2 + e. Which dims: see
-// tc_cfg (the lanes sharing a row interleave their 16-byte loads so that each
-// load instruction reads whole sectors). P^T goes from the accumulator layout
-// to the B layout with movmatrix (a register transpose). Each lane then holds
+// tc_cfg in decode_attention_layout.hpp (the lanes sharing a row interleave
+// their loads so that each load instruction reads whole sectors). P^T goes
+// from the accumulator layout to the B layout with movmatrix (a register
+// transpose). Each lane then holds
 // its V dims of heads 2t and 2t + 1. The online softmax is in the log2 domain
 // (ex2.approx; the max reduction over keys is three shuffles per step), keys
 // for the next step are loaded while this one is computed, page ids one step
@@ -48,6 +49,7 @@
 #include <cuda_fp8.h>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/decode_attention_layout.hpp"
 #include "gpu/gemv_common.cuh"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
@@ -57,6 +59,7 @@
 namespace metronome::gpu {
 
 using namespace dev;
+using decode_layout::tc_cfg;
 
 namespace {
 
@@ -251,45 +254,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-/// Which dims of a key a lane holds. A lane holds D/4 dims of K (and of q)
-/// and D/8 of V. Where that is more than one 16-byte load, the lanes that
-/// share a row interleave their loads (lane t's i-th load at 16 t + 64 i
-/// bytes of a K row, lane g's at 16 g + 128 i of a V row), so that every
-/// load instruction reads whole 32-byte sectors. Contiguous runs per lane
-/// used half of each sector per load, so every sector crossed from L2 twice
-/// (Nsight Compute, 8B batch 64 on the H200: L2 78% busy, 49% excess
-/// sectors); interleaved, the 8B shape's attention took 5-19% less time
-/// (bench/results/h200-2026-12-01-r6.md). A dot product and a weighted sum
-/// do not care which dims a lane holds, as long as K and q agree; the output
-/// dims follow v_dim().
-template <int D, bool WIDE = false>
-struct tc_cfg {
-  static constexpr int kw = D / 8;  // words of K per key a lane holds (D/4 dims)
-  static constexpr int vw = D / 16; // words of V per key a lane holds (D/8 dims)
-  static constexpr int ks = D / 16; // k steps of S^T = K Q^T, and m16 tiles of O^T
-  /// A lane holds runs of k_run contiguous elements of a K row, k_stride
-  /// apart (the 4 lanes of a row side by side), and of v_run of a V row,
-  /// v_stride apart (8 lanes). One 16-byte load a run of bf16; WIDE (the fp8
-  /// cache's layout): 16 bytes a run of fp8, so that a load instruction
-  /// reads 64 or 128 bytes of a row rather than 32 or 64.
-  static constexpr int k_run = WIDE ? (D / 4 < 16 ? D / 4 : 16) : (D / 4 < 8 ? D / 4 : 8);
-  static constexpr int v_run = WIDE ? (D / 8 < 16 ? D / 8 : 16) : (D / 8 < 8 ? D / 8 : 8);
-  static constexpr int k_stride = 4 * k_run, v_stride = 8 * v_run;
-  static constexpr int kcw = k_run / 2, vcw = v_run / 2; // words a run
-  /// First K (and q) element of lane t in a row.
-  static __device__ __forceinline__ int k_base(int t) { return t * k_run; }
-  /// The K (and q) element in the low half of word w of lane t.
-  static __device__ __forceinline__ int k_elem(int t, int w) {
-    return k_base(t) + (w / kcw) * k_stride + 2 * (w % kcw);
-  }
-  /// First V element of lane g in a row.
-  static __device__ __forceinline__ int v_base(int g) { return g * v_run; }
-  /// The dim in the low half of V word w of lane g (the high half is the next).
-  static __device__ __forceinline__ int v_dim(int g, int w) {
-    return v_base(g) + (w / vcw) * v_stride + 2 * (w % vcw);
-  }
-};
 
 /// WORDS words of bf16 at p in runs of RUNW words, STRIDE elements apart.
 template <int WORDS, int RUNW, int STRIDE, bool NC = true>

@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include <set>
+
+#include "gpu/decode_attention_layout.hpp"
 #include "model/cpu_ops.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/paged_kv.hpp"
@@ -206,6 +209,75 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
         }
     }
   }
+}
+
+// The lanes' share of a row in the decode attention (host arithmetic, so CI
+// checks it): for each head dim and both layouts (bf16's, and the fp8 cache's
+// 16-byte runs), the 4 lanes of a K row and the 8 of a V row hold every dim
+// exactly once; a lane's runs are contiguous and the lanes' runs of one load
+// sit side by side (whole sectors a load instruction); the fp8 layout's runs
+// are 16 bytes where a row has room for them; and the fused RoPE finds each
+// dim's partner (d + D/2 mod D) where the kernel looks for it: in the same
+// lane's other run, or in lane t ^ 2.
+template <int D, bool WIDE>
+void check_decode_layout() {
+  using C = gpu::decode_layout::tc_cfg<D, WIDE>;
+  SCOPED_TRACE("head_dim " + std::to_string(D) + (WIDE ? " fp8 layout" : " bf16 layout"));
+  std::multiset<int> k_dims, v_dims;
+  for (int t = 0; t < 4; ++t)
+    for (int w = 0; w < C::kw; ++w) {
+      k_dims.insert({C::k_elem(t, w), C::k_elem(t, w) + 1});
+      if (w % C::kcw != 0) {
+        EXPECT_EQ(C::k_elem(t, w), C::k_elem(t, w - 1) + 2); // within a run
+      }
+      if (t > 0 && w % C::kcw == 0) {
+        EXPECT_EQ(C::k_elem(t, w), C::k_elem(t - 1, w) + C::k_run); // side by side
+      }
+    }
+  for (int g = 0; g < 8; ++g)
+    for (int w = 0; w < C::vw; ++w) {
+      v_dims.insert({C::v_dim(g, w), C::v_dim(g, w) + 1});
+      if (w % C::vcw != 0) {
+        EXPECT_EQ(C::v_dim(g, w), C::v_dim(g, w - 1) + 2);
+      }
+      if (g > 0 && w % C::vcw == 0) {
+        EXPECT_EQ(C::v_dim(g, w), C::v_dim(g - 1, w) + C::v_run);
+      }
+    }
+  std::multiset<int> all;
+  for (int d = 0; d < D; ++d)
+    all.insert(d);
+  EXPECT_EQ(k_dims, all);
+  EXPECT_EQ(v_dims, all);
+  const int elem_bytes = WIDE ? 1 : 2;
+  EXPECT_EQ(C::k_run * elem_bytes, std::min(16, D / 4 * elem_bytes));
+  EXPECT_EQ(C::v_run * elem_bytes, std::min(16, D / 8 * elem_bytes));
+  const int chunks = C::kw / C::kcw;
+  for (int t = 0; t < 4; ++t)
+    for (int w = 0; w < C::kw; ++w) {
+      const int partner = (C::k_elem(t, w) + D / 2) % D;
+      if (chunks > 1) {
+        EXPECT_EQ(C::k_elem(t, ((w / C::kcw) ^ (chunks / 2)) * C::kcw + w % C::kcw), partner);
+      } else {
+        EXPECT_EQ(C::k_elem(t ^ 2, w), partner);
+      }
+    }
+}
+
+TEST(gpu_attention, the_decode_lanes_hold_every_dim_once_in_whole_runs) {
+  check_decode_layout<16, false>();
+  check_decode_layout<32, false>();
+  check_decode_layout<64, false>();
+  check_decode_layout<128, false>();
+  check_decode_layout<16, true>();
+  check_decode_layout<32, true>();
+  check_decode_layout<64, true>();
+  check_decode_layout<128, true>();
+  // The fp8 layout at head dim 128: lane t's K dims 16 t + 64 i + 0..15, lane
+  // g's V dims 16 g + 0..15 (decode_attention.cu's fp8 note).
+  using W = gpu::decode_layout::tc_cfg<128, true>;
+  EXPECT_EQ(W::k_elem(1, 8), 64 + 16);
+  EXPECT_EQ(W::v_dim(3, 7), 48 + 14);
 }
 
 // The fp8 cache (kv_view::k8): the kernel against the reference over the

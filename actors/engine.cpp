@@ -77,13 +77,8 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
       throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
     // A missing device is refused here, at start: the executor would fail,
     // restart and leave a server up with a degraded engine.
-    if (const int n = cuda_device_count(); g.device >= n)
-      throw std::invalid_argument(
-        "device '" + o.device + "': "
-        + (n == 0 ? std::string("no CUDA device is available (no GPU, no driver, or a build "
-                                "without CUDA)")
-                  : "this machine has " + std::to_string(n) + " CUDA device"
-                      + (n == 1 ? "" : "s") + " (cuda:0 to cuda:" + std::to_string(n - 1) + ")"));
+    if (const std::string p = cuda_device_problem(g.device); !p.empty())
+      throw std::invalid_argument("device '" + o.device + "': " + p);
     g.gpu_memory_fraction = o.gpu_memory_fraction;
     g.max_batch_size = o.max_batch_size;
     g.max_num_batched_tokens = o.max_num_batched_tokens;

@@ -391,12 +391,27 @@ int parse_cuda_device(const std::string& device) {
   return n;
 }
 
+std::string cuda_device_problem(int device) {
+  const int n = cuda_device_count();
+  if (n == 0)
+    return "no CUDA device is available (no GPU, or no driver)";
+  if (device < 0 || device >= n) {
+    std::string s = "this machine has " + std::to_string(n);
+    s += n == 1 ? " CUDA device (cuda:0)" : " CUDA devices (cuda:0 to cuda:";
+    if (n > 1)
+      s += std::to_string(n - 1) + ")";
+    return s;
+  }
+  return {};
+}
+
 std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
                                                const cuda_runner_options& options) {
   if (!model)
     throw std::invalid_argument("make_cuda_runner: no model");
-  if (cuda_device_count() == 0)
-    throw std::runtime_error("make_cuda_runner: no CUDA device is available");
+  if (const std::string p = cuda_device_problem(options.device); !p.empty())
+    throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
+                                + p);
   return std::make_unique<cuda_runner>(std::move(model), options);
 }
 

@@ -57,6 +57,13 @@ struct cuda_runner_options {
 /// this build (GPU tests skip then).
 int cuda_device_count();
 
+/// Why CUDA device `device` (an ordinal) cannot be used here, or "" if it
+/// can: no device at all, or fewer devices than the ordinal needs. The
+/// server asks it before any executor starts and make_cuda_runner asks it
+/// again, so a missing device is one clear error, never restarts. Any
+/// thread.
+std::string cuda_device_problem(int device);
+
 /// Loads `model` onto the device, plans its memory, captures the decode
 /// graphs and returns the runner. Call it on the thread that will call
 /// execute(): the runner is used by that one thread only. Throws

@@ -26,10 +26,15 @@ int parse_cuda_device(const std::string& device) {
   return n;
 }
 
+std::string cuda_device_problem(int) {
+  return "this build of metronome has no CUDA support (configure with nvcc available, or "
+         "-DMETRONOME_CUDA=ON)";
+}
+
 std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder>,
-                                               const cuda_runner_options&) {
-  throw std::runtime_error("this build of metronome has no CUDA support (configure with "
-                           "nvcc available, or -DMETRONOME_CUDA=ON)");
+                                               const cuda_runner_options& options) {
+  throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
+                              + cuda_device_problem(options.device));
 }
 
 bool set_cuda_graphs(model_runner&, bool) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "gpu/cuda_runner.hpp"
 #include "tests/model/test_support.hpp"
 
 namespace metronome {
@@ -82,6 +83,8 @@ TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
     in.read(head.data(), long(head.size()));
     std::ofstream(broken / "model.safetensors", std::ios::binary) << head;
   }
+  // A CUDA device this machine lacks (any, without a GPU).
+  const std::string missing_gpu = "cuda:" + std::to_string(cuda_device_count());
   std::vector<mistake> cases = {
     {"generate --model /nonexistent --prompt-ids 1", "/nonexistent: not a directory"},
     {"generate --model " + shell_quote(broken.string()) + " --prompt-ids 1",
@@ -91,6 +94,8 @@ TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --temperature 5", "temperature: must lie in [0, 2]"},
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --kv-cache-dtype fp4", "--kv-cache-dtype: expected bf16 or fp8, got 'fp4'"},
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --kv-cache-dtype fp8", "--kv-cache-dtype fp8 needs --device cuda:N"},
+    {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --device " + missing_gpu,
+     "--device " + missing_gpu + ": " + cuda_device_problem(cuda_device_count())},
     {"make-model --preset nope --out /tmp/x", "unknown preset 'nope' (presets: tiny-llama3"},
     {"make-model --out /tmp/x", "give --preset NAME or --config FILE"},
   };

@@ -88,27 +88,25 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
   return r;
 }
 
-/// Loads WORDS 32-bit words (4 to 64 bytes); no L1 allocation; L2 `policy`
-/// (l2_policy()). From 16 bytes, chunk i of 16 bytes comes from
-/// p + i * STRIDE elements. NC: through the non-coherent path, for memory
-/// nobody writes during the kernel; the fused-RoPE kernel reads the cache
-/// coherently, as one of its blocks writes the current token's row first.
-template <int WORDS, int STRIDE = 8, bool NC = true>
-__device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p, uint64_t policy) {
-  if constexpr (WORDS >= 4) {
-#pragma unroll
-    for (int i = 0; i < WORDS / 4; ++i) {
-      if constexpr (NC)
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
-            : "l"(p + STRIDE * i), "l"(policy));
-      else
-        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
-                     : "l"(p + STRIDE * i), "l"(policy)
-                     : "memory");
-    }
-  } else if constexpr (WORDS == 2) {
+/// N (1, 2 or 4) 32-bit words at p in one load; no L1 allocation; L2
+/// `policy` (l2_policy()). NC: through the non-coherent path, for memory
+/// nobody writes during the kernel; the kernel reads the cache coherently
+/// where one of its blocks writes the current token's row first (the fused
+/// RoPE, the fp8 cache's staged writer).
+template <int N, bool NC>
+__device__ __forceinline__ void load_vec(uint32_t* w, const void* p, uint64_t policy) {
+  static_assert(N == 1 || N == 2 || N == 4);
+  if constexpr (N == 4) {
+    if constexpr (NC)
+      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+          : "l"(p), "l"(policy));
+    else
+      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(p), "l"(policy)
+                   : "memory");
+  } else if constexpr (N == 2) {
     if constexpr (NC)
       asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
           : "=r"(w[0]), "=r"(w[1])
@@ -129,6 +127,19 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[WORDS], const bf16* p, 
                    : "l"(p), "l"(policy)
                    : "memory");
   }
+}
+
+/// WORDS words of a lane's share of a row at p (tc_cfg): runs of RUN words,
+/// STRIDE bytes apart, each read in loads of up to 16 bytes.
+template <int WORDS, int RUN, int STRIDE, bool NC = true>
+__device__ __forceinline__ void load_runs(uint32_t (&w)[WORDS], const void* p, uint64_t policy) {
+  constexpr int piece = RUN < 4 ? RUN : 4;
+#pragma unroll
+  for (int c = 0; c < WORDS / RUN; ++c)
+#pragma unroll
+    for (int j = 0; j < RUN / piece; ++j)
+      load_vec<piece, NC>(w + c * RUN + j * piece,
+                          static_cast<const char*>(p) + c * STRIDE + 16 * j, policy);
 }
 
 template <int WORDS>
@@ -162,39 +173,6 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
 /// piece in the low half below 2 words).
 template <int WORDS>
 constexpr int words8 = WORDS >= 2 ? WORDS / 2 : 1;
-
-/// load_words for the fp8 cache: the elements of load_words<WORDS, STRIDE>
-/// at p, STRIDE in elements (= bytes here).
-template <int WORDS, int STRIDE, bool NC>
-__device__ __forceinline__ void load_words8(uint32_t (&w)[words8<WORDS>], const uint8_t* p,
-                                            uint64_t policy) {
-  if constexpr (WORDS >= 4) {
-#pragma unroll
-    for (int i = 0; i < WORDS / 4; ++i) {
-      if constexpr (NC)
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-            : "=r"(w[2 * i]), "=r"(w[2 * i + 1])
-            : "l"(p + STRIDE * i), "l"(policy));
-      else
-        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                     : "=r"(w[2 * i]), "=r"(w[2 * i + 1])
-                     : "l"(p + STRIDE * i), "l"(policy)
-                     : "memory");
-    }
-  } else if constexpr (WORDS == 2) {
-    if constexpr (NC)
-      asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
-          : "=r"(w[0])
-          : "l"(p), "l"(policy));
-    else
-      asm volatile("ld.global.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
-                   : "=r"(w[0])
-                   : "l"(p), "l"(policy)
-                   : "memory");
-  } else {
-    w[0] = __ldcg(reinterpret_cast<const unsigned short*>(p)); // head_dim 16 only
-  }
-}
 
 /// The f16 pairs (BF16: bf16 pairs) of WORDS words from their e4m3 bytes
 /// (load_words8); both exact.
@@ -253,43 +231,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
     "{%8, %9}, {%0, %1, %2, %3};"
     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// WORDS words of bf16 at p in runs of RUNW words, STRIDE elements apart.
-template <int WORDS, int RUNW, int STRIDE, bool NC = true>
-__device__ __forceinline__ void load_runs(uint32_t (&w)[WORDS], const bf16* p, uint64_t policy) {
-#pragma unroll
-  for (int c = 0; c < WORDS / RUNW; ++c) {
-    uint32_t run[RUNW];
-    load_words<RUNW, 8, NC>(run, p + c * STRIDE, policy);
-#pragma unroll
-    for (int j = 0; j < RUNW; ++j)
-      w[c * RUNW + j] = run[j];
-  }
-}
-
-/// load_words8 in runs of RUNW bf16 words (RUNW / 2 raw words), STRIDE
-/// bytes apart: 16-byte loads for runs of 8.
-template <int WORDS, int RUNW, int STRIDE, bool NC>
-__device__ __forceinline__ void load_runs8(uint32_t (&w)[words8<WORDS>], const uint8_t* p,
-                                           uint64_t policy) {
-  if constexpr (RUNW == 8) {
-#pragma unroll
-    for (int c = 0; c < WORDS / 8; ++c) {
-      const uint8_t* a = p + c * STRIDE;
-      if constexpr (NC)
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=r"(w[4 * c]), "=r"(w[4 * c + 1]), "=r"(w[4 * c + 2]), "=r"(w[4 * c + 3])
-            : "l"(a), "l"(policy));
-      else
-        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(w[4 * c]), "=r"(w[4 * c + 1]), "=r"(w[4 * c + 2]), "=r"(w[4 * c + 3])
-                     : "l"(a), "l"(policy)
-                     : "memory");
-    }
-  } else {
-    load_words8<WORDS, STRIDE, NC>(w, p, policy);
-  }
 }
 
 /// The K and V operands of one step of 16 keys for one lane.
@@ -443,8 +384,8 @@ __global__ void __launch_bounds__(WARPS * 32)
         if (r.k[i] >= 0) {
           // Coherent loads: a block of this kernel may write the current
           // row first (the fused RoPE, or kv.stage).
-          load_runs8<C::kw, C::kcw, C::k_stride, false>(x.k[i], kv.k8 + r.k[i] + C::k_base(t),
-                                                        kv_policy);
+          load_runs<kw8, C::kcw / 2, C::k_stride, false>(x.k[i], kv.k8 + r.k[i] + C::k_base(t),
+                                                         kv_policy);
           const int64_t row = r.k[i] / D; // of the scale arrays
           x.ks[i] = __ldcg(kv.k_scale + row);
           x.vs[i] = __ldcg(kv.v_scale + row);
@@ -455,26 +396,28 @@ __global__ void __launch_bounds__(WARPS * 32)
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if (r.v[i] >= 0)
-          load_runs8<C::vw, C::vcw, C::v_stride, false>(x.v[i], kv.v8 + r.v[i] + C::v_base(g),
-                                                        kv_policy);
-        else
+        if (r.v[i] < 0)
           zero_words<vw8>(x.v[i]);
+        else if constexpr (C::vw == 1) // head_dim 16: 2 bytes
+          x.v[i][0] = __ldcg(reinterpret_cast<const unsigned short*>(kv.v8 + r.v[i] + C::v_base(g)));
+        else
+          load_runs<vw8, C::vcw / 2, C::v_stride, false>(x.v[i], kv.v8 + r.v[i] + C::v_base(g),
+                                                         kv_policy);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if (r.k[i] >= 0)
-          load_words<C::kw, C::k_stride, !ROPE>(x.k[i], kv.k + r.k[i] + C::k_base(t),
-                                                kv_policy);
+          load_runs<C::kw, C::kcw, 2 * C::k_stride, !ROPE>(x.k[i], kv.k + r.k[i] + C::k_base(t),
+                                                           kv_policy);
         else
           zero_words<C::kw>(x.k[i]);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (r.v[i] >= 0)
-          load_words<C::vw, C::v_stride, !ROPE>(x.v[i], kv.v + r.v[i] + C::v_base(g),
-                                                kv_policy);
+          load_runs<C::vw, C::vcw, 2 * C::v_stride, !ROPE>(x.v[i], kv.v + r.v[i] + C::v_base(g),
+                                                           kv_policy);
         else
           zero_words<C::vw>(x.v[i]);
       }
@@ -509,9 +452,9 @@ __global__ void __launch_bounds__(WARPS * 32)
   uint32_t qw[C::kw];
   if constexpr (!ROPE) {
     if (g < group)
-      load_runs<C::kw, C::kcw, C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
-                                                  + C::k_base(t),
-                                            l2_policy(false));
+      load_runs<C::kw, C::kcw, 2 * C::k_stride>(qw, q + (int64_t(qrow) * sh.num_heads + h0 + g) * D
+                                                      + C::k_base(t),
+                                                l2_policy(false));
     else
       zero_words<C::kw>(qw);
     if constexpr (KV8) {
@@ -552,7 +495,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int hq = (h0 + min(g, group - 1)) * D;
     const uint64_t qpol = l2_policy(false);
     if (!part) {
-      load_runs<C::kw, C::kcw, C::k_stride>(own, raw + hq + C::k_base(t), qpol);
+      load_runs<C::kw, C::kcw, 2 * C::k_stride>(own, raw + hq + C::k_base(t), qpol);
     } else {
       float2 v[C::kw];
 #pragma unroll
@@ -573,7 +516,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         own[w] = pack_bf16x2(v[w].x, v[w].y);
     }
     if (rope.bias)
-      load_runs<C::kw, C::kcw, C::k_stride>(bown, rope.bias + hq + C::k_base(t), qpol);
+      load_runs<C::kw, C::kcw, 2 * C::k_stride>(bown, rope.bias + hq + C::k_base(t), qpol);
     else
       zero_words<C::kw>(bown);
 #pragma unroll

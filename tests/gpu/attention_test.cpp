@@ -525,6 +525,25 @@ TEST(gpu_attention, decode_with_fused_rope_writes_and_reads_the_fp8_cache) {
   }
 }
 
+// The prefill kernel over `view` (kv's bf16 or fp8 pools): every tile of
+// every sequence's new rows, in reverse order, and its output.
+std::vector<float> run_prefill(const attn_case& c, test::paged_kv& kv, const gpu::kv_view& view,
+                               const dev_array<bf16>& d_q, size_t qn) {
+  std::vector<gpu::prefill_item> items;
+  for (int32_t s = 0; s < kv.num_seqs(); ++s)
+    for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile_rows())
+      items.push_back({s, r});
+  std::reverse(items.begin(), items.end());
+  dev_array<gpu::prefill_item> d_items(items);
+  dev_array<bf16> out(qn);
+  gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                          1.0f / std::sqrt(float(c.head_dim))};
+  gpu::launch_prefill_attention(sh, d_q.get(), view, kv.batch(), d_items.get(),
+                                int32_t(items.size()), out.get(), nullptr);
+  test::sync_check();
+  return test::download_bf16(out);
+}
+
 // The cuBLAS decode path's fused kernel against the two kernels it replaces
 // (launch_rope_kv_write, then launch_decode_attention) on identical caches:
 // the same bits written to the same rows (nothing else touched), the same
@@ -675,19 +694,7 @@ TEST(gpu_attention, prefill_matches_reference_for_chunks_over_cached_pages) {
     for (int gen : {2, 1}) {
       test::kernel_generation_scope scope(gen);
       SCOPED_TRACE("generation " + std::to_string(gen));
-      std::vector<gpu::prefill_item> items;
-      for (int32_t s = 0; s < kv.num_seqs(); ++s)
-        for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile_rows())
-          items.push_back({s, r});
-      std::reverse(items.begin(), items.end());
-      dev_array<gpu::prefill_item> d_items(items);
-      dev_array<bf16> out(qn);
-      gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
-                              1.0f / std::sqrt(float(c.head_dim))};
-      gpu::launch_prefill_attention(sh, d_q.get(), kv.view(), kv.batch(), d_items.get(),
-                                    int32_t(items.size()), out.get(), nullptr);
-      test::sync_check();
-      EXPECT_LT(test::relative_error(test::download_bf16(out), want), 1e-2);
+      EXPECT_LT(test::relative_error(run_prefill(c, kv, kv.view(), d_q, qn), want), 1e-2);
     }
   }
 }
@@ -717,19 +724,7 @@ TEST(gpu_attention, prefill_reads_the_fp8_cache) {
     auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
     auto d_q = test::upload_bf16(q);
     const auto want = reference(c, kv, q, true);
-    std::vector<gpu::prefill_item> items;
-    for (int32_t s = 0; s < kv.num_seqs(); ++s)
-      for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile_rows())
-        items.push_back({s, r});
-    std::reverse(items.begin(), items.end());
-    dev_array<gpu::prefill_item> d_items(items);
-    dev_array<bf16> out(qn);
-    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
-                            1.0f / std::sqrt(float(c.head_dim))};
-    gpu::launch_prefill_attention(sh, d_q.get(), kv.view8(), kv.batch(), d_items.get(),
-                                  int32_t(items.size()), out.get(), nullptr);
-    test::sync_check();
-    const auto got = test::download_bf16(out);
+    const auto got = run_prefill(c, kv, kv.view8(), d_q, qn);
     EXPECT_LT(test::relative_error(got, want), 1e-2);
     EXPECT_GT(test::relative_error(got, reference(c, kv, q, false)), 1e-3);
   }

@@ -11,9 +11,13 @@
 // agreement) without keeping them. Transformers' teacher-forced results on
 // the same windows (tools/device/train_small_llama.py writes them with the
 // windows) are the reference for both: the bf16 cache should sit on it, and
-// the fp8 cache's distance from it is the cost.
+// the fp8 cache's distance from it is the cost. Without that file, --text
+// cuts windows from any text with the model's own tokenizer, and the two
+// caches are compared with each other only (for a real model on its own
+// GPU, where no transformers run is at hand).
 //
-//   kv_quality --model DIR --windows windows.json [--stride N] [--out out.json]
+//   kv_quality --model DIR (--windows windows.json | --text FILE [--window N] [--count M])
+//              [--stride N] [--out out.json]
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +32,7 @@
 
 #include "gpu/cuda_runner.hpp"
 #include "model/model_weights.hpp"
+#include "model/tokenizer/tokenizer.hpp"
 
 namespace metronome {
 namespace {
@@ -61,12 +66,81 @@ struct position {
 };
 
 struct options {
-  std::string model, windows, out;
+  std::string model, windows, text, out;
   int32_t stride = 1;
+  int32_t window = 1024, count = 16; // --text only
 };
 
-/// Pools positions whose context lies in [lo, hi).
-nlohmann::json summary(const std::vector<position>& ps, int32_t lo, int32_t hi) {
+/// The windows to score, and transformers' scores of them where known
+/// (hf_nll[w][k - 1], hf_argmax[w][k - 1]: after the first k tokens).
+struct windows_file {
+  std::vector<std::vector<int32_t>> windows;
+  std::vector<std::vector<double>> hf_nll;
+  std::vector<std::vector<int64_t>> hf_argmax;
+  nlohmann::json model = nlohmann::json::object(), train = nlohmann::json::object();
+
+  bool has_reference() const {
+    return !hf_nll.empty();
+  }
+};
+
+windows_file read_windows(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw std::runtime_error(path + ": cannot open");
+  const auto j = nlohmann::json::parse(in);
+  windows_file f;
+  f.windows = j.at("windows").get<std::vector<std::vector<int32_t>>>();
+  f.hf_nll = j.at("hf_nll").get<std::vector<std::vector<double>>>();
+  f.hf_argmax = j.at("hf_argmax").get<std::vector<std::vector<int64_t>>>();
+  f.model = j.value("model", f.model);
+  f.train = j.value("train", f.train);
+  for (size_t w = 0; w < f.windows.size(); ++w)
+    if (w >= f.hf_nll.size() || w >= f.hf_argmax.size()
+        || f.hf_nll[w].size() + 1 < f.windows[w].size()
+        || f.hf_argmax[w].size() + 1 < f.windows[w].size())
+      throw std::runtime_error(path + ": hf_nll and hf_argmax need a value for each position "
+                                      "of window " + std::to_string(w));
+  return f;
+}
+
+/// `count` consecutive windows of `window` tokens from the start of `path`,
+/// encoded by the model folder's tokenizer a block of lines at a time (no
+/// special tokens added or parsed).
+windows_file cut_windows(const std::string& path, const std::string& model_dir, int32_t window,
+                         int32_t count) {
+  std::ifstream in(path);
+  if (!in)
+    throw std::runtime_error(path + ": cannot open");
+  const auto tok = tokenizer::load(model_dir);
+  const size_t want = size_t(window) * size_t(count);
+  std::vector<int32_t> ids;
+  std::string line, block;
+  int lines = 0;
+  auto flush = [&] {
+    const auto got = tok->encode(block, {.add_special_tokens = false, .parse_special = false});
+    ids.insert(ids.end(), got.begin(), got.end());
+    block.clear();
+    lines = 0;
+  };
+  while (ids.size() < want && std::getline(in, line)) {
+    block += line + "\n";
+    if (++lines == 200)
+      flush();
+  }
+  if (ids.size() < want)
+    flush();
+  windows_file f;
+  for (size_t w = 0; (w + 1) * size_t(window) <= ids.size() && w < size_t(count); ++w)
+    f.windows.emplace_back(ids.begin() + w * window, ids.begin() + (w + 1) * window);
+  if (f.windows.empty())
+    throw std::runtime_error(path + ": fewer than " + std::to_string(window) + " tokens");
+  return f;
+}
+
+/// Pools positions whose context lies in [lo, hi); the comparisons with
+/// transformers only where `reference`.
+nlohmann::json summary(const std::vector<position>& ps, int32_t lo, int32_t hi, bool reference) {
   double nll[2] = {}, dhf[2] = {}, hf = 0, kl = 0, kl_max = 0;
   int64_t t1hf[2] = {}, t1[2] = {}, agree = 0, n = 0;
   std::vector<double> kls;
@@ -96,11 +170,14 @@ nlohmann::json summary(const std::vector<position>& ps, int32_t lo, int32_t hi) 
   for (int d = 0; d < 2; ++d) {
     auto& c = j[names[d]];
     c["perplexity"] = std::exp(nll[d] / double(n));
-    c["mean_abs_nll_diff_vs_hf"] = dhf[d] / double(n);
-    c["top1_same_as_hf"] = double(t1hf[d]) / double(n);
     c["top1_accuracy"] = double(t1[d]) / double(n);
+    if (reference) {
+      c["mean_abs_nll_diff_vs_hf"] = dhf[d] / double(n);
+      c["top1_same_as_hf"] = double(t1hf[d]) / double(n);
+    }
   }
-  j["hf_perplexity"] = std::exp(hf / double(n));
+  if (reference)
+    j["hf_perplexity"] = std::exp(hf / double(n));
   j["kl_bf16_fp8_mean"] = kl / double(n);
   j["kl_bf16_fp8_p99"] = kls[std::min(kls.size() - 1, size_t(double(kls.size()) * 0.99))];
   j["kl_bf16_fp8_max"] = kl_max;
@@ -109,15 +186,18 @@ nlohmann::json summary(const std::vector<position>& ps, int32_t lo, int32_t hi) 
 }
 
 int run(const options& o) {
+  const windows_file ref = o.text.empty() ? read_windows(o.windows)
+                                          : cut_windows(o.text, o.model, o.window, o.count);
+  const auto& windows = ref.windows;
+  if (windows.empty())
+    throw std::runtime_error("no windows to score");
+  for (const auto& w : windows)
+    if (w.size() > 32769)
+      throw std::runtime_error("windows of more than 32,769 tokens do not fit one step");
+  std::fprintf(stderr, "kv_quality: %zu windows of %zu tokens%s\n", windows.size(),
+               windows[0].size(), ref.has_reference() ? ", with transformers' scores" : "");
   if (const std::string problem = cuda_device_problem(0); !problem.empty())
     throw std::runtime_error("cuda:0: " + problem);
-  std::ifstream in(o.windows);
-  if (!in)
-    throw std::runtime_error(o.windows + ": cannot open");
-  const auto ref = nlohmann::json::parse(in);
-  const auto windows = ref.at("windows").get<std::vector<std::vector<int32_t>>>();
-  const auto hf_nll = ref.at("hf_nll").get<std::vector<std::vector<double>>>();
-  const auto hf_argmax = ref.at("hf_argmax").get<std::vector<std::vector<int64_t>>>();
   auto model = model_folder::open(o.model);
   const size_t vocab = size_t(model->config.vocab_size);
 
@@ -194,13 +274,14 @@ int run(const options& o) {
       const size_t truth = size_t(windows[w][size_t(k)]);
       position p;
       p.k = k;
-      p.hf_nll = hf_nll[w][size_t(k - 1)];
+      if (ref.has_reference())
+        p.hf_nll = ref.hf_nll[w][size_t(k - 1)];
       std::vector<double> lp[2];
       for (int d = 0; d < 2; ++d) {
         lp[d] = log_softmax(logits[d].data() + r * vocab, vocab);
         p.nll[d] = -lp[d][truth];
         const size_t a = argmax(lp[d]);
-        p.top1_hf[d] = int64_t(a) == hf_argmax[w][size_t(k - 1)];
+        p.top1_hf[d] = ref.has_reference() && int64_t(a) == ref.hf_argmax[w][size_t(k - 1)];
         p.top1_true[d] = a == truth;
       }
       for (size_t v = 0; v < vocab; ++v)
@@ -211,14 +292,16 @@ int run(const options& o) {
   }
 
   nlohmann::json result;
-  result["model"] = ref.value("model", nlohmann::json::object());
-  result["train"] = ref.value("train", nlohmann::json::object());
+  result["model"] = ref.model;
+  result["train"] = ref.train;
+  if (!o.text.empty())
+    result["text"] = o.text;
   result["stride"] = o.stride;
   result["windows"] = windows.size();
   const int32_t len = windows.empty() ? 0 : int32_t(windows[0].size());
-  result["all"] = summary(scored, 1, len);
+  result["all"] = summary(scored, 1, len, ref.has_reference());
   for (auto [lo, hi] : {std::pair{1, 128}, {128, 512}, {512, len}})
-    result["by_context"].push_back(summary(scored, lo, hi));
+    result["by_context"].push_back(summary(scored, lo, hi, ref.has_reference()));
   std::printf("%s\n", result.dump(2).c_str());
   if (!o.out.empty())
     std::ofstream(o.out) << result.dump(2) << "\n";
@@ -236,6 +319,12 @@ int main(int argc, char** argv) {
       o.model = v;
     else if (a == "--windows")
       o.windows = v;
+    else if (a == "--text")
+      o.text = v;
+    else if (a == "--window")
+      o.window = std::max(2, std::atoi(v.c_str()));
+    else if (a == "--count")
+      o.count = std::max(1, std::atoi(v.c_str()));
     else if (a == "--out")
       o.out = v;
     else if (a == "--stride")
@@ -245,9 +334,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.model.empty() || o.windows.empty()) {
-    std::fprintf(stderr, "usage: kv_quality --model DIR --windows windows.json [--stride N] "
-                         "[--out out.json]\n");
+  if (argc % 2 == 0 || o.model.empty() || o.windows.empty() == o.text.empty()) {
+    std::fprintf(stderr, "usage: kv_quality --model DIR (--windows windows.json | --text FILE "
+                         "[--window N] [--count M]) [--stride N] [--out out.json]\n");
     return 2;
   }
   try {

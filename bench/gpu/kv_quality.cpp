@@ -65,6 +65,9 @@ struct position {
   bool agree = false;    // same argmax with both caches
 };
 
+/// Most tokens in one step: the prefixes of a step add up to at most this.
+constexpr int32_t max_step_tokens = 32768;
+
 struct options {
   std::string model, windows, text, out;
   int32_t stride = 1;
@@ -192,8 +195,9 @@ int run(const options& o) {
   if (windows.empty())
     throw std::runtime_error("no windows to score");
   for (const auto& w : windows)
-    if (w.size() > 32769)
-      throw std::runtime_error("windows of more than 32,769 tokens do not fit one step");
+    if (w.size() > size_t(max_step_tokens) + 1) // the longest prefix is all but one token
+      throw std::runtime_error("windows of more than " + std::to_string(max_step_tokens + 1)
+                               + " tokens do not fit one step");
   std::fprintf(stderr, "kv_quality: %zu windows of %zu tokens%s\n", windows.size(),
                windows[0].size(), ref.has_reference() ? ", with transformers' scores" : "");
   if (const std::string problem = cuda_device_problem(0); !problem.empty())
@@ -204,8 +208,8 @@ int run(const options& o) {
   cuda_runner_options ro;
   ro.max_batch_size = 64;
   ro.max_seqs = 64;
-  ro.max_num_batched_tokens = 32768;
-  ro.kv_cache_tokens = 32768 + 64 * 16 + 1024;
+  ro.max_num_batched_tokens = max_step_tokens;
+  ro.kv_cache_tokens = max_step_tokens + 64 * 16 + 1024; // a partial page a sequence, and slack
   ro.cuda_graphs = false; // prompt steps only
   std::unique_ptr<model_runner> runners[2];
   ro.kv_cache_dtype = "bf16";
@@ -238,7 +242,7 @@ int run(const options& o) {
     std::vector<item> batch;
     int64_t tokens = 0;
     int32_t next_page = 0;
-    while (i < todo.size() && batch.size() < 64 && tokens + todo[i].k <= ro.max_num_batched_tokens) {
+    while (i < todo.size() && batch.size() < 64 && tokens + todo[i].k <= max_step_tokens) {
       const auto& [w, k] = todo[i];
       new_sequence s;
       s.id = next_id++;

@@ -59,11 +59,13 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 void run(const generate_args& a) {
-  if (a.device != "cpu" && parse_cuda_device(a.device) < 0)
-    throw command_error("--device: expected cpu or cuda:N, got '" + a.device + "'");
-  if (a.device != "cpu")
-    if (const std::string p = cuda_device_problem(parse_cuda_device(a.device)); !p.empty())
+  if (a.device != "cpu") {
+    const int ordinal = parse_cuda_device(a.device);
+    if (ordinal < 0)
+      throw command_error("--device: expected cpu or cuda:N, got '" + a.device + "'");
+    if (const std::string p = cuda_device_problem(ordinal); !p.empty())
       throw command_error("--device " + a.device + ": " + p);
+  }
   if (a.prompt.has_value() == !a.prompt_ids.empty())
     throw command_error("give exactly one of --prompt and --prompt-ids");
   if (a.kv_cache_dtype != "bf16" && a.kv_cache_dtype != "fp8")

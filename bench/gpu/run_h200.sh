@@ -5,12 +5,14 @@
 # against the device's floors and against Hugging Face transformers on the
 # same folders.
 #
-#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [grid] [kernels] [v1] [pdlon] [pdllate] [pdloff]
+#   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [fp8] [grid] [kernels] [v1] [pdlon] [pdllate] [pdloff]
 #                         [paths] [sweep] [ncu] [profile] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
-#   "<name>/v1", for a before/after in one run; pdlon: the decode figures again
+#   "<name>/v1", for a before/after in one run; fp8: the target figures again
+#   with the fp8 KV cache (engine.kv_cache_dtype: fp8), as model "<name>/fp8-kv",
+#   each against the floor of that cache's bytes; pdlon: the decode figures again
 #   with programmatic dependent launch on (and the runner tests with it);
 #   pdllate: the runner tests with PDL on and late triggers (METRONOME_PDL=late);
 #   pdloff: the runner tests and the target figures with PDL off everywhere
@@ -26,7 +28,7 @@
 #   64:cublas 64:skinny", batch:path pairs) from Nsight Compute, both
 #   shapes (profile.txt, profile.json); memcheck: sanitize without racecheck;
 #   hfeager: the transformers side without torch.compile. Steps run in this
-#   order: tests, bench (and v1, pdlon, pdloff, paths, sweep) per model, sanitizers,
+#   order: tests, bench (and fp8, v1, pdlon, pdloff, paths, sweep) per model, sanitizers,
 #   ncu, profile, hf.
 #
 # Binaries come from $METRONOME_DEVICE_BIN (default .device/ in the repo:
@@ -121,7 +123,7 @@ report() {
   python3 "$root/tools/gpu_report.py" --out "$out/results.json" --table "$out/table.md" \
     ${grids:+--grid-out "$out/grid.json"} "${grid_args[@]}" "${rows[@]}"
 }
-if want bench || want v1 || want pdlon || want pdloff || want paths || want sweep; then
+if want bench || want fp8 || want v1 || want pdlon || want pdloff || want paths || want sweep; then
   for m in "${models[@]}"; do
     dir=$work/models/$m
     make_model "$m" || continue
@@ -134,6 +136,13 @@ if want bench || want v1 || want pdlon || want pdloff || want paths || want swee
         --out "$work/rows-$m.json" $g $quick \
         || echo "gpu_bench $m FAILED (exit $?)"
       rows+=("$work/rows-$m.json")
+    fi
+    if want fp8; then
+      stamp "gpu_bench $m (fp8 KV cache)"
+      timeout $(left 150) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$dir" \
+        --name "$m/fp8-kv" --out "$work/rows-$m-fp8.json" --headline --kv-cache-dtype fp8 \
+        $quick || echo "gpu_bench $m (fp8 KV cache) FAILED (exit $?)"
+      rows+=("$work/rows-$m-fp8.json")
     fi
     if want v1; then
       stamp "gpu_bench $m (first-generation kernels)"

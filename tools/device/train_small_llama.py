@@ -8,7 +8,9 @@ tokenizers); nothing here is used at run time.
 Writes OUT/model (an unmodified Hugging Face folder: config.json,
 model.safetensors in bf16, the tokenizer files) and OUT/windows.json: held-out
 windows of token ids with transformers' own teacher-forced results on them
-(the reference for bench/gpu/kv_quality.cpp):
+(the reference for bench/gpu/kv_quality.cpp), and OUT/held_out.txt, the
+held-out text itself (for kv_quality --text, whose windows it cuts with the
+folder's tokenizer):
   {"model": {...}, "train": {...}, "windows": [[ids]],
    "hf_nll": [[nll of ids[k] given ids[:k], k >= 1, index k - 1]],
    "hf_argmax": [[argmax after ids[:k], index k - 1]]}
@@ -39,7 +41,7 @@ def encode_file(tok, path, held_out_share):
         for e in tok.encode_batch(chunks, add_special_tokens=False):
             ids.extend(e.ids)
         return ids
-    return enc(text[:cut]), enc(text[cut:])
+    return enc(text[:cut]), enc(text[cut:]), text[cut:]
 
 
 def make_config(vocab, args):
@@ -74,12 +76,16 @@ def main():
     dev = "cuda"
 
     tok = Tokenizer.from_file(os.path.join(args.tokenizer, "tokenizer.json"))
-    train, held = [], []
+    train, held, held_text = [], [], []
     for name in sorted(os.listdir(args.corpora)):
         if name.endswith(".txt"):
-            a, b = encode_file(tok, os.path.join(args.corpora, name), 0.02)
+            a, b, t = encode_file(tok, os.path.join(args.corpora, name), 0.02)
             train.extend(a)
             held.extend(b)
+            held_text.append(t)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "held_out.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(held_text))
     train_ids = torch.tensor(train, dtype=torch.long, device=dev)
     print(f"tokens: {len(train)} train, {len(held)} held out", flush=True)
 

@@ -192,11 +192,6 @@ __device__ __forceinline__ void e4m3_to_f16_words(uint32_t (&out)[WORDS],
   }
 }
 
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 /// The fp8 cache's writer: the row (k, v) in sm_row into the cache at element
 /// offset `row` (each row's scale, its largest |value| / 448, then its bytes:
 /// rope_kv_write's arithmetic). Every thread of the block calls it.
@@ -221,16 +216,6 @@ __device__ __forceinline__ void store_row8(const kv_view& kv, int64_t row,
     kv.v8[row + d] = to_e4m3(sm_row[1][d] * iv);
   }
   __syncthreads();
-}
-
-/// mma_bf16 with f16 operands.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-    "{%8, %9}, {%0, %1, %2, %3};"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /// The K and V operands of one step of 16 keys for one lane.

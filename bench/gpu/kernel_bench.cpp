@@ -303,6 +303,16 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
     fill_random(dq.get(), dq.bytes(), 9);
     const std::string shape_tag =
       "_bs" + std::to_string(ac.seqs) + "_ctx" + std::to_string(ac.ctx);
+    // The fp8 form for timing: the bf16 pools' first halves as bytes
+    // (random, NaN codes included: the time does not depend on them) and
+    // one scale a row.
+    device_buffer scales(size_t(pages) * size_t(kv) / size_t(c.head_dim) * ps * 8);
+    fill_random(scales.get(), scales.bytes(), 11);
+    gpu::kv_view kv8 = kvv;
+    kv8.k8 = k.get<uint8_t>();
+    kv8.v8 = v.get<uint8_t>();
+    kv8.k_scale = scales.get<float>();
+    kv8.v_scale = kv8.k_scale + scales.bytes() / 8;
     if (ac.new_tokens == 1) {
       // Both generations at their own split choice; the current one also at
       // fixed splits for batch 64 (to check the heuristic).
@@ -319,16 +329,6 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         variants.insert(variants.end(), {{2, 1, 0}, {2, 2, 0}, {2, 4, 0}, {2, 1, 4}});
       if (sweep && std::getenv("METRONOME_ATTN_SWEEP_FP8"))
         variants.insert(variants.end(), {{2, 0, 0, true}, {2, 0, 2, true}, {2, 0, 4, true}});
-      // The fp8 form for timing: the bf16 pools' first halves as bytes
-      // (random, NaN codes included: the time does not depend on them) and
-      // one scale a row.
-      device_buffer scales(size_t(pages) * size_t(kv) / size_t(c.head_dim) * ps * 8);
-      fill_random(scales.get(), scales.bytes(), 11);
-      gpu::kv_view kv8 = kvv;
-      kv8.k8 = k.get<uint8_t>();
-      kv8.v8 = v.get<uint8_t>();
-      kv8.k_scale = scales.get<float>();
-      kv8.v_scale = kv8.k_scale + scales.bytes() / 8;
       for (const variant vr : variants) {
         gpu::active_kernels().decode_attention = vr.gen;
         const int32_t splits =
@@ -441,8 +441,13 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         row("rope_then_decode_attention" + shape_tag, two, 2.0 * double(pool) / bw * 1e6);
       }
     } else {
-      for (int gen : {2, 1}) {
-        gpu::active_kernels().prefill_attention = gen;
+      // Both generations with the bf16 cache, and the second with the fp8
+      // cache (gen 3 below; the first generation has no fp8 form).
+      for (int gen : {2, 1, 3}) {
+        const bool fp8 = gen == 3;
+        if (fp8 && c.head_dim > 128)
+          continue;
+        gpu::active_kernels().prefill_attention = fp8 ? 2 : gen;
         std::vector<gpu::prefill_item> items;
         for (int32_t r = 0; r < ac.new_tokens; r += gpu::prefill_tile_rows())
           items.push_back({0, r});
@@ -451,13 +456,15 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         METRONOME_CUDA(cudaMemcpy(d_items.get(), items.data(), d_items.bytes(),
                                   cudaMemcpyHostToDevice));
         const double us = time_us([&](int) {
-          gpu::launch_prefill_attention(sh, dq.get<bf16>(), kvv, bv,
+          gpu::launch_prefill_attention(sh, dq.get<bf16>(), fp8 ? kv8 : kvv, bv,
                                         d_items.get<gpu::prefill_item>(), int32_t(items.size()),
                                         out.get<bf16>(), nullptr);
         });
         const double n = ac.new_tokens;
         const double fl = 4.0 * double(q) * (n * (n + 1) / 2) / flops * 1e6;
-        row(std::string(gen == 1 ? "prefill_attention_v1_" : "prefill_attention_")
+        row(std::string(gen == 1 ? "prefill_attention_v1_"
+                        : fp8    ? "prefill_attention_fp8_"
+                                 : "prefill_attention_")
               + std::to_string(ac.new_tokens),
             us, fl);
       }

@@ -185,76 +185,92 @@ __global__ void rope_kv_write_kernel(gemv_args a) {
 }
 
 /// rope_kv_write_kernel for the fp8 cache (kv_view::k8), whose rows are
-/// quantised whole: one block per (token, head). A q head's block rotates
-/// its pairs into q_out as the bf16 kernel does; a kv head's block rotates
-/// the k row and reads the v row into shared memory, takes each row's
-/// largest |value|, and writes the row's scale (that / 448) and its e4m3
-/// bytes. The arithmetic before the rounding is rope_kv_write_kernel's (the
-/// raw projection plus bias, rotated in fp32 through the shared helpers).
+/// quantised whole: one block per token. The block takes the token's angles
+/// once into shared memory (every head uses the same), its threads rotate the
+/// q heads' pairs into q_out as the bf16 kernel does, and each warp takes
+/// whole kv heads: it rotates the k row and reads the v row into registers,
+/// takes each row's largest |value| with shuffles, and writes the row's scale
+/// (that / 448) and its e4m3 bytes. The arithmetic before the rounding is
+/// rope_kv_write_kernel's (the raw projection plus bias, rotated in fp32
+/// through the shared helpers). A first form ran one block per (token, head),
+/// 82k blocks for a 2,048-token prompt of the 8B shape.
 constexpr int rope8_threads = 128;
+constexpr int rope8_max_dim = 128; // a lane holds up to 4 of a row's values
 
 __global__ void __launch_bounds__(rope8_threads)
   rope_kv_write8_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
                         const float* __restrict__ inv_freq, batch_view batch, kv_view kv,
                         int32_t num_heads, bf16* __restrict__ q_out) {
-  __shared__ float row[2][rope8_threads];
-  __shared__ float amax[2][rope8_threads / 32];
+  __shared__ float cs[2][rope8_max_dim / 2];
   pdl_wait();
   pdl_trigger();
-  const int32_t t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
+  const int32_t t = blockIdx.x, tid = threadIdx.x;
   const int32_t d = kv.head_dim, half = d / 2, kvh = kv.kv_heads;
   const bf16* raw = qkv + int64_t(t) * (num_heads + 2 * kvh) * d;
   const int32_t pos = batch.positions[t];
   auto value = [&](int32_t col) {
     return to_float(raw[col]) + (bias ? to_float(bias[col]) : 0.0f);
   };
-  if (head < num_heads) {
-    if (tid < half) {
-      float a = value(head * d + tid), b = value(head * d + tid + half), c, s;
-      gemv_detail::rope_angle(inv_freq, pos, tid, c, s);
-      gemv_detail::rope_rotate(a, b, c, s);
-      bf16* q = q_out + (int64_t(t) * num_heads + head) * d;
-      q[tid] = __float2bfloat16_rn(a);
-      q[tid + half] = __float2bfloat16_rn(b);
-    }
-    return;
+  for (int32_t i = tid; i < half; i += rope8_threads)
+    gemv_detail::rope_angle(inv_freq, pos, i, cs[0][i], cs[1][i]);
+  __syncthreads();
+
+  bf16* q = q_out + int64_t(t) * num_heads * d;
+  for (int32_t p = tid; p < num_heads * half; p += rope8_threads) {
+    const int32_t head = p / half, i = p - head * half;
+    float a = value(head * d + i), b = value(head * d + i + half);
+    gemv_detail::rope_rotate(a, b, cs[0][i], cs[1][i]);
+    q[head * d + i] = __float2bfloat16_rn(a);
+    q[head * d + i + half] = __float2bfloat16_rn(b);
   }
-  const int32_t h = head - num_heads;
+
+  const int lane = tid & 31;
   const int32_t slot = batch.seq_slot[batch.token_seq[t]];
   const int32_t page = kv.page_table[int64_t(slot) * kv.page_table_stride + pos / kv.page_size];
-  if (tid < half) {
-    float a = value((num_heads + h) * d + tid), b = value((num_heads + h) * d + tid + half), c, s;
-    gemv_detail::rope_angle(inv_freq, pos, tid, c, s);
-    gemv_detail::rope_rotate(a, b, c, s);
-    row[0][tid] = a;
-    row[0][tid + half] = b;
-  }
-  if (tid < d)
-    row[1][tid] = value((num_heads + kvh + h) * d + tid);
-  __syncthreads();
-  const int lane = tid & 31, warp = tid >> 5;
-  float mk = tid < d ? fabsf(row[0][tid]) : 0.0f, mv = tid < d ? fabsf(row[1][tid]) : 0.0f;
-  mk = warp_max(mk);
-  mv = warp_max(mv);
-  if (lane == 0) {
-    amax[0][warp] = mk;
-    amax[1][warp] = mv;
-  }
-  __syncthreads();
-  float ak = 0.0f, av = 0.0f;
+  constexpr int per_lane = rope8_max_dim / 32;
+  for (int32_t h = tid >> 5; h < kvh; h += rope8_threads / 32) {
+    // Lane l holds k pairs (l + 32 j, l + 32 j + half) and v values l + 32 j.
+    float k[per_lane], v[per_lane], mk = 0.0f, mv = 0.0f;
 #pragma unroll
-  for (int w = 0; w < rope8_threads / 32; ++w) {
-    ak = fmaxf(ak, amax[0][w]);
-    av = fmaxf(av, amax[1][w]);
-  }
-  const int64_t r = (int64_t(page) * kvh + h) * kv.page_size + pos % kv.page_size;
-  if (tid < d) {
-    kv.k8[r * d + tid] = to_e4m3(row[0][tid] * e4m3_inverse_scale(ak));
-    kv.v8[r * d + tid] = to_e4m3(row[1][tid] * e4m3_inverse_scale(av));
-  }
-  if (tid == 0) {
-    kv.k_scale[r] = ak * (1.0f / 448.0f);
-    kv.v_scale[r] = av * (1.0f / 448.0f);
+    for (int j = 0; j < per_lane / 2; ++j) {
+      const int32_t i = lane + 32 * j;
+      float a = 0.0f, b = 0.0f;
+      if (i < half) {
+        a = value((num_heads + h) * d + i);
+        b = value((num_heads + h) * d + i + half);
+        gemv_detail::rope_rotate(a, b, cs[0][i], cs[1][i]);
+      }
+      k[2 * j] = a;
+      k[2 * j + 1] = b;
+      mk = fmaxf(mk, fmaxf(fabsf(a), fabsf(b)));
+    }
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) {
+      const int32_t i = lane + 32 * j;
+      v[j] = i < d ? value((num_heads + kvh + h) * d + i) : 0.0f;
+      mv = fmaxf(mv, fabsf(v[j]));
+    }
+    const float ak = warp_max(mk), av = warp_max(mv);
+    const float ik = e4m3_inverse_scale(ak), iv = e4m3_inverse_scale(av);
+    const int64_t r = (int64_t(page) * kvh + h) * kv.page_size + pos % kv.page_size;
+    uint8_t* k8 = kv.k8 + r * d;
+    uint8_t* v8 = kv.v8 + r * d;
+#pragma unroll
+    for (int j = 0; j < per_lane / 2; ++j) {
+      const int32_t i = lane + 32 * j;
+      if (i < half) {
+        k8[i] = to_e4m3(k[2 * j] * ik);
+        k8[i + half] = to_e4m3(k[2 * j + 1] * ik);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j)
+      if (lane + 32 * j < d)
+        v8[lane + 32 * j] = to_e4m3(v[j] * iv);
+    if (lane == 0) {
+      kv.k_scale[r] = ak * (1.0f / 448.0f);
+      kv.v_scale[r] = av * (1.0f / 448.0f);
+    }
   }
 }
 
@@ -371,11 +387,11 @@ void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_fr
   if (batch.num_tokens <= 0)
     return;
   if (kv.k8) {
-    if (kv.head_dim > rope8_threads || kv.head_dim % 2 != 0 || !kv.v8 || !kv.k_scale
+    if (kv.head_dim > rope8_max_dim || kv.head_dim % 2 != 0 || !kv.v8 || !kv.k_scale
         || !kv.v_scale)
       throw cuda_error("launch_rope_kv_write: an fp8 cache needs an even head_dim of at most "
-                       + std::to_string(rope8_threads) + ", k8, v8 and both scales");
-    const dim3 grid(unsigned(batch.num_tokens), unsigned(num_heads + kv.kv_heads));
+                       + std::to_string(rope8_max_dim) + ", k8, v8 and both scales");
+    const dim3 grid(unsigned(batch.num_tokens));
     launch_kernel("rope_kv_write8_kernel", rope_kv_write8_kernel, grid, dim3(rope8_threads), 0,
                   stream, qkv, bias, inv_freq, batch, kv, num_heads, q_out);
     return;

@@ -32,7 +32,11 @@
 // 181-183 us with bf16 tiles, 169 with f16 ones, 148-151 with the bf16
 // cache). So with the fp8 cache Q (rounded to f16 once, in shared memory, at
 // the first tile) and P are f16 operands too, as in the fp8 decode attention;
-// the accumulators stay fp32.
+// the accumulators stay fp32. The scale's f16 rounding is exact enough for
+// rows whose largest |value| is above about 0.03 (their scale is a normal
+// f16); a smaller row keeps fewer bits of its scale and of its values, and
+// one below about 1e-5 reads as zeros: values that small weigh nothing in a
+// score or an output beside the bf16 rounding of the rest.
 
 #include <string>
 
@@ -93,6 +97,16 @@ __device__ __forceinline__ void bf16x8_to_f16(uint4& x) {
     const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(w + i));
     w[i] = pack_f16x2(f.x, f.y);
   }
+}
+
+/// One m16n8k16 MMA with f16 operands (the fp8 cache's tiles) or bf16 ones.
+template <bool F16>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (F16)
+    mma_f16(d, a, b0, b1);
+  else
+    mma_bf16(d, a, b0, b1);
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -297,13 +311,8 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
           ldmatrix_x4(b, kb + (np * 16 + (j >> 1) * 8 + (lane & 7)) * RS + kk * 16 + (j & 1) * 8);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            if constexpr (KV8) {
-              mma_f16(s[mt][2 * np], a[mt], b[0], b[1]);
-              mma_f16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-            } else {
-              mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
-              mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
+            mma<KV8>(s[mt][2 * np], a[mt], b[0], b[1]);
+            mma<KV8>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
           }
         }
       }
@@ -381,13 +390,8 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
           ldmatrix_x4_trans(b, vb + (kk * 16 + (j & 1) * 8 + (lane & 7)) * RS + dn * 16 + (j >> 1) * 8);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            if constexpr (KV8) {
-              mma_f16(o[mt][2 * dn], pa[mt], b[0], b[1]);
-              mma_f16(o[mt][2 * dn + 1], pa[mt], b[2], b[3]);
-            } else {
-              mma_bf16(o[mt][2 * dn], pa[mt], b[0], b[1]);
-              mma_bf16(o[mt][2 * dn + 1], pa[mt], b[2], b[3]);
-            }
+            mma<KV8>(o[mt][2 * dn], pa[mt], b[0], b[1]);
+            mma<KV8>(o[mt][2 * dn + 1], pa[mt], b[2], b[3]);
           }
         }
       }

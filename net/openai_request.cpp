@@ -324,13 +324,21 @@ check reject_unsupported(api_kind kind, const json& body) {
       return unsupported("top_logprobs", "'top_logprobs'");
     if (auto v = find(body, "tools"); v && !(v->is_array() && v->empty()))
       return unsupported("tools", "tool calling");
-    if (auto v = find(body, "response_format")) {
-      if (!v->is_object())
-        return type_error("response_format", "an object");
-      auto t = v->find("type");
-      if (t == v->end() || !t->is_string() || *t != "text")
-        return unsupported("response_format", "a response_format other than text");
+    if (auto v = find(body, "functions"); v && !(v->is_array() && v->empty()))
+      return unsupported("functions", "function calling");
+    // Without tools, "none" and "auto" choose no call; anything else asks for one.
+    for (const char* key : {"tool_choice", "function_call"})
+      if (auto v = find(body, key); v && !(v->is_string() && (*v == "none" || *v == "auto")))
+        return unsupported(key, fmt::format("'{}' other than \"none\" or \"auto\"", key));
+    if (auto v = find(body, "modalities")) {
+      if (!v->is_array())
+        return type_error("modalities", "an array of strings");
+      for (const auto& m : *v)
+        if (m != "text")
+          return unsupported("modalities", "an output modality other than text");
     }
+    if (find(body, "audio"))
+      return unsupported("audio", "audio output");
   } else {
     std::optional<int64_t> logprobs;
     if (auto err = read_int(body, "logprobs", logprobs, 0, 5))
@@ -354,6 +362,24 @@ check reject_unsupported(api_kind kind, const json& body) {
         return unsupported("suffix", "'suffix'");
     }
   }
+  if (auto v = find(body, "response_format")) {
+    if (!v->is_object())
+      return type_error("response_format", "an object");
+    auto t = v->find("type");
+    if (t == v->end() || !t->is_string() || *t != "text")
+      return unsupported("response_format", "a response_format other than text");
+  }
+  if (auto v = find(body, "logit_bias")) {
+    if (!v->is_object())
+      return type_error("logit_bias", "an object mapping token ids to biases");
+    if (!v->empty())
+      return unsupported("logit_bias", "'logit_bias'");
+  }
+  // vLLM's constrained-decoding extensions, which its clients send.
+  for (const char* key :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
+    if (find(body, key))
+      return unsupported(key, fmt::format("constrained decoding ('{}')", key));
   return {};
 }
 

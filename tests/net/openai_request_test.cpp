@@ -309,10 +309,36 @@ TEST(OpenaiRequestErrors, UnsupportedFeaturesNameTheField) {
   expect_400(completion({{"logprobs", 2}}), "logprobs");
   expect_400(completion({{"best_of", 3}}), "best_of");
   expect_400(completion({{"suffix", "tail"}}), "suffix");
+  // Fields that would change the answer if honoured are refused, not dropped.
+  expect_400(chat({{"logit_bias", {{"50256", -100}}}}), "logit_bias");
+  expect_400(completion({{"logit_bias", {{"13", 5}}}}), "logit_bias");
+  expect_400(chat({{"logit_bias", {1, 2}}}), "logit_bias"); // not an object
+  expect_400(completion({{"response_format", {{"type", "json_object"}}}}), "response_format");
+  expect_400(chat({{"functions", {{{"name", "f"}}}}}), "functions");
+  expect_400(chat({{"tool_choice", "required"}}), "tool_choice");
+  expect_400(chat({{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}),
+             "tool_choice");
+  expect_400(chat({{"function_call", {{"name", "f"}}}}), "function_call");
+  expect_400(chat({{"modalities", {"text", "audio"}}}), "modalities");
+  expect_400(chat({{"audio", {{"voice", "alloy"}, {"format", "wav"}}}}), "audio");
+  expect_400(chat({{"guided_choice", {"yes", "no"}}}), "guided_choice");
+  expect_400(completion({{"guided_regex", "[0-9]+"}}), "guided_regex");
+  expect_400(chat({{"structured_outputs", {{"json", {{"type", "object"}}}}}}),
+             "structured_outputs");
   // The harmless spellings of the same fields are fine.
   EXPECT_TRUE(chat({{"n", 1}, {"logprobs", false}, {"tools", json::array()}}).has_value());
   EXPECT_TRUE(chat({{"response_format", {{"type", "text"}}}}).has_value());
   EXPECT_TRUE(completion({{"echo", false}, {"best_of", 1}, {"suffix", ""}}).has_value());
+  EXPECT_TRUE(chat({{"logit_bias", json::object()},
+                    {"functions", json::array()},
+                    {"tool_choice", "none"},
+                    {"function_call", "auto"},
+                    {"modalities", {"text"}},
+                    {"audio", nullptr},
+                    {"guided_json", nullptr}})
+                .has_value());
+  EXPECT_TRUE(completion({{"logit_bias", nullptr}, {"response_format", {{"type", "text"}}}})
+                .has_value());
 }
 
 TEST(OpenaiRequestErrors, StreamOptionsNeedStream) {

@@ -99,16 +99,6 @@ __device__ __forceinline__ void bf16x8_to_f16(uint4& x) {
   }
 }
 
-/// One m16n8k16 MMA with f16 operands (the fp8 cache's tiles) or bf16 ones.
-template <bool F16>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  if constexpr (F16)
-    mma_f16(d, a, b0, b1);
-  else
-    mma_bf16(d, a, b0, b1);
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

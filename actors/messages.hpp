@@ -97,12 +97,33 @@ struct generate_request {
   std::chrono::milliseconds timeout{0};
 };
 
+/// A token as a client sees it beside its log-probability.
+struct token_text_logprob {
+  /// Its text; U+FFFD where it holds only part of a UTF-8 character.
+  std::string text;
+  /// Its exact bytes (OpenAI's "bytes": joined across tokens they make the
+  /// characters that a single token cannot).
+  std::string bytes;
+  float logprob = 0;
+};
+
+/// The log-probabilities reported for one generated token.
+struct position_logprobs {
+  token_text_logprob sampled;
+  /// The most likely tokens, most likely first (sampling_params::logprobs).
+  std::vector<token_text_logprob> top;
+};
+
 /// New text of a request (never a partial UTF-8 character).
 struct text_delta {
   std::string request_id;
   std::string text;
   /// The tokens this text came from.
   std::vector<int32_t> token_ids;
+  /// With sampling_params::logprobs >= 0, one entry per token of token_ids
+  /// (a token whose text is still held back is reported with the delta that
+  /// releases it, so a delta may carry logprobs and no text).
+  std::vector<position_logprobs> logprobs;
   /// Sequences in the engine step that produced the first token; set on the
   /// first delta only (0 afterwards).
   int32_t first_token_batch_size = 0;
@@ -173,6 +194,8 @@ struct admit_msg {
 struct token_msg {
   uint64_t seq_id = 0;
   std::vector<int32_t> tokens;
+  /// Per token, when the request asked for logprobs (sampled_token::logprobs).
+  std::vector<std::vector<token_logprob>> logprobs;
   /// Sequences in the step that produced them.
   int32_t batch_size = 0;
   /// "" while running, else "stop" or "length": no more tokens follow.
@@ -332,7 +355,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_p, x.top_k, x.min_p,
            x.frequency_penalty, x.presence_penalty, x.repetition_penalty, x.seed, x.max_tokens,
-           x.stop_token_ids, x.ignore_eos);
+           x.stop_token_ids, x.ignore_eos, x.logprobs);
 }
 
 template <class Inspector>
@@ -344,7 +367,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, text_delta& x) {
-  return f(caf::meta::type_name("text_delta"), x.request_id, x.text, x.token_ids,
+  return f(caf::meta::type_name("text_delta"), x.request_id, x.text, x.token_ids, x.logprobs,
            x.first_token_batch_size);
 }
 
@@ -368,7 +391,7 @@ typename Inspector::result_type inspect(Inspector& f, admit_msg& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
-  return f(caf::meta::type_name("token_msg"), x.seq_id, x.tokens, x.batch_size,
+  return f(caf::meta::type_name("token_msg"), x.seq_id, x.tokens, x.logprobs, x.batch_size,
            x.finish_reason, x.first_scheduled_ns);
 }
 
@@ -428,7 +451,22 @@ typename Inspector::result_type inspect(Inspector& f, step_plan& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
-  return f(caf::meta::type_name("sampled_token"), x.id, x.token, x.logprob);
+  return f(caf::meta::type_name("sampled_token"), x.id, x.token, x.logprob, x.logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_text_logprob& x) {
+  return f(caf::meta::type_name("token_text_logprob"), x.text, x.bytes, x.logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, position_logprobs& x) {
+  return f(caf::meta::type_name("position_logprobs"), x.sampled, x.top);
 }
 
 template <class Inspector>

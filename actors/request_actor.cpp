@@ -8,6 +8,7 @@
 #include "actors/scheduler_actor.hpp"
 #include "model/tokenizer/chat_template.hpp"
 #include "model/tokenizer/tokenizer.hpp"
+#include "model/tokenizer/unicode.hpp"
 
 namespace metronome {
 
@@ -88,6 +89,8 @@ struct request_state {
   std::unique_ptr<incremental_decoder> decoder;
   /// Decoded text not yet sent: it might still be the start of a stop string.
   std::string held;
+  /// Log-probabilities of tokens not yet reported (sent with the next delta).
+  std::vector<position_logprobs> held_logprobs;
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   sched_time arrival{0};
@@ -123,9 +126,10 @@ void cancel_in_scheduler(self_ptr self, const std::string& reason) {
 
 void emit(self_ptr self, std::string text, std::vector<int32_t> ids) {
   auto& st = self->state;
-  if (text.empty() && st.sent_first)
+  if (text.empty() && st.sent_first && st.held_logprobs.empty())
     return;
-  text_delta d{st.req.request_id, std::move(text), std::move(ids), 0};
+  text_delta d{st.req.request_id, std::move(text), std::move(ids), {}, 0};
+  d.logprobs.swap(st.held_logprobs);
   if (!st.sent_first) {
     d.first_token_batch_size = st.first_batch;
     st.sent_first = true;
@@ -177,6 +181,12 @@ bool release_text(self_ptr self, std::vector<int32_t> ids, bool final) {
   return false;
 }
 
+token_text_logprob with_text(const tokenizer& tok, token_logprob t) {
+  auto bytes = tok.token_bytes(t.token);
+  auto text = unicode::to_valid_utf8(bytes);
+  return {std::move(text), std::move(bytes), t.logprob};
+}
+
 void on_tokens(self_ptr self, const token_msg& m) {
   auto& st = self->state;
   const auto now = engine_now(self);
@@ -190,6 +200,15 @@ void on_tokens(self_ptr self, const token_msg& m) {
     st.ctx->metrics->on_token_gap(seconds(now - st.last_token));
   }
   st.last_token = now;
+  for (const auto& lps : m.logprobs) {
+    if (lps.empty())
+      continue;
+    position_logprobs p;
+    p.sampled = with_text(*st.ctx->tokens, lps.front());
+    for (size_t k = 1; k < lps.size(); ++k)
+      p.top.push_back(with_text(*st.ctx->tokens, lps[k]));
+    st.held_logprobs.push_back(std::move(p));
+  }
   for (size_t i = 0; i < m.tokens.size(); ++i) {
     ++st.completion_tokens;
     const bool stop_token = m.finish_reason == "stop" && i + 1 == m.tokens.size();

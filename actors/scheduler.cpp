@@ -245,7 +245,7 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
       continue; // a sample made before the request ended
     r.output.push_back(t.token);
     policy_->on_token(r, now);
-    token_event ev{r.id, t.token, out.num_seqs, {}, {}};
+    token_event ev{r.id, t.token, out.num_seqs, {}, {}, t.logprobs};
     if (r.output.size() == 1)
       ev.first_scheduled = r.first_scheduled;
     if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())

@@ -100,7 +100,8 @@ struct token_event {
   /// "" while running; "stop" or "length" on the last token.
   std::string finish_reason;
   /// Set on the request's first token.
-  std::optional<sched_time> first_scheduled;
+  std::optional<sched_time> first_scheduled;  /// sampled_token::logprobs (empty unless the request asked).
+  std::vector<token_logprob> logprobs;
 };
 
 /// A plan in the making: the runner plan without page ids, and the pages

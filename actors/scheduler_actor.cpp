@@ -111,6 +111,8 @@ void on_output(self_ptr self, const step_output& out) {
     token_msg m;
     m.seq_id = ev.id;
     m.tokens = {ev.token};
+    if (!ev.logprobs.empty())
+      m.logprobs.push_back(std::move(ev.logprobs));
     m.batch_size = ev.batch_size;
     m.finish_reason = ev.finish_reason;
     if (ev.first_scheduled)

@@ -238,8 +238,10 @@ void cuda_engine::allocate_activations() {
   gate_up_ = device_buffer(t * 2 * f * 2);
   act_ = device_buffer(t * f * 2);
   logits_ = device_buffer(b * v * 4);
+  raw_logits_ = device_buffer(b * v * 4);
   const size_t activations = x_.bytes() + xn_.bytes() + qkv_.bytes() + q_.bytes()
-                             + attn_.bytes() + gate_up_.bytes() + act_.bytes() + logits_.bytes();
+                             + attn_.bytes() + gate_up_.bytes() + act_.bytes() + logits_.bytes()
+                             + raw_logits_.bytes();
 
   // Split-K partials: the most (sequences x splits) any batch size needs.
   attention_shape sh = attention_of(0);
@@ -296,16 +298,19 @@ void cuda_engine::allocate_activations() {
     make_layout(max_tokens_, max_batch_, update_capacity_, 0, item_capacity_).bytes;
   inputs_ = device_buffer(input_capacity_);
   outputs_ = device_buffer(b * 8);
+  logits_lse_ = device_buffer(b * 8);
+  logprob_out_ = device_buffer(b * (1 + size_t(max_logprobs)) * 8);
   for (int slot = 0; slot < 2; ++slot) {
     staging_[slot] = pinned_buffer(input_capacity_);
     results_[slot] = pinned_buffer(b * 8);
+    logprob_results_[slot] = pinned_buffer(logprob_out_.bytes());
     std::memset(staging_[slot].get(), 0, input_capacity_);
   }
   const size_t workspaces = part_o_.bytes() + part_ml_.bytes() + split_counters_.bytes()
                             + sample_ws_.bytes() + cublas_ws_.bytes() + inputs_.bytes()
                             + outputs_.bytes() + skinny_partials_.bytes()
                             + skinny_counters_.bytes() + split_partials_.bytes()
-                            + kv_stage_.bytes();
+                            + kv_stage_.bytes() + logits_lse_.bytes() + logprob_out_.bytes();
   plan_.push_back({"activations", int64_t(activations)});
   plan_.push_back({"workspaces", int64_t(workspaces)});
 }

@@ -56,6 +56,8 @@ struct engine_chunk {
   float top_p = 1.0f;
   float min_p = 0.0f;
   int32_t top_k = 0;
+  /// sampling_params::logprobs: -1 none, else alternatives to report.
+  int32_t logprobs = -1;
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
@@ -75,6 +77,9 @@ struct page_update {
 struct engine_result {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  /// Per sampled chunk: empty, or (where it asked) the sampled token's model
+  /// log-probability, then its `logprobs` alternatives.
+  std::vector<std::vector<token_logprob>> model_logprobs;
 };
 
 class cuda_engine {
@@ -182,7 +187,7 @@ private:
     size_t header = 0, ids = 0, positions = 0, token_seq = 0;
     size_t seq_slot = 0, seq_q_start = 0, seq_len = 0, sample_src = 0;
     size_t temperature = 0, top_p = 0, min_p = 0, top_k = 0, seed = 0, step = 0;
-    size_t repetition = 0, frequency = 0, presence = 0;
+    size_t repetition = 0, frequency = 0, presence = 0, logprobs = 0;
     size_t update_data = 0, item_data = 0;
     size_t bytes = 0;
   };
@@ -200,6 +205,7 @@ private:
     const float* repetition = nullptr;
     const float* frequency = nullptr;
     const float* presence = nullptr;
+    logprob_rows logprobs;
   };
 
   static layout make_layout(int32_t tokens, int32_t seqs, int32_t updates, int32_t penalties,
@@ -312,6 +318,15 @@ private:
   bool skinny_ok_ = false; // the model's shapes suit the skinny GEMM
   device_buffer inputs_, outputs_;
   pinned_buffer staging_[2], results_[2]; // per slot: two steps in flight
+  // The model's log-probabilities (launch_model_logprobs): the asking rows'
+  // logits before the penalties, their log-sum-exp, and per row the sampled
+  // token then max_logprobs alternatives (ids, then values), copied back
+  // only for steps where a row asks.
+  device_buffer raw_logits_, logits_lse_, logprob_out_;
+  pinned_buffer logprob_results_[2];
+  /// Whether the step being enqueued runs launch_model_logprobs: every
+  /// captured graph does; an eager step only where a row asks.
+  bool enqueue_logprobs_ = true;
   device_buffer penalties_dev_;
   pinned_buffer penalties_pinned_;
   std::vector<prefill_item> items_;
@@ -353,6 +368,9 @@ private:
   struct flight {
     int32_t slot = 0;
     int32_t sampled = 0;
+    /// Per sampled row, the alternatives it asked for (-1: none); empty
+    /// when no row asked, and then no log-probabilities were copied back.
+    std::vector<int32_t> logprobs;
     std::chrono::steady_clock::time_point launched;
   };
   std::vector<flight> flight_; // at most two

@@ -59,6 +59,7 @@ cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32
   l.repetition = take(b * 4);
   l.frequency = take(b * 4);
   l.presence = take(b * 4);
+  l.logprobs = take(b * 4);
   l.update_data = take(size_t(updates) * 12);
   l.item_data = take(size_t(items) * sizeof(prefill_item));
   l.bytes = align16(off);
@@ -92,6 +93,12 @@ cuda_engine::step_views cuda_engine::views(const layout& l) const {
   v.frequency = f32(l.frequency);
   v.presence = f32(l.presence);
   v.penalties = penalties_dev_.get<penalty_entry>();
+  v.logprobs.count = i32(l.logprobs);
+  v.logprobs.raw = raw_logits_.get<float>();
+  v.logprobs.lse = logits_lse_.get<double>();
+  v.logprobs.tokens = logprob_out_.get<int32_t>();
+  v.logprobs.values =
+    reinterpret_cast<float*>(logprob_out_.get<int32_t>() + size_t(max_batch_) * (1 + max_logprobs));
   return v;
 }
 
@@ -120,6 +127,7 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
   float* repetition = f32(l.repetition);
   float* frequency = f32(l.frequency);
   float* presence = f32(l.presence);
+  int32_t* logprobs = i32(l.logprobs);
 
   int32_t row = 0, sampled = 0;
   for (int32_t c = 0; c < l.seqs; ++c) {
@@ -149,6 +157,7 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
         repetition[r] = ch.repetition_penalty;
         frequency[r] = ch.frequency_penalty;
         presence[r] = ch.presence_penalty;
+        logprobs[r] = ch.logprobs;
       }
     } else {
       // A padding row: token 0 at position 0 of the scratch slot, greedy.
@@ -169,6 +178,7 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
       repetition[r] = 1.0f;
       frequency[r] = 0.0f;
       presence[r] = 0.0f;
+      logprobs[r] = -1;
     }
   }
   q_start[l.seqs] = row;
@@ -451,6 +461,8 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
 void cuda_engine::enqueue_sampling(const layout& l, int32_t rows, int32_t penalties) {
   const auto& c = model_->config;
   const step_views sv = views(l);
+  if (enqueue_logprobs_)
+    launch_model_logprobs(logits_.get<float>(), rows, c.vocab_size, sv.logprobs, stream_);
   if (penalties > 0)
     launch_penalties(logits_.get<float>(), c.vocab_size, sv.penalties, sv.header + 1, penalties,
                      sv.repetition, sv.frequency, sv.presence, stream_);
@@ -458,7 +470,7 @@ void cuda_engine::enqueue_sampling(const layout& l, int32_t rows, int32_t penalt
   launch_sample(logits_.get<float>(), rows, c.vocab_size, sv.sampling,
                 reinterpret_cast<int32_t*>(out),
                 reinterpret_cast<float*>(out + size_t(max_batch_) * 4), sample_ws_.get(),
-                stream_);
+                stream_, enqueue_logprobs_ ? &sv.logprobs : nullptr);
 }
 
 // -- a step ------------------------------------------------------------------------------
@@ -477,7 +489,7 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   const int32_t n = int32_t(chunks.size());
   int64_t tokens = 0;
   int32_t sampled = 0, penalties = 0;
-  bool all_single = true, fed_unknown = false;
+  bool all_single = true, fed_unknown = false, any_logprobs = false;
   // Fed tokens (negative ids) come from the step launched last, still in
   // flight, at the chunk's fed_row of its sampled ids.
   const int32_t fed_rows = flight_.empty() ? 0 : flight_.back().sampled;
@@ -489,6 +501,7 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     if (ch.sample) {
       ++sampled;
       penalties += int32_t(ch.penalties.size());
+      any_logprobs = any_logprobs || ch.logprobs >= 0;
     }
   }
   if (n > max_batch_)
@@ -546,6 +559,10 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   f.slot = slot;
   f.sampled = sampled;
   f.launched = std::chrono::steady_clock::now();
+  if (any_logprobs)
+    for (const auto& ch : chunks)
+      if (ch.sample)
+        f.logprobs.push_back(ch.logprobs);
   if (gi >= 0) {
     const int32_t b = graphs_[size_t(gi)].size;
     const layout l = make_layout(b, b, updates_capacity(b), 0, 0);
@@ -576,6 +593,7 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     pack(slot, l, chunks, updates, items_, penalties);
     METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
                                    cudaMemcpyHostToDevice, stream_));
+    enqueue_logprobs_ = any_logprobs;
     if (penalties > 0)
       METRONOME_CUDA(cudaMemcpyAsync(penalties_dev_.get(), penalties_pinned_.get(),
                                      size_t(penalties) * sizeof(penalty_entry),
@@ -591,12 +609,16 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
       const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
       enqueue_general(l, sampled, all_single, penalties);
     }
+    enqueue_logprobs_ = true;
     if (sampled > 0)
       METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
                                      cudaMemcpyDeviceToHost, stream_));
   }
+  if (any_logprobs) // after the graph or the eager step, on the same stream
+    METRONOME_CUDA(cudaMemcpyAsync(logprob_results_[slot].get(), logprob_out_.get(),
+                                   logprob_out_.bytes(), cudaMemcpyDeviceToHost, stream_));
   METRONOME_CUDA(cudaEventRecord(step_done_[slot], stream_));
-  flight_.push_back(f);
+  flight_.push_back(std::move(f));
   next_slot_ = 1 - slot;
 }
 
@@ -622,7 +644,7 @@ double cuda_engine::oldest_age_s() const {
 engine_result cuda_engine::finish() {
   if (flight_.empty())
     throw std::logic_error("cuda runner: no step in flight to finish");
-  const flight f = flight_.front();
+  const flight f = std::move(flight_.front());
   // The step's timeout runs from its launch (a step queued behind another
   // waits for it within its own timeout).
   const double left = std::max(options_.step_timeout_s - oldest_age_s(), 1e-3);
@@ -634,6 +656,19 @@ engine_result cuda_engine::finish() {
   const auto* lp = reinterpret_cast<const float*>(out + size_t(max_batch_) * 4);
   result.tokens.assign(ids, ids + f.sampled);
   result.logprobs.assign(lp, lp + f.sampled);
+  if (!f.logprobs.empty()) {
+    const size_t stride = 1 + max_logprobs;
+    const auto* lt = logprob_results_[f.slot].get<int32_t>();
+    const auto* lv = reinterpret_cast<const float*>(lt + size_t(max_batch_) * stride);
+    result.model_logprobs.resize(size_t(f.sampled));
+    for (size_t r = 0; r < f.logprobs.size() && r < size_t(f.sampled); ++r) {
+      if (f.logprobs[r] < 0)
+        continue;
+      auto& row = result.model_logprobs[r];
+      for (size_t k = 0; k <= size_t(std::min(f.logprobs[r], max_logprobs)); ++k)
+        row.push_back({lt[r * stride + k], lv[r * stride + k]});
+    }
+  }
   return result;
 }
 

@@ -136,6 +136,7 @@ public:
       e.top_p = p.top_p;
       e.min_p = p.min_p;
       e.top_k = p.top_k;
+      e.logprobs = p.logprobs;
       e.repetition_penalty = p.repetition_penalty;
       e.frequency_penalty = p.frequency_penalty;
       e.presence_penalty = p.presence_penalty;
@@ -329,7 +330,9 @@ private:
         if (i->second.params.penalised())
           ++i->second.output_counts[token];
       }
-      out.tokens.push_back({at.id, token, result.logprobs.at(r)});
+      out.tokens.push_back({at.id, token, result.logprobs.at(r),
+                            r < result.model_logprobs.size() ? result.model_logprobs[r]
+                                                             : std::vector<token_logprob>{}});
     }
     // The time of a step behind another starts when that one ended.
     const auto now = std::chrono::steady_clock::now();

@@ -420,9 +420,34 @@ void launch_penalties(float* logits, int32_t vocab, const penalty_entry* entries
 /// Device scratch launch_sample needs for `rows` rows.
 size_t sample_workspace_bytes(int32_t rows);
 
+/// The model's log-probabilities for the rows that ask for them
+/// (sampling_params::logprobs; model/sampling.hpp's design note).
+struct logprob_rows {
+  /// Per row: -1 none, else how many alternatives (at most max_logprobs).
+  const int32_t* count = nullptr;
+  /// [rows][vocab] scratch: the rows' logits as the model made them.
+  float* raw = nullptr;
+  /// [rows] scratch: log(sum(exp(raw))).
+  double* lse = nullptr;
+  /// [rows][1 + max_logprobs]: the sampled token, then the alternatives,
+  /// most likely first (ties by index).
+  int32_t* tokens = nullptr;
+  float* values = nullptr;
+};
+
+/// Before the penalties: for each row that asks, keeps its logits in
+/// lp.raw, their log-sum-exp, and its lp.count most likely tokens with their
+/// log-probabilities (from entry 1 of its lp.tokens / lp.values row). Rows
+/// that do not ask return at once (the kernel sits in every decode graph).
+void launch_model_logprobs(const float* logits, int32_t rows, int32_t vocab,
+                           const logprob_rows& lp, cudaStream_t stream);
+
 /// Samples one token per row of logits [rows][vocab] (modified in place) with
 /// the semantics of sequence_sampler; writes token ids and log-probabilities.
+/// With `lp` (launch_model_logprobs ran before), rows that ask also get the
+/// sampled token's model log-probability in entry 0 of their lp row.
 void launch_sample(float* logits, int32_t rows, int32_t vocab, const sample_rows& params,
-                   int32_t* tokens, float* logprobs, void* workspace, cudaStream_t stream);
+                   int32_t* tokens, float* logprobs, void* workspace, cudaStream_t stream,
+                   const logprob_rows* lp = nullptr);
 
 } // namespace metronome::gpu

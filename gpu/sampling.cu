@@ -14,6 +14,15 @@
 // counts, or of probability mass for top-p and the final draw), with ties at
 // the boundary resolved by index. Random numbers come from the sequence's
 // counter-based stream (model/random.hpp), the same values as on the CPU.
+//
+// The model's log-probabilities (rows whose request asked for logprobs) come
+// from model_logprobs_kernel, launched before the penalties: per asking row
+// it keeps the logits as the model made them (a scratch row), their
+// log-sum-exp, and the top n by the same radix select, then sorts those n
+// (n <= 20) by (logit desc, index asc). select_kernel, having picked the
+// token, reads its kept logit. A row that does not ask leaves at its first
+// instruction, so every decode graph carries the kernel at the cost of one
+// empty launch.
 
 #include <algorithm>
 #include <cfloat>
@@ -23,6 +32,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/launch.cuh"
 #include "model/random.hpp"
+#include "model/sampling.hpp"
 
 namespace metronome::gpu {
 
@@ -395,12 +405,110 @@ __device__ boundary select_mass(const float* v, int32_t vocab, float m, double t
   return boundary{prefix, cut, above + j};
 }
 
+// -- the model's log-probabilities ---------------------------------------------------------
+
+constexpr int lp_stride = 1 + max_logprobs;
+
+__device__ float block_max_f(float v, select_shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0)
+    sh.scan_d[warp] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int w = 0; w < select_threads / 32; ++w)
+    m = fmaxf(m, float(sh.scan_d[w]));
+  return m;
+}
+
+__global__ void __launch_bounds__(select_threads)
+  model_logprobs_kernel(const float* __restrict__ logits, int32_t vocab, logprob_rows lp) {
+  pdl_wait();
+  pdl_trigger();
+  const int row = blockIdx.x;
+  const int32_t n = min(lp.count[row], int32_t(max_logprobs));
+  if (n < 0)
+    return;
+  __shared__ select_shared sh;
+  __shared__ int32_t cand_i[max_logprobs];
+  __shared__ float cand_v[max_logprobs];
+  __shared__ int32_t found;
+  const float* v = logits + int64_t(row) * vocab;
+  float* raw = lp.raw + int64_t(row) * vocab;
+  float m = -INFINITY;
+  for (int32_t i = threadIdx.x; i < vocab; i += select_threads) {
+    const float x = v[i];
+    raw[i] = x;
+    m = fmaxf(m, x);
+  }
+  m = block_max_f(m, sh);
+  double local = 0;
+  if (isfinite(m))
+    for (int32_t i = threadIdx.x; i < vocab; i += select_threads)
+      local += exp(double(v[i] - m));
+  const double total = block_sum_d(local, sh);
+  const double lse = isfinite(m) ? double(m) + log(total) : double(m);
+  if (threadIdx.x == 0) {
+    lp.lse[row] = lse;
+    found = 0;
+  }
+  if (n == 0)
+    return;
+  __syncthreads();
+  // The n most likely (ties by index, as sequence_sampler orders them).
+  const boundary b = select_count(v, vocab, min(n, vocab), sh);
+  for (int32_t i = threadIdx.x; i < vocab; i += select_threads)
+    if (inside(b, order_key(v[i]), i)) {
+      const int32_t k = atomicAdd(&found, 1);
+      if (k < max_logprobs) {
+        cand_i[k] = i;
+        cand_v[k] = v[i];
+      }
+    }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int32_t count = min(found, int32_t(max_logprobs));
+    for (int32_t a = 1; a < count; ++a) // insertion sort of at most 20
+      for (int32_t c = a; c > 0; --c) {
+        const bool before = cand_v[c] > cand_v[c - 1]
+                            || (cand_v[c] == cand_v[c - 1] && cand_i[c] < cand_i[c - 1]);
+        if (!before)
+          break;
+        const float tv = cand_v[c];
+        cand_v[c] = cand_v[c - 1];
+        cand_v[c - 1] = tv;
+        const int32_t ti = cand_i[c];
+        cand_i[c] = cand_i[c - 1];
+        cand_i[c - 1] = ti;
+      }
+    int32_t* out_t = lp.tokens + int64_t(row) * lp_stride;
+    float* out_v = lp.values + int64_t(row) * lp_stride;
+    for (int32_t k = 0; k < count; ++k) {
+      out_t[1 + k] = cand_i[k];
+      out_v[1 + k] = float(double(cand_v[k]) - lse);
+    }
+  }
+}
+
+/// The sampled token's model log-probability, where its row asks.
+__device__ __forceinline__ void report_sampled(const logprob_rows& lp, int row, int32_t vocab,
+                                               int32_t token) {
+  if (lp.count && lp.count[row] >= 0) {
+    lp.tokens[int64_t(row) * lp_stride] = token;
+    lp.values[int64_t(row) * lp_stride] =
+      float(double(lp.raw[int64_t(row) * vocab + token]) - lp.lse[row]);
+  }
+}
+
 // -- selection ---------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(select_threads)
   select_kernel(const float* __restrict__ logits, int32_t vocab, sample_rows params,
                 const part_stats* __restrict__ stats, int32_t* __restrict__ tokens,
-                float* __restrict__ logprobs) {
+                float* __restrict__ logprobs, logprob_rows lp) {
   pdl_wait();
   pdl_trigger();
   __shared__ select_shared sh;
@@ -451,6 +559,7 @@ __global__ void __launch_bounds__(select_threads)
     if (threadIdx.x == 0) {
       tokens[row] = argmax;
       logprobs[row] = float(-log(total));
+      report_sampled(lp, row, vocab, argmax);
     }
     return;
   }
@@ -499,6 +608,7 @@ __global__ void __launch_bounds__(select_threads)
       const int32_t tok = sh.found;
       tokens[row] = tok;
       logprobs[row] = float(double(v[tok] - m) - log(total));
+      report_sampled(lp, row, vocab, tok);
     }
     return;
   }
@@ -549,6 +659,7 @@ __global__ void __launch_bounds__(select_threads)
   if (threadIdx.x == 0) {
     tokens[row] = token;
     logprobs[row] = float(log(exp(double(v[token] - m)) / kept));
+    report_sampled(lp, row, vocab, token);
   }
 }
 
@@ -569,8 +680,17 @@ size_t sample_workspace_bytes(int32_t rows) {
   return size_t(rows) * parts * sizeof(part_stats);
 }
 
+void launch_model_logprobs(const float* logits, int32_t rows, int32_t vocab,
+                           const logprob_rows& lp, cudaStream_t stream) {
+  if (rows <= 0)
+    return;
+  launch_kernel("model_logprobs_kernel", model_logprobs_kernel, dim3(unsigned(rows)),
+                dim3(select_threads), 0, stream, logits, vocab, lp);
+}
+
 void launch_sample(float* logits, int32_t rows, int32_t vocab, const sample_rows& params,
-                   int32_t* tokens, float* logprobs, void* workspace, cudaStream_t stream) {
+                   int32_t* tokens, float* logprobs, void* workspace, cudaStream_t stream,
+                   const logprob_rows* lp) {
   if (rows <= 0)
     return;
   auto* stats = static_cast<part_stats*>(workspace);
@@ -578,7 +698,8 @@ void launch_sample(float* logits, int32_t rows, int32_t vocab, const sample_rows
   launch_kernel("stats_kernel", stats_kernel, dim3(parts, unsigned(rows)), dim3(stats_threads), 0,
                 stream, logits, vocab, vec, params, stats);
   launch_kernel("select_kernel", select_kernel, dim3(unsigned(rows)), dim3(select_threads), 0,
-                stream, logits, vocab, params, stats, tokens, logprobs);
+                stream, logits, vocab, params, stats, tokens, logprobs,
+                lp ? *lp : logprob_rows{});
 }
 
 } // namespace metronome::gpu

@@ -1,4 +1,5 @@
 #include <chrono>
+#include <tuple>
 #include <unordered_set>
 
 #include "model/cpu_engine.hpp"
@@ -105,9 +106,11 @@ public:
       s.num_computed += plan.chunks[i].num_tokens;
       if (s.num_computed < int32_t(s.tokens.size()))
         continue; // a prompt chunk with more prompt to come
-      auto [token, logprob] = s.sampler->sample(std::span<float>(logits_).subspan(i * vocab, vocab));
-      s.tokens.push_back(token);
-      out.tokens.push_back({plan.chunks[i].id, token, logprob});
+      sampled_token t{plan.chunks[i].id, 0, 0, {}};
+      std::tie(t.token, t.logprob) =
+        s.sampler->sample(std::span<float>(logits_).subspan(i * vocab, vocab), &t.logprobs);
+      s.tokens.push_back(t.token);
+      out.tokens.push_back(std::move(t));
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;

@@ -28,6 +28,8 @@ std::string sampling_params::validate() const {
   for (auto id : stop_token_ids)
     if (id < 0)
       return "stop_token_ids: ids must be non-negative";
+  if (logprobs < -1 || logprobs > max_logprobs)
+    return "logprobs: must lie in [0, " + std::to_string(max_logprobs) + "]";
   return {};
 }
 
@@ -37,6 +39,38 @@ int32_t argmax(std::span<const float> logits) {
     if (logits[i] > logits[size_t(best)])
       best = int32_t(i);
   return best;
+}
+
+double log_sum_exp(std::span<const float> logits) {
+  if (logits.empty())
+    return -INFINITY;
+  const float m = *std::max_element(logits.begin(), logits.end());
+  if (!std::isfinite(m))
+    return double(m);
+  double sum = 0;
+  for (float l : logits)
+    sum += std::exp(double(l - m));
+  return double(m) + std::log(sum);
+}
+
+std::vector<token_logprob> top_logprobs(std::span<const float> logits, int32_t n) {
+  return top_logprobs(logits, n, log_sum_exp(logits));
+}
+
+std::vector<token_logprob> top_logprobs(std::span<const float> logits, int32_t n, double lse) {
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = int32_t(i);
+  const size_t k = std::min(ids.size(), size_t(std::max(n, 0)));
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + long(k), ids.end(), before);
+  std::vector<token_logprob> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i)
+    out.push_back({ids[i], float(double(logits[size_t(ids[i])]) - lse)});
+  return out;
 }
 
 uint64_t fresh_seed() {
@@ -80,7 +114,17 @@ void sequence_sampler::apply_penalties(std::span<float> logits) const {
         logits[size_t(id)] -= params_.frequency_penalty * float(count) + params_.presence_penalty;
 }
 
-std::pair<int32_t, float> sequence_sampler::sample(std::span<float> logits) {
+std::pair<int32_t, float> sequence_sampler::sample(std::span<float> logits,
+                                                  std::vector<token_logprob>* model_logprobs) {
+  // The model's log-probabilities come from the logits before anything
+  // below changes them; the sampled token's needs its raw logit afterwards.
+  const bool report = model_logprobs && params_.logprobs >= 0;
+  double lse = 0;
+  if (report) {
+    lse = log_sum_exp(logits);
+    raw_.assign(logits.begin(), logits.end());
+    *model_logprobs = top_logprobs(logits, params_.logprobs, lse);
+  }
   apply_penalties(logits);
   const uint64_t step = uint64_t(steps_++);
   int32_t token = 0;
@@ -173,6 +217,9 @@ std::pair<int32_t, float> sequence_sampler::sample(std::span<float> logits) {
     }
   }
   ++output_counts_[token];
+  if (report)
+    model_logprobs->insert(model_logprobs->begin(),
+                           token_logprob{token, float(double(raw_[size_t(token)]) - lse)});
   return {token, logprob};
 }
 

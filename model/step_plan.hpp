@@ -54,7 +54,12 @@ struct step_plan {
 struct sampled_token {
   uint64_t id = 0;
   int32_t token = 0;
+  /// Under the sampler's final distribution (after penalties and filters).
   float logprob = 0;
+  /// Only for a sequence whose params.logprobs >= 0: the sampled token's
+  /// log-probability under the model, then the params.logprobs most likely
+  /// tokens' (see model/sampling.hpp).
+  std::vector<token_logprob> logprobs;
 };
 
 /// What one step produced.

@@ -1,6 +1,7 @@
 #include "net/http_session.hpp"
 
 #include <chrono>
+#include <iterator>
 #include <sstream>
 
 #include <boost/asio/write.hpp>
@@ -225,6 +226,7 @@ void http_session::start_generation(api_kind kind, request_type& req) {
   a.meta.model = p.model;
   a.meta.created = unix_now();
   a.meta.include_usage = p.include_usage;
+  a.meta.logprobs = p.request.params.logprobs >= 0;
   a.stream = p.stream;
   a.version = version;
   a.chunked = version >= 11;
@@ -268,12 +270,13 @@ void http_session::on_delta(uint64_t tag, text_delta& d) {
     a.first_token_batch_size = d.first_token_batch_size;
   if (!a.stream) {
     a.text += d.text;
+    std::move(d.logprobs.begin(), d.logprobs.end(), std::back_inserter(a.logprobs));
     return;
   }
   if (!a.headers_sent)
     send_stream_headers(a.first_token_batch_size);
-  if (!d.text.empty())
-    send_stream_event(sse_event(delta_chunk(a.meta, d.text)), false);
+  if (!d.text.empty() || !d.logprobs.empty())
+    send_stream_event(sse_event(delta_chunk(a.meta, d.text, d.logprobs, &a.cursor)), false);
 }
 
 void http_session::on_done(uint64_t tag, generation_done& done) {
@@ -289,7 +292,7 @@ void http_session::on_done(uint64_t tag, generation_done& done) {
     response_type res{http::status::ok, a.version};
     res.set(http::field::content_type, "application/json");
     add_generation_headers(res, a.first_token_batch_size);
-    res.body() = dump_json(completion_body(a.meta, a.text, done));
+    res.body() = dump_json(completion_body(a.meta, a.text, done, a.logprobs));
     res.keep_alive(a.keep_alive);
     send_response(std::move(res));
     return;

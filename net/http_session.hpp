@@ -73,6 +73,10 @@ private:
     bool chunked = true;
     /// The text so far (non-streaming).
     std::string text;
+    /// The log-probabilities so far (non-streaming, meta.logprobs).
+    std::vector<position_logprobs> logprobs;
+    /// Where a stream's completion logprobs continue (text_offset).
+    logprobs_cursor cursor;
     int32_t first_token_batch_size = 0;
     unsigned version = 11;
     bool keep_alive = true;

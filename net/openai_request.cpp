@@ -312,16 +312,6 @@ check reject_unsupported(api_kind kind, const json& body) {
     return api_error::bad_request(fmt::format("'n' must be 1 (one choice per request), got {}", *n),
                                   "n", "unsupported_value");
   if (kind == api_kind::chat) {
-    bool logprobs = false;
-    if (auto err = read_bool(body, "logprobs", logprobs))
-      return err;
-    if (logprobs)
-      return unsupported("logprobs", "'logprobs'");
-    std::optional<int64_t> top;
-    if (auto err = read_int(body, "top_logprobs", top, 0, 20))
-      return err;
-    if (top && *top > 0)
-      return unsupported("top_logprobs", "'top_logprobs'");
     if (auto v = find(body, "tools"); v && !(v->is_array() && v->empty()))
       return unsupported("tools", "tool calling");
     if (auto v = find(body, "functions"); v && !(v->is_array() && v->empty()))
@@ -340,11 +330,6 @@ check reject_unsupported(api_kind kind, const json& body) {
     if (find(body, "audio"))
       return unsupported("audio", "audio output");
   } else {
-    std::optional<int64_t> logprobs;
-    if (auto err = read_int(body, "logprobs", logprobs, 0, 5))
-      return err;
-    if (logprobs)
-      return unsupported("logprobs", "'logprobs'");
     bool echo = false;
     if (auto err = read_bool(body, "echo", echo))
       return err;
@@ -433,6 +418,28 @@ check read_sampling(api_kind kind, const json& body, sampling_params& p) {
     p.max_tokens = 16; // OpenAI's default for /v1/completions
   if (auto err = read_bool(body, "ignore_eos", p.ignore_eos))
     return err;
+  // Chat: logprobs (a boolean) and top_logprobs (alternatives, which need
+  // logprobs); completions: logprobs is the number of alternatives. Both up
+  // to max_logprobs (OpenAI caps completions at 5; vLLM, like us, at 20).
+  if (kind == api_kind::chat) {
+    bool logprobs = false;
+    if (auto err = read_bool(body, "logprobs", logprobs))
+      return err;
+    std::optional<int64_t> top;
+    if (auto err = read_int(body, "top_logprobs", top, 0, max_logprobs))
+      return err;
+    if (top && *top > 0 && !logprobs)
+      return api_error::bad_request("top_logprobs requires logprobs to be true", "top_logprobs",
+                                    "invalid_value");
+    if (logprobs)
+      p.logprobs = int32_t(top.value_or(0));
+  } else {
+    std::optional<int64_t> logprobs;
+    if (auto err = read_int(body, "logprobs", logprobs, 0, max_logprobs))
+      return err;
+    if (logprobs)
+      p.logprobs = int32_t(*logprobs);
+  }
   if (auto v = find(body, "stop_token_ids")) {
     if (!v->is_array())
       return type_error("stop_token_ids", "an array of token ids");

@@ -6,7 +6,7 @@
 // well-formedness (with a nesting limit, so no input can exhaust the stack),
 // the type of every known field, the ranges of the sampling parameters as
 // OpenAI documents them, and the features Metronome does not implement
-// (n > 1, logprobs, echo, best_of, tools, response formats), which get a 400
+// (n > 1, echo, best_of, tools, response formats), which get a 400
 // naming the field instead of being silently ignored. Fields nobody knows are
 // ignored. `null` counts as absent for every optional field. What needs the
 // model (chat template, tokenization, context length, vocabulary range of

@@ -31,7 +31,23 @@ struct response_meta {
   int64_t created = 0;
   /// Add "usage": null to content chunks and send the usage chunk.
   bool include_usage = false;
+  /// The request asked for logprobs: choices carry a logprobs object.
+  bool logprobs = false;
 };
+
+/// What a logprobs object of /v1/completions needs from the chunks before:
+/// text_offset continues from the completion's text so far.
+struct logprobs_cursor {
+  /// Characters (code points) of the completion text before the next token.
+  int64_t text_offset = 0;
+};
+
+/// A choice's "logprobs": chat {"content": [{token, logprob, bytes,
+/// top_logprobs}], "refusal": null}; completions {tokens, token_logprobs,
+/// top_logprobs, text_offset}. Log-probabilities that are not finite are
+/// written as -9999.0 (as vLLM does: JSON has no infinity).
+nlohmann::json logprobs_json(api_kind kind, const std::vector<position_logprobs>& positions,
+                             logprobs_cursor& cursor);
 
 /// {"prompt_tokens", "completion_tokens", "total_tokens"}.
 nlohmann::json usage_json(const generation_done& done);
@@ -39,16 +55,21 @@ nlohmann::json usage_json(const generation_done& done);
 // -- non-streaming ----------------------------------------------------------------
 
 /// The whole answer: "chat.completion" or "text_completion" with usage.
+/// `logprobs`: every generated token's (meta.logprobs), else ignored.
 nlohmann::json completion_body(const response_meta& meta, const std::string& text,
-                               const generation_done& done);
+                               const generation_done& done,
+                               const std::vector<position_logprobs>& logprobs = {});
 
 // -- streaming --------------------------------------------------------------------
 
 /// Chat only: the first chunk, delta {"role": "assistant", "content": ""}.
 nlohmann::json role_chunk(const response_meta& meta);
 
-/// A chunk carrying `text`.
-nlohmann::json delta_chunk(const response_meta& meta, std::string_view text);
+/// A chunk carrying `text` (and, with meta.logprobs, the log-probabilities
+/// of the tokens it releases; `cursor` is the stream's).
+nlohmann::json delta_chunk(const response_meta& meta, std::string_view text,
+                           const std::vector<position_logprobs>& logprobs = {},
+                           logprobs_cursor* cursor = nullptr);
 
 /// The chunk with an empty delta (chat) or empty text (completion) and the
 /// finish_reason.

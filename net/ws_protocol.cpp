@@ -73,8 +73,14 @@ ws_message parse_ws_message(std::string_view text, const parse_defaults& default
                   "type")};
 }
 
-std::string ws_delta_event(const std::string& id, std::string_view text) {
-  return dump_json({{"type", "delta"}, {"id", id}, {"text", text}});
+std::string ws_delta_event(const std::string& id, std::string_view text,
+                           const std::vector<position_logprobs>* logprobs) {
+  nlohmann::json e = {{"type", "delta"}, {"id", id}, {"text", text}};
+  if (logprobs) {
+    logprobs_cursor unused;
+    e["logprobs"] = logprobs_json(api_kind::chat, *logprobs, unused);
+  }
+  return dump_json(e);
 }
 
 std::string ws_done_event(const std::string& id, const generation_done& done) {

@@ -6,7 +6,7 @@
 // Client -> server:  {"type": "chat", "id", "messages", <sampling params>}
 //                    {"type": "cancel", "id"}
 //                    {"type": "ping"[, "id"]}
-// Server -> client:  {"type": "delta", "id", "text"}
+// Server -> client:  {"type": "delta", "id", "text"[, "logprobs"]}
 //                    {"type": "done", "id", "finish_reason", "usage", "timings"}
 //                    {"type": "error"[, "id"], "error": {message, type, param, code}}
 //                    {"type": "pong"[, "id"]}
@@ -54,7 +54,10 @@ ws_message parse_ws_message(std::string_view text, const parse_defaults& default
 
 // -- events -------------------------------------------------------------------------
 
-std::string ws_delta_event(const std::string& id, std::string_view text);
+/// `logprobs` (the request asked for them): the chat form of OpenAI's
+/// logprobs object for the tokens this delta releases.
+std::string ws_delta_event(const std::string& id, std::string_view text,
+                           const std::vector<position_logprobs>* logprobs = nullptr);
 
 /// The end of a request, with usage and timings in milliseconds.
 std::string ws_done_event(const std::string& id, const generation_done& done);

@@ -127,9 +127,10 @@ void ws_session::start_chat(ws_chat& chat) {
   req.request_id = ctx_->new_request_id(api_kind::chat);
   spdlog::debug("{} websocket id={} max_tokens={}", req.request_id, chat.id,
                req.params.max_tokens);
+  const bool logprobs = req.params.logprobs >= 0;
   auto sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(req), port_, tag);
   ids_.emplace(tag, chat.id);
-  live_.emplace(std::move(chat.id), live_request{tag, std::move(sink)});
+  live_.emplace(std::move(chat.id), live_request{tag, std::move(sink), logprobs});
 }
 
 void ws_session::cancel(const std::string& id) {
@@ -161,10 +162,13 @@ void ws_session::forget(uint64_t tag) {
 }
 
 void ws_session::on_delta(uint64_t tag, text_delta& d) {
-  if (closed_ || d.text.empty())
+  if (closed_ || (d.text.empty() && d.logprobs.empty()))
     return;
-  if (auto id = id_of(tag))
-    send(ws_delta_event(*id, d.text));
+  if (auto id = id_of(tag)) {
+    auto live = live_.find(*id);
+    const bool logprobs = live != live_.end() && live->second.logprobs;
+    send(ws_delta_event(*id, d.text, logprobs ? &d.logprobs : nullptr));
+  }
 }
 
 void ws_session::on_done(uint64_t tag, generation_done& done) {

@@ -60,6 +60,8 @@ private:
   struct live_request {
     uint64_t tag = 0;
     caf::actor sink;
+    /// It asked for logprobs: every delta carries a logprobs object.
+    bool logprobs = false;
   };
 
   void read();

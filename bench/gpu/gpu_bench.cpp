@@ -109,8 +109,9 @@ double gemm_rate() {
 
 class bench_driver {
 public:
-  bench_driver(model_runner& r, int32_t max_tokens, int32_t max_batch)
-    : r_(r), max_tokens_(max_tokens), max_batch_(max_batch) {
+  /// logprobs: what every sequence asks for (sampling_params::logprobs).
+  bench_driver(model_runner& r, int32_t max_tokens, int32_t max_batch, int32_t logprobs = -1)
+    : r_(r), max_tokens_(max_tokens), max_batch_(max_batch), logprobs_(logprobs) {
     for (int32_t p = r.num_pages() - 1; p >= 0; --p)
       free_pages_.push_back(p);
   }
@@ -266,9 +267,10 @@ private:
         ++i->second.known;
   }
 
-  static sampling_params greedy() {
+  sampling_params greedy() const {
     sampling_params p;
     p.temperature = 0;
+    p.logprobs = logprobs_;
     return p;
   }
 
@@ -285,6 +287,7 @@ private:
   };
   model_runner& r_;
   int32_t max_tokens_, max_batch_;
+  int32_t logprobs_ = -1;
   uint64_t next_id_ = 1, step_no_ = 0;
   std::mt19937_64 rng_{2026};
   std::vector<new_sequence> pending_;
@@ -333,6 +336,7 @@ struct options {
   int32_t page_size = 16;    // cuda_runner_options::page_size (server: kv_cache.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
   std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
+  int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
 };
 
 int run(const options& o) {
@@ -393,7 +397,7 @@ int run(const options& o) {
   auto decode_floor = [&](double kv_tokens) {
     return (mc.weight_bytes + kv_tokens * mc.kv_bytes_per_token) / bw * 1e3;
   };
-  bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size);
+  bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size, o.logprobs);
 
   // Prefill: one prompt per step, median of 5.
   for (int32_t n : {128, 2048}) {
@@ -595,7 +599,7 @@ constexpr const char* usage =
   "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
-  "       [--kv-cache-dtype bf16|fp8]\n"
+  "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)]\n"
   "       gpu_bench --make-preset NAME --make-out DIR";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -613,7 +617,10 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--path"                     ? &o.path
                         : a == "--kv-cache-dtype"           ? &o.kv_dtype
                                                             : nullptr;
-    int32_t* number = a == "--max-batch" ? &o.max_batch : a == "--page-size" ? &o.page_size : nullptr;
+    int32_t* number = a == "--max-batch"   ? &o.max_batch
+                      : a == "--page-size" ? &o.page_size
+                      : a == "--logprobs"  ? &o.logprobs
+                                           : nullptr;
     bool* flag = a == "--quick"          ? &o.quick
                  : a == "--kernels"      ? &o.kernels
                  : a == "--decode-only"  ? &o.decode_only
@@ -636,8 +643,13 @@ std::string parse_args(int argc, char** argv, options& o) {
       continue;
     }
     const auto n = parse_integer(v); // the config's strict decimal syntax
-    if (!n || *n < 1 || *n > (int64_t(1) << 20))
+    if (number == &o.logprobs) {
+      if (!n || *n < 0 || *n > max_logprobs)
+        return "gpu_bench: " + a + ": expected a whole number from 0 to "
+               + std::to_string(max_logprobs) + ", not '" + v + "'";
+    } else if (!n || *n < 1 || *n > (int64_t(1) << 20)) {
       return "gpu_bench: " + a + ": expected a whole number from 1 to 1048576, not '" + v + "'";
+    }
     *number = int32_t(*n);
   }
   return {};

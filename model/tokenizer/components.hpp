@@ -84,6 +84,11 @@ class decoder {
 public:
   virtual ~decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  /// The same, leaving bytes that form no UTF-8 character as they are
+  /// (what a single token of a character split across tokens decodes to).
+  virtual void decode_chain_raw(std::vector<std::string>& tokens) const {
+    decode_chain(tokens);
+  }
 
   static std::unique_ptr<decoder> make(const nlohmann::json& j, const json_origin& at);
 };

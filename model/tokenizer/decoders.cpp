@@ -36,6 +36,10 @@ int byte_token_value(const std::string& t) {
 class byte_level_decoder final : public decoder {
 public:
   void decode_chain(std::vector<std::string>& tokens) const override {
+    decode_chain_raw(tokens);
+    tokens.front() = unicode::to_valid_utf8(tokens.front());
+  }
+  void decode_chain_raw(std::vector<std::string>& tokens) const override {
     std::string bytes;
     for (const auto& t : tokens) {
       const size_t mark = bytes.size();
@@ -54,7 +58,7 @@ public:
         bytes += t;
       }
     }
-    tokens.assign(1, unicode::to_valid_utf8(bytes));
+    tokens.assign(1, std::move(bytes));
   }
 };
 
@@ -90,6 +94,14 @@ private:
 class byte_fallback_decoder final : public decoder {
 public:
   void decode_chain(std::vector<std::string>& tokens) const override {
+    decode(tokens, false);
+  }
+  void decode_chain_raw(std::vector<std::string>& tokens) const override {
+    decode(tokens, true);
+  }
+
+private:
+  static void decode(std::vector<std::string>& tokens, bool raw) {
     std::vector<std::string> out;
     out.reserve(tokens.size());
     std::string pending;
@@ -97,7 +109,7 @@ public:
     auto flush = [&] {
       if (pending_count == 0)
         return;
-      if (unicode::is_valid_utf8(pending)) {
+      if (raw || unicode::is_valid_utf8(pending)) {
         out.push_back(pending);
       } else {
         for (size_t k = 0; k < pending_count; ++k)
@@ -137,16 +149,24 @@ public:
     : content_(content), start_(start), stop_(stop) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& t : tokens) {
+      // Raw decoding (decode_chain_raw) may hand over bytes that are not
+      // UTF-8: each stray or cut-short sequence is one character here.
+      auto length_at = [&](size_t i) {
+        const size_t n = unicode::sequence_length(static_cast<unsigned char>(t[i]));
+        return n <= t.size() - i && unicode::is_valid_utf8(std::string_view(t).substr(i, n))
+                 ? n
+                 : size_t{1};
+      };
       std::vector<size_t> bounds; // byte offset of each character, then the size
-      for (size_t i = 0; i < t.size();) {
+      for (size_t i = 0; i < t.size(); i += length_at(i))
         bounds.push_back(i);
-        unicode::next_code_point(t, i);
-      }
       const size_t n = bounds.size();
       bounds.push_back(t.size());
       auto char_at = [&](size_t k) {
         size_t i = bounds[k];
-        return unicode::next_code_point(t, i);
+        return unicode::is_valid_utf8(std::string_view(t).substr(i, bounds[k + 1] - i))
+                 ? unicode::next_code_point(t, i)
+                 : unicode::replacement_char;
       };
       size_t start_cut = 0;
       for (size_t k = 0; k < start_ && k < n && char_at(k) == content_; ++k)
@@ -202,6 +222,10 @@ public:
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_)
       p->decode_chain(tokens);
+  }
+  void decode_chain_raw(std::vector<std::string>& tokens) const override {
+    for (const auto& p : parts_)
+      p->decode_chain_raw(tokens);
   }
 
 private:

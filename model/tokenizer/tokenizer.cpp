@@ -298,6 +298,32 @@ std::string tokenizer::decode(std::span<const int32_t> ids, decode_options optio
   return text;
 }
 
+std::string tokenizer::token_bytes(int32_t id) const {
+  if (const added_token* a = added_.find(id))
+    return a->content;
+  const std::string* t = model_->id_to_token(id);
+  if (!t)
+    return {};
+  if (!decoder_)
+    return *t;
+  // Decoders treat a text's first token apart (Metaspace and Strip drop its
+  // leading space): decode behind an anchor that every decoder leaves as
+  // it is, then take the anchor off.
+  std::vector<std::string> tokens{"a", *t};
+  decoder_->decode_chain_raw(tokens);
+  std::string text;
+  for (const auto& s : tokens)
+    text += s;
+  if (!text.empty() && text[0] == 'a')
+    return text.substr(1);
+  tokens.assign(1, *t);
+  decoder_->decode_chain_raw(tokens);
+  text.clear();
+  for (const auto& s : tokens)
+    text += s;
+  return text;
+}
+
 std::string tokenizer::decode_tokens(std::vector<std::string> tokens) const {
   std::string text;
   if (decoder_) {

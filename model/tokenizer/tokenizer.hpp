@@ -84,6 +84,12 @@ public:
   /// Token string of an id (as stored: "Ġthe", "▁the", "<0x0A>").
   std::optional<std::string> id_to_token(int32_t id) const;
 
+  /// The bytes token `id` adds to a text it is in the middle of (" the" for
+  /// "Ġthe" or "▁the", one byte for "<0x0A>" or for a byte-level token
+  /// holding part of a character; an added token's content). Not always
+  /// valid UTF-8. Empty for an id without a token. Thread-safe.
+  std::string token_bytes(int32_t id) const;
+
   /// From tokenizer_config.json's bos_token / eos_token when present.
   std::optional<int32_t> bos_id() const noexcept {
     return bos_id_;

@@ -78,7 +78,8 @@ describe('400: malformed JSON, wrong types, invalid ranges', () => {
       [{ presence_penalty: -3 }, 'presence_penalty'],
       [{ stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
       [{ n: 2 }, 'n'],
-      [{ logprobs: true }, 'logprobs'],
+      [{ logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
+      [{ top_logprobs: 2 }, 'top_logprobs'],
     ];
     for (const [extra, param] of cases) {
       const res = await postJson(server, '/v1/chat/completions', chatBody(extra));

@@ -161,6 +161,91 @@ describe('completions', () => {
   });
 });
 
+describe('logprobs', () => {
+  // ignore_eos: every token is text (no end-of-sequence entry outside it).
+  const ask = { model: MODEL_NAME, max_tokens: 12, ignore_eos: true, ...greedy };
+
+  /// Checks one chat logprobs entry with `top` alternatives, greedy.
+  function checkEntry(e, top) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0, JSON.stringify(e));
+    assert.ok(Array.isArray(e.bytes) && e.bytes.every((b) => b >= 0 && b < 256));
+    assert.equal(e.top_logprobs.length, top);
+    for (let k = 1; k < top; ++k)
+      assert.ok(e.top_logprobs[k - 1].logprob >= e.top_logprobs[k].logprob);
+    // Greedy: the sampled token is the most likely one.
+    assert.equal(e.logprob, e.top_logprobs[0].logprob, JSON.stringify(e));
+    assert.deepEqual(e.bytes, e.top_logprobs[0].bytes);
+  }
+
+  test('chat: one entry per token whose bytes make the text', { timeout: 60_000 }, async () => {
+    const res = await client.chat.completions.create({
+      ...ask, messages: [{ role: 'user', content: 'Describe the ocean.' }],
+      logprobs: true, top_logprobs: 3,
+    });
+    const content = res.choices[0].logprobs.content;
+    assert.equal(content.length, res.usage.completion_tokens);
+    content.forEach((e) => checkEntry(e, 3));
+    const bytes = Buffer.from(content.flatMap((e) => e.bytes));
+    assert.equal(bytes.toString('utf8'), res.choices[0].message.content);
+    // Streamed: the same entries, spread over the chunks.
+    const stream = await client.chat.completions.create({
+      ...ask, messages: [{ role: 'user', content: 'Describe the ocean.' }],
+      logprobs: true, top_logprobs: 3, stream: true,
+    });
+    const streamed = [];
+    for await (const chunk of stream)
+      streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    assert.deepEqual(streamed, content);
+    // Without the flag: none.
+    const plain = await client.chat.completions.create({
+      ...ask, messages: [{ role: 'user', content: 'Describe the ocean.' }] });
+    assert.equal(plain.choices[0].logprobs, null);
+    assert.equal(plain.choices[0].message.content, res.choices[0].message.content);
+  });
+
+  test('sampling settings do not change the reported logprobs', { timeout: 60_000 },
+       async () => {
+    // The model's distribution, not the sampler's: the first token's
+    // alternatives are the same with or without temperature and penalties.
+    const base = { ...ask, max_tokens: 1, messages: [{ role: 'user', content: 'Hello' }],
+                   logprobs: true, top_logprobs: 5 };
+    const a = await client.chat.completions.create(base);
+    const b = await client.chat.completions.create({ ...base, temperature: 1.7, seed: 9,
+                                                     presence_penalty: 1.5, top_k: 3 });
+    assert.deepEqual(b.choices[0].logprobs.content[0].top_logprobs,
+                     a.choices[0].logprobs.content[0].top_logprobs);
+  });
+
+  test('completions: the legacy shape', { timeout: 60_000 }, async () => {
+    const res = await client.completions.create({ ...ask, prompt: 'The river', logprobs: 2 });
+    const lp = res.choices[0].logprobs;
+    const n = res.usage.completion_tokens;
+    assert.equal(lp.tokens.length, n);
+    assert.equal(lp.token_logprobs.length, n);
+    assert.equal(lp.top_logprobs.length, n);
+    assert.equal(lp.text_offset[0], 0);
+    for (let i = 1; i < n; ++i)
+      assert.ok(lp.text_offset[i] >= lp.text_offset[i - 1]);
+    for (let i = 0; i < n; ++i) {
+      const alternatives = Object.values(lp.top_logprobs[i]);
+      assert.ok(alternatives.length >= 1 && alternatives.length <= 2);
+      assert.equal(lp.token_logprobs[i], Math.max(...alternatives)); // greedy
+    }
+  });
+
+  test('out of range -> BadRequestError naming the param', { timeout: 20_000 }, async () => {
+    await assert.rejects(
+      client.chat.completions.create({ ...ask, messages: [{ role: 'user', content: 'x' }],
+                                       logprobs: true, top_logprobs: 21 }),
+      (err) => err instanceof OpenAI.BadRequestError && err.param === 'top_logprobs');
+    await assert.rejects(
+      client.chat.completions.create({ ...ask, messages: [{ role: 'user', content: 'x' }],
+                                       top_logprobs: 2 }),
+      (err) => err instanceof OpenAI.BadRequestError && err.param === 'top_logprobs');
+  });
+});
+
 describe('stop strings', () => {
   // The reference is the model's own unconstrained greedy output: with a
   // stop string S, the answer must be that output cut before S's first

@@ -89,6 +89,27 @@ describe('websocket protocol', () => {
     await c.close();
   });
 
+  test('logprobs ride on the deltas, one entry per token', { timeout: 60_000 }, async () => {
+    const c = await connect();
+    c.send(chat('lp', 'Tell me about the sea.',
+                { max_tokens: 10, ignore_eos: true, logprobs: true, top_logprobs: 2 }));
+    const events = await c.until('lp');
+    const done = events.at(-1);
+    assert.equal(done.type, 'done', JSON.stringify(done));
+    const deltas = events.filter((e) => e.type === 'delta');
+    assert.ok(deltas.every((e) => Array.isArray(e.logprobs?.content)), JSON.stringify(deltas[0]));
+    const entries = deltas.flatMap((e) => e.logprobs.content);
+    assert.equal(entries.length, done.usage.completion_tokens);
+    assert.ok(entries.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
+    assert.equal(Buffer.from(entries.flatMap((e) => e.bytes)).toString('utf8'),
+                 textOf(events, 'lp'));
+    // Not asked: no logprobs key.
+    c.send(chat('plain', 'Tell me about the sea.', { max_tokens: 3 }));
+    const plain = await c.until('plain');
+    assert.ok(plain.filter((e) => e.type === 'delta').every((e) => !('logprobs' in e)));
+    await c.close();
+  });
+
   test('concurrent requests on one socket keep their ids apart', { timeout: 60_000 },
        async () => {
     const c = await connect();

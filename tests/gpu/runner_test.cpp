@@ -158,8 +158,10 @@ public:
       auto& s = seqs_[c.id];
       s.computed += c.num_tokens;
     }
+    last_logprobs.clear();
     for (const auto& t : out.tokens) {
       got[t.id] = t.token;
+      last_logprobs[t.id] = t.logprobs;
       ++seqs_[t.id].known;
     }
     return got;
@@ -168,6 +170,9 @@ public:
   void finish(uint64_t id) {
     seqs_[id].done = true;
   }
+
+  /// sampled_token::logprobs of the last step, by sequence.
+  std::map<uint64_t, std::vector<token_logprob>> last_logprobs;
 
   /// Releases every sequence (so ids can be reused on the same runner).
   void release_all() {
@@ -249,6 +254,47 @@ std::vector<std::vector<int32_t>> test_prompts(int32_t vocab) {
 }
 
 class gpu_runner : public ::testing::TestWithParam<std::string> {};
+
+// logprobs on the GPU against transformers' generate() (the CPU runner's
+// golden test uses the same file), eager prefill then captured decode steps,
+// beside a sequence that asks for none and must sample the same tokens.
+TEST_P(gpu_runner, logprobs_match_transformers) {
+  METRONOME_REQUIRE_GPU();
+  const auto ref = test::load_reference_logprobs(GetParam());
+  auto model = model_folder::open(test::tiny_model(GetParam(), 7));
+  auto runner = make_cuda_runner(model, test::small_runner_options());
+  driver d(*runner, 1 << 20);
+  const size_t n = ref.runs.size();
+  for (size_t i = 0; i < n; ++i) {
+    auto p = greedy();
+    p.logprobs = ref.top;
+    d.add(i, ref.runs[i].prompt, p, 0);
+  }
+  d.add(n, ref.runs[0].prompt, greedy(), 0); // no logprobs
+  std::vector<bool> diverged(n, false);
+  const double tolerance = 0.1; // bf16 weights and activations
+  for (size_t s = 0; s < ref.runs[0].steps.size(); ++s) {
+    auto got = d.step();
+    ASSERT_EQ(got.size(), n + 1);
+    EXPECT_EQ(got[n], got[0]) << "step " << s;
+    EXPECT_TRUE(d.last_logprobs[n].empty()) << "step " << s;
+    for (size_t i = 0; i < n; ++i) {
+      if (diverged[i])
+        continue;
+      const auto& want = ref.runs[i].steps[s];
+      const auto& lp = d.last_logprobs[i];
+      test::expect_logprobs_near(want, lp, size_t(ref.top), tolerance,
+                                 GetParam() + " prompt " + std::to_string(i) + " step "
+                                   + std::to_string(s));
+      ASSERT_FALSE(lp.empty());
+      EXPECT_EQ(lp[0].token, got[i]);
+      if (got[i] != want.token) {
+        EXPECT_LE(want.logprob - lp[0].logprob, tolerance) << "prompt " << i << " step " << s;
+        diverged[i] = true;
+      }
+    }
+  }
+}
 
 TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
   METRONOME_REQUIRE_GPU();

@@ -1,7 +1,8 @@
 // GPU sampling against sequence_sampler (model/sampling.cpp) on the same
 // logits: greedy, temperature, top-k, top-p, min-p, their combinations,
 // penalties, ties, seeded streams. Token ids must be identical and
-// log-probabilities within 1e-4.
+// log-probabilities within 1e-4; so must the model's log-probabilities that
+// rows asking for logprobs report (the sampled token's, then the top n).
 
 #include <algorithm>
 #include <map>
@@ -51,7 +52,8 @@ std::vector<sampling_params> settings() {
 }
 
 /// The CPU sampler after `outputs` were sampled (forced by one-hot logits).
-std::pair<int32_t, float> cpu_sample(const row_case& r, std::vector<float> logits) {
+std::pair<int32_t, float> cpu_sample(const row_case& r, std::vector<float> logits,
+                                     std::vector<token_logprob>* model_logprobs = nullptr) {
   sequence_sampler s(r.params, r.prompt, r.seed);
   std::vector<float> spike(logits.size());
   for (auto t : r.outputs) {
@@ -60,7 +62,7 @@ std::pair<int32_t, float> cpu_sample(const row_case& r, std::vector<float> logit
     auto [got, _] = s.sample(spike);
     EXPECT_EQ(got, t) << "forcing an output token failed";
   }
-  return s.sample(logits);
+  return s.sample(logits, model_logprobs);
 }
 
 /// The penalty entries the runner sends for this row.
@@ -99,6 +101,8 @@ void run_trial(std::mt19937_64& rng, int32_t vocab, bool ties) {
   for (int32_t r = 0; r < rows; ++r) {
     auto& c = cases[size_t(r)];
     c.params = sets[size_t(r)];
+    // Every third row reports nothing; the others 0 to max_logprobs alternatives.
+    c.params.logprobs = r % 3 == 2 ? -1 : int32_t(rng() % (max_logprobs + 1));
     c.seed = rng();
     const int32_t n_prompt = int32_t(rng() % 20) + 1, n_out = int32_t(rng() % 12);
     for (int32_t i = 0; i < n_prompt; ++i)
@@ -108,7 +112,7 @@ void run_trial(std::mt19937_64& rng, int32_t vocab, bool ties) {
   }
   // Device inputs.
   std::vector<float> temperature, top_p, min_p, rep, freq, pres;
-  std::vector<int32_t> top_k, step;
+  std::vector<int32_t> top_k, step, lp_count;
   std::vector<uint64_t> seed;
   std::vector<gpu::penalty_entry> entries;
   for (int32_t r = 0; r < rows; ++r) {
@@ -122,6 +126,7 @@ void run_trial(std::mt19937_64& rng, int32_t vocab, bool ties) {
     pres.push_back(c.params.presence_penalty);
     seed.push_back(c.seed);
     step.push_back(int32_t(c.outputs.size()));
+    lp_count.push_back(c.params.logprobs);
     add_entries(c, r, entries);
   }
   dev_array<float> d_logits(logits), d_t(temperature), d_p(top_p), d_m(min_p), d_rep(rep),
@@ -134,18 +139,48 @@ void run_trial(std::mt19937_64& rng, int32_t vocab, bool ties) {
   dev_array<float> d_logprobs(static_cast<size_t>(rows));
   gpu::device_buffer ws(gpu::sample_workspace_bytes(rows));
   gpu::sample_rows sr{d_t.get(), d_p.get(), d_m.get(), d_k.get(), d_seed.get(), d_step.get()};
+  constexpr int32_t stride = 1 + max_logprobs;
+  dev_array<int32_t> d_lp_count(lp_count);
+  dev_array<float> d_raw(logits.size());
+  dev_array<double> d_lse(static_cast<size_t>(rows));
+  // Poisoned: an entry the kernels should write and did not shows.
+  dev_array<int32_t> d_lp_tokens(std::vector<int32_t>(size_t(rows) * stride, -7));
+  dev_array<float> d_lp_values(std::vector<float>(size_t(rows) * stride, 1e30f));
+  gpu::logprob_rows lp{d_lp_count.get(), d_raw.get(), d_lse.get(), d_lp_tokens.get(),
+                       d_lp_values.get()};
+  gpu::launch_model_logprobs(d_logits.get(), rows, vocab, lp, nullptr);
   gpu::launch_penalties(d_logits.get(), vocab, d_entries.get(), d_count.get(),
                         int32_t(entries.size()), d_rep.get(), d_freq.get(), d_pres.get(), nullptr);
   gpu::launch_sample(d_logits.get(), rows, vocab, sr, d_tokens.get(), d_logprobs.get(), ws.get(),
-                     nullptr);
+                     nullptr, &lp);
   test::sync_check();
   const auto got = d_tokens.download();
   const auto got_lp = d_logprobs.download();
+  const auto got_model_tokens = d_lp_tokens.download();
+  const auto got_model_values = d_lp_values.download();
   for (int32_t r = 0; r < rows; ++r) {
     std::vector<float> row(logits.begin() + int64_t(r) * vocab,
                            logits.begin() + int64_t(r + 1) * vocab);
-    auto [want, want_lp] = cpu_sample(cases[size_t(r)], row);
+    std::vector<token_logprob> want_model;
+    auto [want, want_lp] = cpu_sample(cases[size_t(r)], row, &want_model);
     const auto& p = cases[size_t(r)].params;
+    const size_t at = size_t(r) * stride;
+    if (p.logprobs < 0) {
+      EXPECT_TRUE(want_model.empty());
+      EXPECT_EQ(got_model_tokens[at], -7) << "row " << r << " asked for no logprobs";
+    } else {
+      ASSERT_EQ(want_model.size(), size_t(p.logprobs) + 1);
+      for (size_t k = 0; k < want_model.size(); ++k) {
+        EXPECT_EQ(got_model_tokens[at + k], want_model[k].token)
+          << "row " << r << " entry " << k << " of " << p.logprobs << " vocab " << vocab
+          << " ties " << ties;
+        EXPECT_NEAR(got_model_values[at + k], want_model[k].logprob,
+                    1e-4 + 1e-5 * std::abs(want_model[k].logprob))
+          << "row " << r << " entry " << k;
+      }
+      if (want_model.size() < size_t(stride))
+        EXPECT_EQ(got_model_tokens[at + want_model.size()], -7) << "row " << r;
+    }
     EXPECT_EQ(got[size_t(r)], want)
       << "row " << r << " vocab " << vocab << " ties " << ties << " t " << p.temperature
       << " k " << p.top_k << " p " << p.top_p << " min_p " << p.min_p << " rep "

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -144,6 +146,73 @@ TEST(sampling, repetition_penalty_covers_the_prompt) {
   EXPECT_FLOAT_EQ(l[0], 0.5f);
 }
 
+// The model's log-probabilities are the log-softmax of the logits as given:
+// the same whatever penalties, temperature or filters pick the token.
+TEST(sampling, model_logprobs_ignore_penalties_temperature_and_filters) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(500);
+  for (auto& l : logits)
+    l = normal(rng);
+  logits[7] = logits[9] = 20.0f; // a tie at the top: index order
+  double sum = 0;
+  for (float l : logits)
+    sum += std::exp(double(l));
+  auto log_softmax = [&](int32_t i) { return double(logits[size_t(i)]) - std::log(sum); };
+  for (int variant = 0; variant < 4; ++variant) {
+    sampling_params p;
+    p.logprobs = 5;
+    if (variant == 1)
+      p.temperature = 0;
+    if (variant == 2) {
+      p.temperature = 0.3f;
+      p.top_k = 3;
+      p.repetition_penalty = 1.8f;
+      p.presence_penalty = 1.0f;
+    }
+    if (variant == 3) {
+      p.temperature = 1.7f;
+      p.top_p = 0.5f;
+      p.frequency_penalty = -1.0f;
+    }
+    sequence_sampler s(p, std::vector<int32_t>{7, 9, 3}, 99, std::vector<int32_t>{7, 7});
+    auto l = logits;
+    std::vector<token_logprob> got;
+    const auto [token, final_logprob] = s.sample(l, &got);
+    ASSERT_EQ(got.size(), 6u) << "variant " << variant;
+    EXPECT_EQ(got[0].token, token);
+    EXPECT_NEAR(got[0].logprob, log_softmax(token), 1e-5) << "variant " << variant;
+    // The top 5 by logit, ties by index: 7 before 9.
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_EQ(got[1 + k].token, order[k]) << "variant " << variant << " entry " << k;
+      EXPECT_NEAR(got[1 + k].logprob, log_softmax(order[k]), 1e-5);
+    }
+    EXPECT_EQ(got[1].token, 7);
+    EXPECT_EQ(got[2].token, 9);
+    if (variant >= 2) // the sampler's own logprob is under its final distribution
+      EXPECT_GT(std::abs(final_logprob - got[0].logprob), 1e-3) << "variant " << variant;
+  }
+  // Not asked (-1), or no place to put them: nothing reported.
+  sampling_params quiet;
+  sequence_sampler s(quiet, {}, 1);
+  std::vector<token_logprob> got = {{1, 1.0f}};
+  auto l = logits;
+  s.sample(l, &got);
+  EXPECT_EQ(got.size(), 1u);
+  sampling_params zero;
+  zero.logprobs = 0;
+  sequence_sampler z(zero, {}, 1);
+  l = logits;
+  z.sample(l, &got);
+  ASSERT_EQ(got.size(), 1u); // the sampled token alone
+  l = logits;
+  EXPECT_NO_THROW(z.sample(l));
+}
+
 TEST(sampling, validation_names_the_parameter) {
   sampling_params p;
   EXPECT_EQ(p.validate(), "");
@@ -161,6 +230,13 @@ TEST(sampling, validation_names_the_parameter) {
   p = {};
   p.min_p = 1.5f;
   EXPECT_TRUE(p.validate().starts_with("min_p"));
+  p = {};
+  p.logprobs = max_logprobs + 1;
+  EXPECT_TRUE(p.validate().starts_with("logprobs"));
+  p.logprobs = -2;
+  EXPECT_TRUE(p.validate().starts_with("logprobs"));
+  p.logprobs = max_logprobs;
+  EXPECT_EQ(p.validate(), "");
 }
 
 TEST(sampling, penalised_means_any_penalty_is_on) {

@@ -1,9 +1,14 @@
 #include "tests/model/test_support.hpp"
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace metronome::test {
 
@@ -90,6 +95,60 @@ std::string shell_quote(const std::string& s) {
       out += c;
   }
   return out + "'";
+}
+
+reference_logprobs load_reference_logprobs(const std::string& preset) {
+  const auto path = env("SOURCE_DIR") + "/tools/golden/" + preset + "-logprobs.json";
+  std::ifstream in(path);
+  if (!in)
+    throw std::runtime_error("cannot open " + path);
+  const auto j = nlohmann::json::parse(in);
+  reference_logprobs ref;
+  ref.top = j.at("top").get<int32_t>();
+  for (const auto& r : j.at("runs")) {
+    reference_logprobs::run run;
+    run.prompt = r.at("prompt").get<std::vector<int32_t>>();
+    for (const auto& s : r.at("steps"))
+      run.steps.push_back({s.at("token").get<int32_t>(), s.at("logprob").get<double>(),
+                           s.at("top_ids").get<std::vector<int32_t>>(),
+                           s.at("top_logprobs").get<std::vector<double>>()});
+    ref.runs.push_back(std::move(run));
+  }
+  return ref;
+}
+
+bool expect_logprobs_near(const reference_logprobs::step& ref,
+                          const std::vector<token_logprob>& got, size_t n, double tolerance,
+                          const std::string& where) {
+  bool ok = true;
+  auto check = [&](bool cond, const std::string& what) {
+    EXPECT_TRUE(cond) << where << ": " << what;
+    ok = ok && cond;
+  };
+  check(got.size() == n + 1, "reported " + std::to_string(got.size()) + " entries, want "
+                               + std::to_string(n + 1));
+  if (got.size() != n + 1)
+    return false;
+  if (got[0].token == ref.token)
+    check(std::abs(got[0].logprob - ref.logprob) <= tolerance,
+          "sampled token's logprob " + std::to_string(got[0].logprob) + ", reference "
+            + std::to_string(ref.logprob));
+  for (size_t k = 0; k < n && k < ref.top_ids.size(); ++k) {
+    const auto& e = got[1 + k];
+    check(std::abs(e.logprob - ref.top_logprobs[k]) <= tolerance,
+          "entry " + std::to_string(k) + ": " + std::to_string(e.logprob) + ", reference "
+            + std::to_string(ref.top_logprobs[k]));
+    if (k > 0)
+      check(got[k].logprob >= e.logprob, "entries out of order at " + std::to_string(k));
+    for (size_t r = 0; r < ref.top_ids.size(); ++r)
+      if (ref.top_ids[r] == e.token)
+        check(std::abs(e.logprob - ref.top_logprobs[r]) <= tolerance,
+              "token " + std::to_string(e.token) + ": " + std::to_string(e.logprob)
+                + ", reference " + std::to_string(ref.top_logprobs[r]));
+    if (e.token == got[0].token)
+      check(e.logprob == got[0].logprob, "the sampled token's two entries differ");
+  }
+  return ok;
 }
 
 } // namespace metronome::test

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/make_model.hpp"
+#include "model/sampling.hpp"
 #include "tests/test_env.hpp"
 
 namespace metronome::test {
@@ -33,5 +34,33 @@ command_result run_command(const std::string& cmd);
 
 /// Quotes a string for the shell.
 std::string shell_quote(const std::string& s);
+
+/// The reference log-probabilities of transformers for `preset`
+/// (tools/golden/<preset>-logprobs.json, made by tools/golden/hf_logprobs.py).
+struct reference_logprobs {
+  struct step {
+    int32_t token = 0;
+    double logprob = 0;
+    std::vector<int32_t> top_ids;
+    std::vector<double> top_logprobs;
+  };
+  struct run {
+    std::vector<int32_t> prompt;
+    std::vector<step> steps;
+  };
+  std::vector<run> runs;
+  int32_t top = 0;
+};
+reference_logprobs load_reference_logprobs(const std::string& preset);
+
+/// Checks what a runner reported for one step (sampled_token::logprobs:
+/// the sampled token, then the top n <= ref.top_ids.size()) against the
+/// reference, within `tolerance` (absolute, in nats). Near-ties may order
+/// the top entries differently: each k-th value must match the reference's
+/// k-th, and each reported token the reference's value for it where the
+/// reference lists it. Returns false (after adding failures) on a mismatch.
+bool expect_logprobs_near(const reference_logprobs::step& ref,
+                          const std::vector<token_logprob>& got, size_t n, double tolerance,
+                          const std::string& where);
 
 } // namespace metronome::test

@@ -293,10 +293,34 @@ TEST(OpenaiRequestErrors, Ranges) {
   EXPECT_TRUE(chat({{"temperature", 2}, {"presence_penalty", 2}}).has_value());
 }
 
+TEST(OpenaiRequest, LogprobsBecomeTheNumberOfAlternatives) {
+  // Chat: a flag plus top_logprobs; absent or false: none (-1).
+  EXPECT_EQ(chat({})->request.params.logprobs, -1);
+  EXPECT_EQ(chat({{"logprobs", false}})->request.params.logprobs, -1);
+  EXPECT_EQ(chat({{"logprobs", true}})->request.params.logprobs, 0);
+  EXPECT_EQ(chat({{"logprobs", true}, {"top_logprobs", 5}})->request.params.logprobs, 5);
+  EXPECT_EQ(chat({{"logprobs", true}, {"top_logprobs", 20}})->request.params.logprobs, 20);
+  EXPECT_EQ(chat({{"logprobs", false}, {"top_logprobs", 0}})->request.params.logprobs, -1);
+  EXPECT_EQ(chat({{"logprobs", nullptr}, {"top_logprobs", nullptr}})->request.params.logprobs, -1);
+  // Completions: the number itself (vLLM's limit of 20, above OpenAI's 5).
+  EXPECT_EQ(completion({})->request.params.logprobs, -1);
+  EXPECT_EQ(completion({{"logprobs", 0}})->request.params.logprobs, 0);
+  EXPECT_EQ(completion({{"logprobs", 3}})->request.params.logprobs, 3);
+  EXPECT_EQ(completion({{"logprobs", nullptr}})->request.params.logprobs, -1);
+}
+
+TEST(OpenaiRequestErrors, LogprobsOutOfRangeOrWithoutTheFlag) {
+  expect_400(chat({{"top_logprobs", 3}}), "top_logprobs"); // logprobs not true
+  expect_400(chat({{"logprobs", true}, {"top_logprobs", 21}}), "top_logprobs");
+  expect_400(chat({{"logprobs", true}, {"top_logprobs", -1}}), "top_logprobs");
+  expect_400(chat({{"logprobs", 1}}), "logprobs"); // not a boolean
+  expect_400(completion({{"logprobs", 21}}), "logprobs");
+  expect_400(completion({{"logprobs", true}}), "logprobs");
+  expect_400(completion({{"logprobs", -1}}), "logprobs");
+}
+
 TEST(OpenaiRequestErrors, UnsupportedFeaturesNameTheField) {
   expect_400(chat({{"n", 2}}), "n");
-  expect_400(chat({{"logprobs", true}}), "logprobs");
-  expect_400(chat({{"top_logprobs", 3}}), "top_logprobs");
   expect_400(chat({{"tools", {{{"type", "function"}}}}}), "tools");
   expect_400(chat({{"response_format", {{"type", "json_object"}}}}), "response_format");
   expect_400(chat({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}), "messages[0].role");
@@ -306,7 +330,6 @@ TEST(OpenaiRequestErrors, UnsupportedFeaturesNameTheField) {
              "messages[0].content[0].type");
   expect_400(completion({{"prompt", {"a", "b"}}}), "prompt");
   expect_400(completion({{"echo", true}}), "echo");
-  expect_400(completion({{"logprobs", 2}}), "logprobs");
   expect_400(completion({{"best_of", 3}}), "best_of");
   expect_400(completion({{"suffix", "tail"}}), "suffix");
   // Fields that would change the answer if honoured are refused, not dropped.

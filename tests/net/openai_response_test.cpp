@@ -3,6 +3,8 @@
 // and text_completion, SSE events, and HTTP/1.1 chunked framing (RFC 9112
 // section 7.1), checked by decoding them again.
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "net/openai_response.hpp"
@@ -68,6 +70,70 @@ TEST(OpenaiResponse, ChatCompletionBody) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(j["usage"]["completion_tokens"], 3);
   EXPECT_EQ(j["usage"]["total_tokens"], 8);
+}
+
+/// Two generated tokens: " caf" (alternatives " caf", " tea") and a token
+/// holding the first byte of "é" (no text of its own, so U+FFFD).
+std::vector<position_logprobs> two_positions() {
+  position_logprobs a;
+  a.sampled = {" caf", " caf", -0.25f};
+  a.top = {{" caf", " caf", -0.25f}, {" tea", " tea", -1.5f}};
+  position_logprobs b;
+  b.sampled = {"\xEF\xBF\xBD", "\xC3", -INFINITY};
+  b.top = {{"\xEF\xBF\xBD", "\xC3", -0.5f}, {"\xEF\xBF\xBD", "\xC2", -0.75f}};
+  return {a, b};
+}
+
+TEST(OpenaiResponse, ChatLogprobsFollowTheOpenaiShape) {
+  auto m = meta(api_kind::chat);
+  EXPECT_TRUE(completion_body(m, "x", done("stop"), two_positions())["choices"][0]["logprobs"]
+                .is_null()); // not asked
+  m.logprobs = true;
+  auto lp = completion_body(m, " caf\xC3\xA9", done("stop"), two_positions())["choices"][0]["logprobs"];
+  EXPECT_TRUE(lp["refusal"].is_null());
+  const auto& content = lp["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], " caf");
+  EXPECT_DOUBLE_EQ(content[0]["logprob"].get<double>(), -0.25);
+  EXPECT_EQ(content[0]["bytes"], json({32, 99, 97, 102}));
+  ASSERT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], " tea");
+  EXPECT_DOUBLE_EQ(content[0]["top_logprobs"][1]["logprob"].get<double>(), -1.5);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["bytes"], json({32, 116, 101, 97}));
+  EXPECT_FALSE(content[0]["top_logprobs"][1].contains("top_logprobs"));
+  // The raw byte, not the replacement character's three; JSON has no
+  // infinity, so -inf is written as vLLM writes it.
+  EXPECT_EQ(content[1]["bytes"], json({0xC3}));
+  EXPECT_EQ(content[1]["token"], "\xEF\xBF\xBD");
+  EXPECT_DOUBLE_EQ(content[1]["logprob"].get<double>(), -9999.0);
+  // A stream's chunk carries the positions it was given.
+  auto chunk = delta_chunk(m, " caf", {two_positions()[0]});
+  ASSERT_EQ(chunk["choices"][0]["logprobs"]["content"].size(), 1u);
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["token"], " caf");
+}
+
+TEST(OpenaiResponse, CompletionLogprobsFollowTheLegacyShape) {
+  auto m = meta(api_kind::completion);
+  m.logprobs = true;
+  auto positions = two_positions();
+  positions.push_back(positions[0]);
+  logprobs_cursor cursor;
+  // Two chunks of one stream: text_offset goes on across them (characters).
+  auto first = delta_chunk(m, " caf", {positions[0], positions[1]}, &cursor)["choices"][0]["logprobs"];
+  auto second = delta_chunk(m, " caf", {positions[2]}, &cursor)["choices"][0]["logprobs"];
+  EXPECT_EQ(first["tokens"], json({" caf", "\xEF\xBF\xBD"}));
+  EXPECT_DOUBLE_EQ(first["token_logprobs"][0].get<double>(), -0.25);
+  EXPECT_DOUBLE_EQ(first["token_logprobs"][1].get<double>(), -9999.0);
+  EXPECT_EQ(first["text_offset"], json({0, 4}));
+  EXPECT_EQ(second["text_offset"], json({5}));
+  // top_logprobs: one object per token; alternatives of one text keep the likelier.
+  EXPECT_EQ(first["top_logprobs"][0].size(), 2u);
+  EXPECT_DOUBLE_EQ(first["top_logprobs"][0][" tea"].get<double>(), -1.5);
+  ASSERT_EQ(first["top_logprobs"][1].size(), 1u);
+  EXPECT_DOUBLE_EQ(first["top_logprobs"][1]["\xEF\xBF\xBD"].get<double>(), -0.5);
+  // The whole body starts at offset 0.
+  auto body = completion_body(m, "x", done("length"), positions)["choices"][0]["logprobs"];
+  EXPECT_EQ(body["text_offset"], json({0, 4, 5}));
 }
 
 TEST(OpenaiResponse, TextCompletionBody) {

@@ -60,6 +60,20 @@ def record(logits, probe_ids):
     }
 
 
+def load_float32(path):
+    """The model in float32 with eager attention, for inference (also used
+    by hf_logprobs.py)."""
+    torch.set_grad_enabled(False)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    kwargs = {"attn_implementation": "eager"}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+    except TypeError:  # transformers before `dtype`
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kwargs)
+    model.eval()
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -68,14 +82,7 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    torch.set_grad_enabled(False)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    kwargs = {"attn_implementation": "eager"}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, **kwargs)
-    except TypeError:
-        model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32, **kwargs)
-    model.eval()
+    model = load_float32(args.model)
     cfg = model.config
     vocab = cfg.vocab_size
     probe_ids = [(i * vocab) // PROBES + 7 for i in range(PROBES)]

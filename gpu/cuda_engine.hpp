@@ -184,8 +184,12 @@ private:
   /// Offsets (bytes) of the per-step arrays for given capacities.
   struct layout {
     int32_t tokens = 0, seqs = 0, updates = 0, penalties = 0, items = 0;
+    /// One-token chunks of a step with prompt chunks (0 otherwise): their
+    /// attention runs in the decode kernel over the `single_*` arrays.
+    int32_t singles = 0;
     size_t header = 0, ids = 0, positions = 0, token_seq = 0;
     size_t seq_slot = 0, seq_q_start = 0, seq_len = 0, sample_src = 0;
+    size_t single_slot = 0, single_q_start = 0, single_len = 0;
     size_t temperature = 0, top_p = 0, min_p = 0, top_k = 0, seed = 0, step = 0;
     size_t repetition = 0, frequency = 0, presence = 0, logprobs = 0;
     size_t update_data = 0, item_data = 0;
@@ -195,6 +199,9 @@ private:
   /// Device pointers of one layout at the input block.
   struct step_views {
     batch_view batch;
+    /// The one-token chunks of a step with prompt chunks, as the decode
+    /// attention reads a batch (their rows in the step's tokens).
+    batch_view singles;
     const int32_t* ids = nullptr;
     const int32_t* sample_src = nullptr;
     const int32_t* header = nullptr; // [0] updates, [1] penalties
@@ -209,7 +216,7 @@ private:
   };
 
   static layout make_layout(int32_t tokens, int32_t seqs, int32_t updates, int32_t penalties,
-                            int32_t items);
+                            int32_t items, int32_t singles = 0);
   step_views views(const layout& l) const;
 
   void upload_weights();

@@ -27,8 +27,9 @@ int32_t updates_capacity(int32_t batch) {
 // -- the input block -----------------------------------------------------------------------
 
 cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32_t updates,
-                                             int32_t penalties, int32_t items) {
+                                             int32_t penalties, int32_t items, int32_t singles) {
   layout l;
+  l.singles = singles;
   l.tokens = tokens;
   l.seqs = seqs;
   l.updates = updates;
@@ -62,6 +63,10 @@ cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32
   l.logprobs = take(b * 4);
   l.update_data = take(size_t(updates) * 12);
   l.item_data = take(size_t(items) * sizeof(prefill_item));
+  const size_t s = size_t(singles);
+  l.single_slot = take(s * 4);
+  l.single_q_start = take(s * 4);
+  l.single_len = take(s * 4);
   l.bytes = align16(off);
   return l;
 }
@@ -78,6 +83,13 @@ cuda_engine::step_views cuda_engine::views(const layout& l) const {
   v.batch.seq_slot = i32(l.seq_slot);
   v.batch.seq_q_start = i32(l.seq_q_start);
   v.batch.seq_len = i32(l.seq_len);
+  v.singles.num_tokens = l.tokens;
+  v.singles.num_seqs = l.singles;
+  v.singles.positions = v.batch.positions;
+  v.singles.token_seq = v.batch.token_seq;
+  v.singles.seq_slot = i32(l.single_slot);
+  v.singles.seq_q_start = i32(l.single_q_start);
+  v.singles.seq_len = i32(l.single_len);
   v.ids = i32(l.ids);
   v.sample_src = i32(l.sample_src);
   v.header = i32(l.header);
@@ -129,12 +141,22 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
   float* presence = f32(l.presence);
   int32_t* logprobs = i32(l.logprobs);
 
-  int32_t row = 0, sampled = 0;
+  int32_t* single_slot = i32(l.single_slot);
+  int32_t* single_q_start = i32(l.single_q_start);
+  int32_t* single_len = i32(l.single_len);
+
+  int32_t row = 0, sampled = 0, single = 0;
   for (int32_t c = 0; c < l.seqs; ++c) {
     q_start[c] = row;
     if (size_t(c) < chunks.size()) {
       const auto& ch = chunks[size_t(c)];
       const int32_t n = int32_t(ch.tokens.size());
+      if (n == 1 && single < l.singles) {
+        single_slot[single] = ch.slot;
+        single_q_start[single] = row;
+        single_len[single] = ch.start_pos + 1;
+        ++single;
+      }
       for (int32_t i = 0; i < n; ++i, ++row) {
         const int32_t token = ch.tokens[size_t(i)];
         // A fed token: -1 - its row in the previous step's sampled ids,
@@ -437,10 +459,17 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
     if (all_single) {
       attend(sh, kv, sv.batch, l.seqs, true, L.qkv_bias);
     } else {
+      // Prompt chunks attend in the prefill kernel, tiles of query rows;
+      // one-token chunks (the decodes sharing the step) in the decode
+      // kernel, split over their keys: in the prefill kernel each would
+      // fill a whole tile and read its context without a split.
       launch_rope_kv_write(qkv_.get<bf16>(), L.qkv_bias, inv_freq_.get<float>(), sv.batch, kv,
                            c.num_heads, q_.get<bf16>(), stream_);
-      launch_prefill_attention(sh, q_.get<bf16>(), kv, sv.batch, sv.items, l.items,
-                               attn_.get<bf16>(), stream_);
+      if (l.items > 0)
+        launch_prefill_attention(sh, q_.get<bf16>(), kv, sv.batch, sv.items, l.items,
+                                 attn_.get<bf16>(), stream_);
+      if (l.singles > 0)
+        attend(sh, kv, sv.singles, l.singles, false, nullptr);
     }
     gemm(attn_.get<bf16>(), t, L.o, h, q, x, true, 1.0f);
     if (L.o_bias)
@@ -573,9 +602,14 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     last_graph_ = -1;
     items_.clear();
     const int32_t tile = prefill_tile_rows();
+    int32_t singles = 0;
     if (!all_single) {
       for (int32_t c = 0; c < n; ++c) {
         const int32_t len = int32_t(chunks[size_t(c)].tokens.size());
+        if (len == 1) {
+          ++singles; // the decode attention's (see enqueue_general)
+          continue;
+        }
         for (int32_t r = 0; r < len; r += tile)
           items_.push_back({c, r});
       }
@@ -589,7 +623,7 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
       });
     }
     const layout l = make_layout(int32_t(tokens), n, int32_t(updates.size()), penalties,
-                                 int32_t(items_.size()));
+                                 int32_t(items_.size()), singles);
     pack(slot, l, chunks, updates, items_, penalties);
     METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
                                    cudaMemcpyHostToDevice, stream_));

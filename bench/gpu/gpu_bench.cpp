@@ -542,12 +542,13 @@ int run(const options& o) {
         grid.push_back({{"kind", "prefill"}, {"num_seqs", 1}, {"kv_tokens", cached + n},
                         {"prefill_tokens", n}, {"ms", median(ms)}});
       }
-    // Mixed steps: decodes at context 1024 next to one prompt chunk.
+    // Mixed steps: decodes at context 1024 next to one prompt chunk, from
+    // the small chunks of stall-free steps to a whole budget's.
     for (int32_t b : {8, 32, 64}) {
       if (b > o.max_batch - 1)
         continue;
       auto all = d.prefill(b, 1024);
-      for (int32_t n : {256, 1024}) {
+      for (int32_t n : {32, 128, 256, 1024}) {
         auto extra = d.add(1, 3 * n);
         std::vector<double> ms;
         double kv = 0;

@@ -111,7 +111,7 @@ if want pdloff; then
 fi
 # -- benchmark -----------------------------------------------------------------------------
 rows=() grids=()
-models=(llama3-1b llama3-8b)
+models=(${METRONOME_MODELS:-llama3-1b llama3-8b})
 make_model() { # the model folder of $1, made here on first use
   local dir=$work/models/$1
   [ -e "$dir/config.json" ] || run "$bin/gpu_bench" --make-preset "$1" --make-out "$dir" \

@@ -28,6 +28,14 @@ struct step_load {
   /// Running requests still computing their prompt (or recomputing it).
   int32_t prefilling = 0;
   int32_t waiting = 0;
+  /// Predicted milliseconds of this step's decodes alone (the scheduler's
+  /// step_time_estimator; a step with no decodes still reads the weights).
+  double decode_ms = 0;
+  /// Predicted milliseconds that the prompt work ready now would add to the
+  /// step, within the token budget.
+  double prefill_ms = 0;
+  /// How long the longest-waiting request has waited (0 if none waits).
+  sched_time oldest_wait{0};
 };
 
 /// Orders admission. Called on the scheduler's thread only.
@@ -52,6 +60,14 @@ public:
   /// token budget (vLLM's behaviour).
   virtual int32_t prefill_budget(const step_load& load, sched_time) {
     return load.token_budget;
+  }
+
+  /// The longest this step may be predicted to take, in milliseconds, once
+  /// it carries prompt work next to decodes (stall-free steps: the prompt
+  /// chunks are cut to fit); nullopt for no limit but the token budget.
+  /// Called once per scheduling pass, after prefill_budget. Default: none.
+  virtual std::optional<double> step_time_limit_ms(const step_load&, sched_time) {
+    return std::nullopt;
   }
 
   /// A request produced a token (for policies that track progress).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "actors/scheduler.hpp"
@@ -154,16 +155,6 @@ double ladb_policy::priority(const sched_request& r) const {
                                          : cohort_work;
 }
 
-bool ladb_policy::starves(const sched_request& r, sched_time now) const {
-  const auto waited = now - r.arrival;
-  if (waited < options_.starvation_wait)
-    return false;
-  if (options_.starvation_tokens_per_s <= 0)
-    return true;
-  const double work = remaining_work(*this, r, options_.decode_step_weight);
-  return std::chrono::duration<double>(waited).count() * options_.starvation_tokens_per_s >= work;
-}
-
 std::vector<sched_request*> ladb_policy::adapted_order(std::span<sched_request* const> waiting,
                                                        sched_time now) {
   struct entry {
@@ -181,7 +172,8 @@ std::vector<sched_request*> ladb_policy::adapted_order(std::span<sched_request* 
     int rank = 2;
     if (r->preemptions > 0)
       rank = 0; // it was running: recompute it first
-    else if (starves(*r, now)) {
+    else if (starves(*r, now, options_.starvation_wait, options_.starvation_tokens_per_s,
+                             options_.decode_step_weight)) {
       rank = 1;
       starving.push_back(r);
     }
@@ -195,24 +187,40 @@ std::vector<sched_request*> ladb_policy::adapted_order(std::span<sched_request* 
       return a.priority < b.priority;
     return a.arrival != b.arrival ? a.arrival < b.arrival : a.id < b.id;
   });
+  // At most max_batch_size admissions a step (batching.max_batch_size).
   std::vector<sched_request*> out;
-  out.reserve(es.size());
-  for (const auto& e : es)
+  out.reserve(std::min(es.size(), size_t(std::max(options_.max_batch_size, 1))));
+  for (const auto& e : es) {
+    if (int32_t(out.size()) >= std::max(options_.max_batch_size, 1))
+      break;
     out.push_back(e.r);
+  }
   return out;
 }
 
-int32_t ladb_policy::prefill_budget(const step_load& load, sched_time) {
-  if (options_.literal || !options_.share_steps || load.decoding == 0)
-    return load.token_budget;
-  // Every request in the engine gets an equal share of the step: prompt
-  // tokens for those computing or waiting to compute a prompt, the rest
-  // (step time) for those decoding.
-  const int32_t prefill = load.waiting + load.prefilling;
-  const double share = double(prefill) / double(prefill + load.decoding);
-  const int32_t floor = std::min(options_.min_prefill_tokens, load.token_budget);
-  return std::clamp(int32_t(double(load.token_budget) * share), std::max(floor, 1),
-                    load.token_budget);
+std::optional<double> ladb_policy::step_time_limit_ms(const step_load& load, sched_time) {
+  if (options_.literal)
+    return std::nullopt;
+  double limit = options_.step_time_factor > 0 ? options_.step_time_factor * load.decode_ms
+                                               : std::numeric_limits<double>::infinity();
+  if (options_.max_step_ms > 0)
+    limit = std::min(limit, options_.max_step_ms);
+  if (!std::isfinite(limit))
+    return std::nullopt;
+  limit = std::max(limit, load.decode_ms);
+  credit_ = std::min(credit_ + options_.long_step_share, std::max(options_.max_long_steps, 1.0));
+  if (load.decode_ms + load.prefill_ms <= limit)
+    return limit; // the ready prompt work fits: no long step needed
+  if (load.oldest_wait > options_.max_prompt_wait) {
+    ++relaxed_;
+    return std::nullopt;
+  }
+  if (credit_ >= 1.0) {
+    credit_ -= 1.0;
+    ++state_.stats->long_steps;
+    return std::nullopt;
+  }
+  return limit;
 }
 
 // -- the factory ---------------------------------------------------------------------

@@ -23,9 +23,17 @@
 //  - guards against starvation by a bound on slowdown, not on waiting: a
 //    request goes to the front once it waited longer than starvation_wait
 //    and longer than its work / starvation_tokens_per_s;
-//  - shares each step between requests computing prompts and requests
-//    decoding, in proportion to their numbers (prefill_budget), so a burst
-//    of prompts does not stretch every running request's inter-token gap;
+//  - keeps steps stall-free: a step that carries prompt work next to decodes
+//    may take at most step_time_factor x its decodes' predicted time (or
+//    step_time_target_ms), and the scheduler cuts the prompt chunks to fit
+//    (step_time_limit_ms). A step that only limits is a step that delays
+//    every prompt, so a budget of long steps (long_step_share of all steps,
+//    saved up to max_long_steps) lets a prompt that does not fit go whole
+//    when long steps are rare: at light load prompts run as under fcfs, and
+//    under load the long steps stay under the tail of the inter-token gaps;
+//    and once a request has waited max_prompt_wait the queue is growing, so
+//    steps go unlimited until it drains (overload degrades to fcfs' steps,
+//    never below its throughput);
 //  - keeps max_decode_steps = prediction x max_steps_factor and
 //    re-classifies a request that outruns it (its estimate doubles), so a
 //    preempted long request does not keep the priority of a short one.
@@ -68,11 +76,20 @@ struct ladb_options {
   /// the front, oldest first (a bound on its slowdown, not on its wait).
   sched_time starvation_wait = std::chrono::seconds(10);
   double starvation_tokens_per_s = 50.0;
-  /// Split each step's budget between requests computing prompts and
-  /// requests decoding, in proportion to their numbers (see the note).
-  bool share_steps = true;
-  /// The least prompt tokens a step may compute while requests decode.
-  int32_t min_prefill_tokens = 256;
+  /// A step with prompt work may take this many times its decodes alone
+  /// (predicted); 0 = no limit (the token budget only, as fcfs).
+  double step_time_factor = 4.0;
+  /// A cap on that limit in milliseconds (0 = none); the limit is never
+  /// below the decodes' own time (batching.target_latency_ms).
+  double max_step_ms = 0;
+  /// Share of steps that may exceed the limit to run a prompt whole.
+  double long_step_share = 0.05;
+  /// Long steps saved up while none is needed.
+  double max_long_steps = 4.0;
+  /// No limit while a request has waited longer than this: the queue is
+  /// growing, and cutting prompt chunks would only lengthen it (the limit
+  /// costs throughput exactly when there is none to spare).
+  sched_time max_prompt_wait = std::chrono::milliseconds(100);
   /// The original design read literally: hold cohorts of similar predicted
   /// decode steps, order by predicted steps alone.
   bool literal = false;
@@ -93,7 +110,17 @@ public:
 
   std::optional<sched_time> next_deadline(sched_time now) const override;
 
-  int32_t prefill_budget(const step_load& load, sched_time now) override;
+  std::optional<double> step_time_limit_ms(const step_load& load, sched_time now) override;
+
+  /// Steps the queue's wait lifted the limit (see max_prompt_wait).
+  int64_t relaxed_steps() const {
+    return relaxed_;
+  }
+
+  /// Long steps saved up (see the note).
+  double long_step_credit() const {
+    return credit_;
+  }
 
   /// The adapted order's priority of `r` (smaller goes first): arrival in
   /// seconds plus its remaining work, rounded to its cohort, over the aging
@@ -118,7 +145,6 @@ private:
   std::vector<sched_request*> adapted_order(std::span<sched_request* const> waiting,
                                             sched_time now);
   int64_t cohort_of(double value) const;
-  bool starves(const sched_request& r, sched_time now) const;
   /// Adds the requests of `now_in` not yet in `seen` to `counter`.
   static void count_once(std::unordered_set<uint64_t>& seen,
                          const std::vector<sched_request*>& now_in,
@@ -128,6 +154,8 @@ private:
   std::unordered_set<uint64_t> counted_timeouts_;
   std::unordered_set<uint64_t> promoted_;
   double rate_ = 0;
+  double credit_ = 0;
+  int64_t relaxed_ = 0;
   std::optional<sched_time> last_arrival_;
   std::optional<sched_time> deadline_;
 };

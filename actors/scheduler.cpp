@@ -127,13 +127,51 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   std::vector<uint64_t> in_plan;
   int32_t budget = config_.max_num_batched_tokens;
   bool preempted = false;
-  // Prompt tokens the policy allows this step (decodes are not limited).
+
+  // What the step's decodes cost alone, and the prompt work ready now: the
+  // policy's limit on prompt tokens and on the step's time depends on both.
   step_load load{budget, 0, 0, int32_t(waiting_.size())};
+  step_shape decodes;
+  int64_t ready_prompt = 0;
   for (auto id : running_) {
     const auto& r = requests_.at(id);
-    ++(r.total_tokens() - r.num_computed > 1 ? load.prefilling : load.decoding);
+    const int32_t uncomputed = r.total_tokens() - r.num_computed;
+    if (uncomputed > 1) {
+      ++load.prefilling;
+      ready_prompt += uncomputed;
+    } else {
+      ++load.decoding;
+      if (uncomputed == 1)
+        decodes.add_chunk(r.num_computed, 1, true);
+    }
+  }
+  for (auto id : waiting_) {
+    const auto& r = requests_.at(id);
+    if (ready_prompt < budget)
+      ready_prompt += r.total_tokens();
+    load.oldest_wait = std::max(load.oldest_wait, now - r.arrival);
+  }
+  load.decode_ms = step_times_.predict_decode_ms(decodes);
+  {
+    step_shape wanted = decodes;
+    wanted.add_chunk(0, std::min<int64_t>(ready_prompt, budget), false);
+    load.prefill_ms = ready_prompt > 0 ? step_times_.predict_ms(wanted) - load.decode_ms : 0.0;
   }
   int32_t prefill_left = std::max(1, policy_->prefill_budget(load, now));
+  d.limit_ms = load.decoding > 0 ? policy_->step_time_limit_ms(load, now) : std::nullopt;
+  // The decodes go in the step whatever the limit: prompt chunks get the rest.
+  step_shape limit_shape = decodes;
+  bool prompt_placed = false;
+
+  // The prompt tokens of a chunk of `r` that fit the step's time limit.
+  auto within_limit = [&](const sched_request& r, int32_t n) {
+    if (!d.limit_ms)
+      return n;
+    int32_t fit = step_times_.prefill_tokens_within(limit_shape, r.num_computed, n, *d.limit_ms);
+    if (!prompt_placed)
+      fit = std::max(fit, std::min(n, config_.min_prefill_chunk));
+    return fit;
+  };
 
   // Gives `r` n tokens of this step.
   auto place = [&](sched_request& r, int32_t n, int32_t need) {
@@ -141,6 +179,12 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     r.num_pages += need;
     d.plan.chunks.push_back({r.id, n, {}});
     d.pages_needed.push_back(need);
+    const bool decode = n == 1 && r.total_tokens() - r.num_computed == 1;
+    d.shape.add_chunk(r.num_computed, n, decode);
+    if (!decode) {
+      limit_shape.add_chunk(r.num_computed, n, false);
+      prompt_placed = true;
+    }
     r.num_computed += n;
     const bool samples = r.num_computed == r.total_tokens();
     if (samples)
@@ -161,7 +205,9 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       continue;
     }
     const bool prompt = uncomputed > 1;
-    const int32_t n = std::min(uncomputed, prompt ? std::min(budget, prefill_left) : budget);
+    int32_t n = std::min(uncomputed, prompt ? std::min(budget, prefill_left) : budget);
+    if (prompt)
+      n = within_limit(r, n);
     if (n <= 0) {
       ++i;
       continue;
@@ -194,7 +240,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       if (r->inflight > 0 || r->status != request_status::waiting)
         continue; // preempted with samples still in flight
       const int32_t total = r->total_tokens();
-      const int32_t n = std::min({total, budget, prefill_left});
+      r->num_computed = 0;
+      const int32_t n = within_limit(*r, std::min({total, budget, prefill_left}));
       if (n <= 0)
         break;
       const int32_t need = pages_for(n);
@@ -209,7 +256,6 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       seq.prompt.insert(seq.prompt.end(), r->output.begin(), r->output.end());
       d.plan.added.push_back(std::move(seq));
       r->in_runner = true;
-      r->num_computed = 0;
       place(*r, n, need);
       prefill_left -= n;
       --free_slots;
@@ -221,7 +267,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   d.plan.released = std::move(release_next_);
   release_next_.clear();
   d.plan.step = next_step_++;
-  inflight_.push_back(std::move(in_plan));
+  d.predicted_ms = step_times_.predict_ms(d.shape);
+  inflight_.push_back({std::move(in_plan), d.shape});
   ++steps_;
   return d;
 }
@@ -230,9 +277,10 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
   step_update u;
   if (inflight_.empty())
     return u;
-  for (auto id : inflight_.front())
+  for (auto id : inflight_.front().ids)
     if (auto i = requests_.find(id); i != requests_.end())
       --i->second.inflight;
+  step_times_.observe(inflight_.front().shape, out.seconds * 1e3);
   inflight_.pop_front();
   for (const auto& t : out.tokens) {
     auto i = requests_.find(t.id);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "actors/admission_policy.hpp"
+#include "actors/step_cost.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
 
@@ -40,6 +41,9 @@ struct scheduler_config {
   int32_t max_model_len = 4096;
   /// Plans in flight at once (2: the next plan is ready when a step ends).
   int32_t pipeline_depth = 2;
+  /// Under a policy's step time limit, the prompt tokens a step may still
+  /// compute when none fit (so prompts always progress).
+  int32_t min_prefill_chunk = 32;
 };
 
 enum class request_status : uint8_t { waiting, running, finished };
@@ -114,6 +118,11 @@ struct step_draft {
   /// Sequences whose pages the allocator must free before this plan's pages
   /// are granted.
   std::vector<uint64_t> to_free;
+  /// What the step computes, and how long the scheduler predicts it takes.
+  step_shape shape;
+  double predicted_ms = 0;
+  /// The policy's step time limit this plan was cut to (stall-free steps).
+  std::optional<double> limit_ms;
 };
 
 /// What update_from_output produced.
@@ -154,6 +163,16 @@ public:
   /// flight are forgotten; waiting requests stay. Call set_capacity when it
   /// is back.
   std::vector<uint64_t> fail_runner();
+
+  /// The prior of the step-time estimator (the device's fitted cost model,
+  /// or the default); what it learned so far is reset.
+  void set_step_cost(const step_cost& prior) {
+    step_times_.reset(prior);
+  }
+
+  const step_time_estimator& step_times() const {
+    return step_times_;
+  }
 
   /// Swaps the admission policy; waiting requests are re-announced to it.
   void set_policy(std::unique_ptr<admission_policy> policy, sched_time now);
@@ -205,8 +224,13 @@ private:
   std::map<uint64_t, sched_request> requests_;
   std::deque<uint64_t> waiting_; // arrival order
   std::vector<uint64_t> running_; // admission order
-  /// Ids included in each plan in flight, oldest first.
-  std::deque<std::vector<uint64_t>> inflight_;
+  struct plan_in_flight {
+    std::vector<uint64_t> ids;
+    step_shape shape;
+  };
+  /// Plans in flight, oldest first: their requests and their shape.
+  std::deque<plan_in_flight> inflight_;
+  step_time_estimator step_times_;
   /// Sequences to release from the runner with the next plan.
   std::vector<uint64_t> release_next_;
   /// Finished requests still used by a plan in flight.

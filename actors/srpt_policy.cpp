@@ -64,6 +64,17 @@ double latency_aware_policy::remaining_steps(const sched_request& r) const {
   return std::max(1.0, estimate - double(r.output.size()));
 }
 
+bool latency_aware_policy::starves(const sched_request& r, sched_time now, sched_time min_wait,
+                                   double tokens_per_s, double decode_step_weight) const {
+  const auto waited = now - r.arrival;
+  if (waited < min_wait)
+    return false;
+  if (tokens_per_s <= 0)
+    return true;
+  return std::chrono::duration<double>(waited).count() * tokens_per_s
+         >= remaining_work(*this, r, decode_step_weight);
+}
+
 double remaining_work(const latency_aware_policy& p, const sched_request& r,
                       double decode_step_weight) {
   const double uncomputed = double(r.total_tokens() - r.num_computed);
@@ -89,7 +100,9 @@ std::vector<sched_request*> srpt_policy::admission_order(std::span<sched_request
   std::vector<entry> es;
   es.reserve(waiting.size());
   for (auto* r : waiting) {
-    const bool promoted = now - r->arrival >= options_.promote_after;
+    const bool promoted = starves(*r, now, options_.promote_after,
+                                  options_.literal ? 0.0 : options_.starvation_tokens_per_s,
+                                  options_.decode_step_weight);
     const double key = options_.literal ? remaining_steps(*r)
                                         : remaining_work(*this, *r, options_.decode_step_weight);
     es.push_back({promoted, key, r->arrival, r->id, r});

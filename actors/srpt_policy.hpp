@@ -12,10 +12,12 @@
 // The remaining work that orders the queue is therefore the request's
 // uncomputed prompt tokens (known exactly) plus its predicted decode steps
 // weighted by `decode_step_weight` prompt tokens each. The original ordered
-// by predicted decode steps alone; `literal` keeps that. A request waiting
-// longer than `promote_after` goes to the front, in arrival order: under a
-// burst every request has waited that long, so the queue degenerates to
-// first come, first served exactly when order matters (docs/scheduling.md).
+// by predicted decode steps alone; `literal` keeps that. Starvation is
+// bounded by slowdown, not by waiting: a request goes to the front once it
+// waited longer than `promote_after` and longer than its remaining work /
+// `starvation_tokens_per_s`. (A bound on waiting alone sends every request
+// of a burst to the front in arrival order: the queue becomes first come,
+// first served exactly when order matters.)
 
 #include <cstdint>
 #include <memory>
@@ -37,6 +39,8 @@ struct latency_aware_stats {
   int64_t timeout_dispatches = 0;
   /// Requests sent to the front by LADB's starvation guard.
   int64_t promotions = 0;
+  /// Steps LADB let exceed its step time limit to run a prompt whole.
+  int64_t long_steps = 0;
 };
 
 /// What the latency-aware policies share: the predictor (it keeps learning
@@ -67,6 +71,11 @@ public:
   /// The current estimate of `r`'s decode steps still to run (>= 1).
   double remaining_steps(const sched_request& r) const;
 
+  /// Whether `r` waited longer than `min_wait` and longer than its remaining
+  /// work / `tokens_per_s` (<= 0: the wait alone decides).
+  bool starves(const sched_request& r, sched_time now, sched_time min_wait, double tokens_per_s,
+               double decode_step_weight) const;
+
   const latency_aware_state& state() const {
     return state_;
   }
@@ -77,8 +86,10 @@ protected:
 
 /// Settings of srpt (config `router.srpt_promote_after_ms`).
 struct srpt_options {
-  /// A request waiting this long goes to the front.
+  /// A request waiting this long, and longer than its work /
+  /// starvation_tokens_per_s, goes to the front (oldest first).
   sched_time promote_after = std::chrono::milliseconds(150);
+  double starvation_tokens_per_s = 50.0;
   /// Prompt tokens one predicted decode step weighs in the remaining work.
   double decode_step_weight = 16.0;
   /// Order by predicted decode steps alone (the original, prompt-blind).

@@ -9,22 +9,15 @@
 
 namespace metronome::sim {
 
-void step_shape::add_chunk(int64_t context, int64_t n, bool decode) {
-  if (decode) {
-    ++decode_seqs;
-    decode_kv_tokens += context + n;
-    return;
-  }
-  ++prefill_seqs;
-  prefill_tokens += n;
-  prefill_attention_pairs += double(n) * (double(context) + double(n + 1) / 2.0);
-}
-
-double cost_model::step_ms(const step_shape& s) const {
-  return base_ms + per_decode_seq_ms * s.decode_seqs + per_kv_token_ms * double(s.decode_kv_tokens)
-         + per_prefill_token_ms * double(s.prefill_tokens)
-         + per_prefill_attention_pair_ms * s.prefill_attention_pairs
-         + (s.prefill_tokens > 0 ? per_mixed_kv_token_ms * double(s.decode_kv_tokens) : 0.0);
+step_cost cost_model::coefficients() const {
+  step_cost c;
+  c.base_ms = base_ms;
+  c.per_decode_seq_ms = per_decode_seq_ms;
+  c.per_kv_token_ms = per_kv_token_ms;
+  c.per_prefill_token_ms = per_prefill_token_ms;
+  c.per_prefill_attention_pair_ms = per_prefill_attention_pair_ms;
+  c.per_mixed_kv_token_ms = per_mixed_kv_token_ms;
+  return c;
 }
 
 cost_model cost_model::from_json(const nlohmann::json& doc, const std::string& source) {

@@ -20,20 +20,12 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "actors/step_cost.hpp"
+
 namespace metronome::sim {
 
-/// What one engine step computes, as the cost model sees it.
-struct step_shape {
-  int32_t decode_seqs = 0;
-  int64_t decode_kv_tokens = 0;
-  int32_t prefill_seqs = 0;
-  int64_t prefill_tokens = 0;
-  double prefill_attention_pairs = 0;
-
-  /// Adds a chunk of `n` tokens of a sequence with `context` tokens already
-  /// computed; `decode` when the chunk computes a sampled token.
-  void add_chunk(int64_t context, int64_t n, bool decode);
-};
+/// What one engine step computes (the scheduler's own shape).
+using step_shape = metronome::step_shape;
 
 struct cost_model {
   std::string name = "unnamed";
@@ -52,7 +44,12 @@ struct cost_model {
   int32_t max_model_len = 131072;
 
   /// Milliseconds of one step of this shape.
-  double step_ms(const step_shape& s) const;
+  double step_ms(const step_shape& s) const {
+    return coefficients().step_ms(s);
+  }
+
+  /// The coefficients, as the scheduler's step-time estimator takes them.
+  step_cost coefficients() const;
 
   /// Reads a cost model file; throws std::runtime_error naming the file and
   /// the field.

@@ -63,6 +63,7 @@ public:
     drift_on_ = o.policy != "fcfs" && o.settings.drift.enabled;
     sched_ = std::make_unique<scheduler>(limits_, std::move(policy));
     sched_->set_capacity(num_pages_, page_size_);
+    sched_->set_step_cost(o.cost.coefficients());
     pool_.reset(num_pages_);
     detector_ = std::make_unique<drift_detector>(o.settings.drift);
     res_.policy = o.policy;
@@ -137,11 +138,6 @@ public:
   }
 
 private:
-  struct seq_state {
-    int64_t prompt_len = 0;
-    int64_t computed = 0;
-  };
-
   struct plan_in_flight {
     step_draft draft;
     sched_time end{0};
@@ -173,17 +169,7 @@ private:
       assign_pages(*d, pool_);
       if (d->plan.chunks.empty())
         continue; // only frees
-      for (auto id : d->plan.released)
-        seqs_.erase(id);
-      for (const auto& seq : d->plan.added)
-        seqs_[seq.id] = {int64_t(seq.prompt.size()), 0};
-      step_shape shape;
-      for (const auto& c : d->plan.chunks) {
-        auto& st = seqs_.at(c.id);
-        shape.add_chunk(st.computed, c.num_tokens, st.computed >= st.prompt_len);
-        st.computed += c.num_tokens;
-      }
-      const double ms = o_.cost.step_ms(shape);
+      const double ms = o_.cost.step_ms(d->shape);
       const auto start = std::max(now_, executor_free_);
       executor_free_ = start + sched_time{int64_t(std::llround(ms * 1e6))};
       running_.push_back({std::move(*d), executor_free_, ms});
@@ -273,7 +259,6 @@ private:
   sched_time executor_free_{0};
   std::optional<sched_time> wake_;
   std::deque<plan_in_flight> running_;
-  std::unordered_map<uint64_t, seq_state> seqs_;
   std::vector<int32_t> produced_;
   std::vector<sched_time> last_token_;
   replay_result res_;

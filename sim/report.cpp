@@ -158,7 +158,8 @@ nlohmann::json make_report(const replay_result& r) {
                     {"reclassified_requests", r.policy_stats.reclassified_requests},
                     {"reclassifications", r.policy_stats.reclassifications},
                     {"timeout_dispatches", r.policy_stats.timeout_dispatches},
-                    {"promotions", r.policy_stats.promotions}};
+                    {"promotions", r.policy_stats.promotions},
+                    {"long_steps", r.policy_stats.long_steps}};
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : r.events)
     events.push_back({{"at_s", double(e.at_ns) * 1e-9},

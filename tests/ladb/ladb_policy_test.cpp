@@ -1,6 +1,6 @@
 // LADB, adapted and literal, through the real scheduler: admission order by
-// remaining work, cohorts, the starvation guard, sharing steps between
-// prompts and decodes, the literal hold window and timeout fallback,
+// remaining work, cohorts, the starvation guard, stall-free steps (the
+// step time limit and its long-step budget), the literal hold window and timeout fallback,
 // re-classification and feedback to the predictor.
 
 #include <gtest/gtest.h>
@@ -78,23 +78,46 @@ TEST_F(ladb_test, starvation_guard_bounds_slowdown_not_waiting) {
   EXPECT_EQ(ctx->state.stats->promotions, 1) << "counted once per request";
 }
 
-TEST_F(ladb_test, step_budget_is_shared_between_prompts_and_decodes) {
+TEST_F(ladb_test, step_time_limit_follows_the_decodes_and_saves_long_steps) {
   ladb_options o;
-  auto p = make_admission_policy("ladb", *context(o));
-  EXPECT_EQ(p->prefill_budget({1024, 0, 1, 5}, 0s), 1024) << "nothing decodes: all of it";
-  EXPECT_EQ(p->prefill_budget({1024, 2, 0, 1}, 0s), 1024 / 3);
-  EXPECT_EQ(p->prefill_budget({1024, 2, 1, 1}, 0s), 512);
-  EXPECT_EQ(p->prefill_budget({1024, 60, 0, 1}, 0s), 256) << "the floor";
-  o.share_steps = false;
-  EXPECT_EQ(make_admission_policy("ladb", *context(o))->prefill_budget({1024, 2, 0, 1}, 0s),
-            1024);
-  EXPECT_EQ(fcfs_policy().prefill_budget({1024, 2, 0, 1}, 0s), 1024);
+  o.step_time_factor = 1.5;
+  o.long_step_share = 0.25;
+  o.max_long_steps = 1;
+  auto c = context(o);
+  auto p = make_admission_policy("ladb", *c);
+  step_load load{2048, 8, 0, 1, 10.0, 2.0};
+  EXPECT_EQ(p->step_time_limit_ms(load, 0s), 15.0) << "the prompt fits: no long step used";
+  load.prefill_ms = 30;
+  EXPECT_EQ(p->step_time_limit_ms(load, 0s), 15.0) << "credit 0.5: limited";
+  EXPECT_EQ(p->step_time_limit_ms(load, 0s), 15.0) << "credit 0.75";
+  EXPECT_FALSE(p->step_time_limit_ms(load, 0s)) << "credit 1: one long step";
+  EXPECT_EQ(c->state.stats->long_steps, 1);
+  EXPECT_EQ(p->step_time_limit_ms(load, 0s), 15.0) << "spent";
 
-  // In the scheduler: two requests decode, a long prompt arrives.
+  o.max_step_ms = 12;
+  o.long_step_share = 0;
+  p = make_admission_policy("ladb", *context(o));
+  EXPECT_EQ(p->step_time_limit_ms(load, 0s), 12.0);
+  load.decode_ms = 20;
+  EXPECT_EQ(p->step_time_limit_ms(load, 0s), 20.0) << "never below the decodes' own time";
+  o.max_step_ms = 0;
+  o.step_time_factor = 0;
+  EXPECT_FALSE(make_admission_policy("ladb", *context(o))->step_time_limit_ms(load, 0s));
+  EXPECT_FALSE(fcfs_policy().step_time_limit_ms(load, 0s));
+  EXPECT_FALSE(make_admission_policy("srpt", *context(o))->step_time_limit_ms(load, 0s));
+}
+
+TEST_F(ladb_test, prompt_chunks_are_cut_to_the_step_time_limit) {
+  // Two requests decode, a long prompt arrives: ladb cuts its chunk so the
+  // step is predicted to take at most 1.5x the decodes alone; fcfs gives it
+  // the rest of the token budget.
+  ladb_options o;
+  o.long_step_share = 0;
+  o.step_time_factor = 1.5;
   cfg.max_num_batched_tokens = 1024;
   cfg.pipeline_depth = 1;
   for (std::string name : {"ladb", "fcfs"}) {
-    ctx = context();
+    ctx = context(o);
     use(name);
     add(make_request(1, 10, 100));
     add(make_request(2, 12, 100));
@@ -104,8 +127,51 @@ TEST_F(ladb_test, step_budget_is_shared_between_prompts_and_decodes) {
     ASSERT_TRUE(d);
     EXPECT_EQ(tokens_of(d->plan, 1), 1);
     EXPECT_EQ(tokens_of(d->plan, 2), 1);
-    EXPECT_EQ(tokens_of(d->plan, 3), name == "ladb" ? 1024 / 3 : 1022) << name;
+    const int32_t n = tokens_of(d->plan, 3);
+    if (name == "fcfs") {
+      EXPECT_EQ(n, 1022);
+      EXPECT_FALSE(d->limit_ms);
+      continue;
+    }
+    ASSERT_TRUE(d->limit_ms);
+    step_shape decodes;
+    decodes.add_chunk(10, 1, true);
+    decodes.add_chunk(12, 1, true);
+    const auto& est = s->step_times();
+    EXPECT_DOUBLE_EQ(*d->limit_ms, 1.5 * est.predict_decode_ms(decodes));
+    EXPECT_LE(d->predicted_ms, *d->limit_ms);
+    step_shape more = decodes;
+    more.add_chunk(0, n + 1, false);
+    EXPECT_GT(est.predict_ms(more), *d->limit_ms) << "the largest chunk that fits";
+    EXPECT_GT(n, cfg.min_prefill_chunk);
+    EXPECT_LT(n, 1022);
   }
+}
+
+TEST_F(ladb_test, no_limit_while_nothing_decodes_and_prompts_always_progress) {
+  ladb_options o;
+  o.long_step_share = 0;
+  o.max_step_ms = 0.001; // nothing fits
+  cfg.max_num_batched_tokens = 1024;
+  cfg.pipeline_depth = 1;
+  ctx = context(o);
+  use("ladb");
+  add(make_request(1, 3000, 16));
+  auto d = next();
+  ASSERT_TRUE(d);
+  EXPECT_EQ(tokens_of(d->plan, 1), 1024) << "nobody decodes: nobody to stall";
+  EXPECT_FALSE(d->limit_ms);
+
+  ctx = context(o);
+  use("ladb");
+  add(make_request(2, 10, 100));
+  run(*next()); // 2 decodes from now on
+  add(make_request(1, 3000, 16));
+  d = next();
+  ASSERT_TRUE(d);
+  ASSERT_TRUE(d->limit_ms);
+  EXPECT_EQ(tokens_of(d->plan, 2), 1);
+  EXPECT_EQ(tokens_of(d->plan, 1), cfg.min_prefill_chunk) << "the floor: prompts progress";
 }
 
 TEST_F(ladb_test, adapted_never_holds_a_request) {

@@ -1,5 +1,6 @@
 // srpt: shortest predicted remaining work first, promotion to the front
-// after promote_after, and the literal (decode steps only) reading.
+// once a request's wait bounds its slowdown, and the literal (decode steps
+// only) reading.
 
 #include <gtest/gtest.h>
 
@@ -18,7 +19,7 @@ std::vector<uint64_t> ids(const std::vector<sched_request*>& xs) {
   return out;
 }
 
-TEST(srpt, shortest_remaining_work_first_then_promotion_after_waiting) {
+TEST(srpt, shortest_remaining_work_first_then_promotion_by_slowdown) {
   auto ctx = policy_context::make();
   auto p = make_admission_policy("srpt", *ctx);
   auto a = make_request(1, 2000, 16, 0ms);
@@ -29,10 +30,23 @@ TEST(srpt, shortest_remaining_work_first_then_promotion_after_waiting) {
   p->on_arrival(c, 110ms);
   std::vector<sched_request*> waiting = {&a, &b, &c};
   EXPECT_EQ(ids(p->admission_order(waiting, 8, 120ms)), (std::vector<uint64_t>{2, 3, 1}));
-  // 1 waited 150 ms: promoted to the front.
-  EXPECT_EQ(ids(p->admission_order(waiting, 8, 150ms)), (std::vector<uint64_t>{1, 2, 3}));
-  // All promoted: arrival order.
-  EXPECT_EQ(ids(p->admission_order(waiting, 8, 300ms)), (std::vector<uint64_t>{1, 2, 3}));
+  // A burst: everyone waited past promote_after, but waiting alone does not
+  // promote (that would be fcfs exactly when order matters).
+  EXPECT_EQ(ids(p->admission_order(waiting, 8, 300ms)), (std::vector<uint64_t>{2, 3, 1}));
+  // Work 800 + 16 x 16 tokens at 50 tokens/s: 3 is promoted after 21.1 s,
+  // 1 (2256) after 45.1 s; promoted requests go first, oldest first.
+  EXPECT_EQ(ids(p->admission_order(waiting, 8, 21'000ms)), (std::vector<uint64_t>{2, 3, 1}));
+  EXPECT_EQ(ids(p->admission_order(waiting, 8, 21'200ms)), (std::vector<uint64_t>{2, 3, 1}));
+  EXPECT_EQ(ids(p->admission_order(waiting, 8, 45'000ms)), (std::vector<uint64_t>{2, 3, 1}));
+  EXPECT_EQ(ids(p->admission_order(waiting, 8, 45'200ms)), (std::vector<uint64_t>{1, 2, 3}));
+
+  // Without the slowdown bound, promote_after alone decides (the original).
+  srpt_options o;
+  o.starvation_tokens_per_s = 0;
+  auto fixed = make_admission_policy("srpt", *policy_context::make({}, {}, o));
+  fixed->on_arrival(a, 0ms);
+  EXPECT_EQ(ids(fixed->admission_order(waiting, 8, 120ms)), (std::vector<uint64_t>{2, 3, 1}));
+  EXPECT_EQ(ids(fixed->admission_order(waiting, 8, 150ms)), (std::vector<uint64_t>{1, 2, 3}));
 }
 
 TEST(srpt, literal_orders_by_predicted_decode_steps_alone) {

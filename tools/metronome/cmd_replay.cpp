@@ -83,10 +83,18 @@ void apply_extra(sim::scheduling_settings& s, const std::string& kv) {
     s.ladb.starvation_wait = ms();
   else if (key == "ladb.starvation_tokens_per_s")
     s.ladb.starvation_tokens_per_s = number();
-  else if (key == "ladb.share_steps")
-    s.ladb.share_steps = flag();
-  else if (key == "ladb.min_prefill_tokens")
-    s.ladb.min_prefill_tokens = int32_t(number());
+  else if (key == "ladb.step_time_factor")
+    s.ladb.step_time_factor = number();
+  else if (key == "ladb.max_step_ms")
+    s.ladb.max_step_ms = number();
+  else if (key == "ladb.long_step_share")
+    s.ladb.long_step_share = number();
+  else if (key == "ladb.max_long_steps")
+    s.ladb.max_long_steps = number();
+  else if (key == "ladb.max_prompt_wait_ms")
+    s.ladb.max_prompt_wait = ms();
+  else if (key == "srpt.starvation_tokens_per_s")
+    s.srpt.starvation_tokens_per_s = number();
   else if (key == "srpt.decode_step_weight")
     s.srpt.decode_step_weight = number();
   else if (key == "drift.relative_to_baseline")
@@ -94,8 +102,10 @@ void apply_extra(sim::scheduling_settings& s, const std::string& kv) {
   else
     throw std::runtime_error("--set " + key + ": unknown key (ladb.decode_step_weight, "
                              "ladb.aging_tokens_per_s, ladb.starvation_wait_ms, "
-                             "ladb.starvation_tokens_per_s, ladb.share_steps, "
-                             "ladb.min_prefill_tokens, srpt.decode_step_weight, "
+                             "ladb.starvation_tokens_per_s, ladb.step_time_factor, "
+                             "ladb.max_step_ms, ladb.long_step_share, "
+                             "ladb.max_long_steps, ladb.max_prompt_wait_ms, srpt.decode_step_weight, "
+                             "srpt.starvation_tokens_per_s, "
                              "drift.relative_to_baseline, or a configuration key)");
 }
 

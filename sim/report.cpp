@@ -68,12 +68,16 @@ nlohmann::json slowdown_deciles(const std::vector<const request_record*>& done) 
     if (lo >= hi)
       continue;
     std::vector<double> slow, e2e;
+    bool have_unloaded = false;
     for (size_t i = lo; i < hi; ++i) {
       const auto* r = sorted[i];
       slow.push_back(r->unloaded_e2e_s > 0 ? r->e2e_s / r->unloaded_e2e_s : 1.0);
+      have_unloaded = have_unloaded || r->unloaded_e2e_s > 0;
       e2e.push_back(r->e2e_s * 1e3);
     }
     auto s = percentiles(slow);
+    if (!have_unloaded) // a live run: no unloaded reference to compare with
+      s = {{"mean", nullptr}, {"p50", nullptr}, {"p95", nullptr}};
     out.push_back({{"decile", d + 1},
                    {"output_tokens_min", sorted[lo]->output_tokens},
                    {"output_tokens_max", sorted[hi - 1]->output_tokens},
@@ -88,12 +92,14 @@ nlohmann::json slowdown_deciles(const std::vector<const request_record*>& done) 
 
 } // namespace
 
-nlohmann::json make_report(const replay_result& r) {
+nlohmann::json latency_report(const std::vector<request_record>& requests,
+                              const std::vector<double>& itl_s, double makespan_s,
+                              int64_t prompt_tokens, int64_t output_tokens) {
   std::vector<const request_record*> done;
-  std::vector<double> ttft, e2e, queue, ul_ttft, ul_e2e;
+  std::vector<double> ttft, e2e, queue;
   int64_t refused = 0;
   double longest_wait = 0;
-  for (const auto& q : r.requests) {
+  for (const auto& q : requests) {
     if (!q.refused.empty()) {
       ++refused;
       continue;
@@ -104,22 +110,16 @@ nlohmann::json make_report(const replay_result& r) {
     ttft.push_back(q.ttft_s);
     e2e.push_back(q.e2e_s);
     queue.push_back(std::max(q.queue_s, 0.0));
-    ul_ttft.push_back(q.unloaded_ttft_s);
-    ul_e2e.push_back(q.unloaded_e2e_s);
     longest_wait = std::max(longest_wait, q.queue_s);
   }
-  std::vector<double> itl(r.itl_s.begin(), r.itl_s.end());
   nlohmann::json j;
-  j["policy"] = r.policy;
-  j["trace"] = r.trace_name;
-  j["rate_scale"] = r.rate_scale;
   j["requests"] = done.size();
   j["refused"] = refused;
-  j["throughput_tokens_per_s"] = ratio(double(r.output_tokens), r.makespan_s);
-  j["total_tokens_per_s"] = ratio(double(r.output_tokens + r.prompt_tokens), r.makespan_s);
-  j["makespan_s"] = r.makespan_s;
+  j["throughput_tokens_per_s"] = ratio(double(output_tokens), makespan_s);
+  j["total_tokens_per_s"] = ratio(double(output_tokens + prompt_tokens), makespan_s);
+  j["makespan_s"] = makespan_s;
   j["ttft_ms"] = ms_percentiles(ttft);
-  j["itl_ms"] = ms_percentiles(itl);
+  j["itl_ms"] = ms_percentiles(itl_s);
   j["e2e_ms"] = ms_percentiles(e2e);
   j["queue_ms"] = ms_percentiles(queue);
   auto p95_over_p50 = [](const nlohmann::json& p) {
@@ -129,6 +129,24 @@ nlohmann::json make_report(const replay_result& r) {
                        {"itl", p95_over_p50(j["itl_ms"])},
                        {"e2e", p95_over_p50(j["e2e_ms"])},
                        {"queue", p95_over_p50(j["queue_ms"])}};
+  j["longest_wait_ms"] = longest_wait * 1e3;
+  j["slowdown_by_output_decile"] = slowdown_deciles(done);
+  return tidy(j);
+}
+
+nlohmann::json make_report(const replay_result& r) {
+  std::vector<double> itl(r.itl_s.begin(), r.itl_s.end());
+  nlohmann::json j
+    = latency_report(r.requests, itl, r.makespan_s, r.prompt_tokens, r.output_tokens);
+  std::vector<double> ul_ttft, ul_e2e;
+  for (const auto& q : r.requests)
+    if (q.refused.empty() && q.e2e_s >= 0) {
+      ul_ttft.push_back(q.unloaded_ttft_s);
+      ul_e2e.push_back(q.unloaded_e2e_s);
+    }
+  j["policy"] = r.policy;
+  j["trace"] = r.trace_name;
+  j["rate_scale"] = r.rate_scale;
   j["unloaded"] = {{"ttft_ms", ms_percentiles(ul_ttft)}, {"e2e_ms", ms_percentiles(ul_e2e)}};
   j["e2e_p95_over_unloaded_p95"]
     = ratio(j["e2e_ms"]["p95"].get<double>(), j["unloaded"]["e2e_ms"]["p95"].get<double>());
@@ -138,8 +156,6 @@ nlohmann::json make_report(const replay_result& r) {
   j["batch_efficiency"] = r.sum_batch / steps / std::max(r.max_batch_size, 1);
   j["busy_fraction"] = ratio(r.busy_s, r.makespan_s);
   j["preemptions"] = r.preemptions;
-  j["longest_wait_ms"] = longest_wait * 1e3;
-  j["slowdown_by_output_decile"] = slowdown_deciles(done);
   const auto acc = measure_accuracy(r.predictions);
   std::vector<prediction_outcome> learned;
   for (const auto& o : r.predictions)

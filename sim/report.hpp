@@ -22,7 +22,18 @@ nlohmann::json percentiles(std::vector<double> values);
 /// The nearest-rank percentile p (0..100) of sorted values.
 double percentile_sorted(const std::vector<double>& sorted, double p);
 
-/// The report of one replay.
+/// The keys that replay and `metronome bench-serve` reports share, from
+/// per-request records: requests, refused, throughput_tokens_per_s,
+/// total_tokens_per_s, makespan_s, ttft_ms, itl_ms, e2e_ms, queue_ms,
+/// p95_over_p50, longest_wait_ms, slowdown_by_output_decile. A record with
+/// `refused` set counts as refused; one with e2e_s < 0 (never finished) is
+/// left out. A decile without unloaded_e2e_s (a live run has none) has null
+/// slowdowns. Any thread.
+nlohmann::json latency_report(const std::vector<request_record>& requests,
+                              const std::vector<double>& itl_s, double makespan_s,
+                              int64_t prompt_tokens, int64_t output_tokens);
+
+/// The report of one replay: latency_report() plus the simulator's keys.
 nlohmann::json make_report(const replay_result& r);
 
 /// Comparison of reports of one trace at one rate scale against the fcfs

@@ -21,6 +21,7 @@
 #include "sim/report.hpp"
 #include "sim/settings.hpp"
 #include "sim/svg_plot.hpp"
+#include "sim/workload.hpp"
 #include "tools/metronome/command.hpp"
 
 namespace metronome::cli {
@@ -29,6 +30,7 @@ namespace {
 
 struct replay_args {
   std::string trace;
+  std::string workload;
   std::string format;
   std::string policy;
   std::optional<std::string> config;
@@ -178,27 +180,38 @@ void print_table(const std::vector<nlohmann::json>& reports) {
 }
 
 void run(const replay_args& a) {
-  sim::trace_format format;
-  if (a.format.empty())
-    format = sim::guess_trace_format(a.trace);
-  else if (!sim::parse_trace_format(a.format, format))
-    throw command_error("--format: '" + a.format + "' is not azure, mooncake or csv");
-  if (!std::filesystem::exists(a.trace))
-    throw command_error("--trace: " + a.trace + ": no such file");
+  if (a.trace.empty() == a.workload.empty())
+    throw command_error("give --trace FILE or --workload SPEC", 2);
+  sim::trace_format format = sim::trace_format::csv;
+  if (!a.trace.empty()) {
+    if (a.format.empty())
+      format = sim::guess_trace_format(a.trace);
+    else if (!sim::parse_trace_format(a.format, format))
+      throw command_error("--format: '" + a.format + "' is not azure, mooncake or csv");
+    if (!std::filesystem::exists(a.trace))
+      throw command_error("--trace: " + a.trace + ": no such file");
+  }
   const auto policies = parse_policies(a.policy);
   const auto scales = parse_scales(a.rate_scale);
   sim::trace t;
   sim::cost_model cost;
   server_config cfg;
   try {
-    t = sim::read_trace(a.trace, format);
+    t = a.trace.empty() ? sim::make_workload(a.workload) : sim::read_trace(a.trace, format);
+  } catch (const sim::workload_error& e) {
+    throw command_error(std::string("--") + e.what(), 2);
+  } catch (const std::exception& e) {
+    throw command_error(e.what());
+  }
+  try {
     cost = load_cost_model(a.cost_model);
     cfg = load_config(a.config ? std::optional<std::filesystem::path>(*a.config) : std::nullopt, {});
   } catch (const std::exception& e) {
     throw command_error(e.what());
   }
   if (t.requests.empty())
-    throw command_error("--trace: " + a.trace + ": no requests");
+    throw command_error(a.trace.empty() ? "--workload: no requests"
+                                        : "--trace: " + a.trace + ": no requests");
 
   sim::replay_options base;
   try {
@@ -328,8 +341,11 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<replay_args>();
   auto* cmd = app.add_subcommand("replay", "Replay a request trace through the scheduler on a "
                                            "simulated executor");
-  cmd->add_option("--trace", a->trace, "Trace file (Azure CSV, Mooncake JSONL or simple CSV)")
-    ->required();
+  cmd->add_option("--trace", a->trace, "Trace file (Azure CSV, Mooncake JSONL or simple CSV)");
+  cmd->add_option("--workload", a->workload,
+                  "Synthetic workload instead of --trace, e.g. "
+                  "poisson:rate=20,prompt=uniform:130:900,output=uniform:64:448,n=500,seed=1 "
+                  "(docs/bench-serve.md)");
   cmd->add_option("--format", a->format, "azure, mooncake or csv (default: from the file)");
   cmd->add_option("--policy", a->policy,
                   "Policy, or several separated by commas, or all (fcfs,ladb,srpt)")
@@ -350,7 +366,7 @@ void setup(CLI::App& app) {
     ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--set", a->set,
                   "KEY=VALUE: a configuration key (engine.max_batch_size=64), or a policy "
-                  "setting without one (ladb.share_steps=false, ladb.aging_tokens_per_s=100, "
+                  "setting without one (ladb.step_time_factor=2, ladb.aging_tokens_per_s=100, "
                   "drift.relative_to_baseline=false, ...); repeatable");
   cmd->add_flag("--quiet", a->quiet, "Print nothing");
   cmd->callback([a] { run(*a); });

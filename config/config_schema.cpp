@@ -311,7 +311,7 @@ std::vector<config_key> make_keys() {
                  "about half the memory and half the bytes a decode step reads; CUDA only)."));
   add(choice_key("engine.policy", METRONOME_FIELD(engine.policy),
                  std::array{scheduling_policy::fcfs, scheduling_policy::ladb,
-                            scheduling_policy::srpt},
+                            scheduling_policy::srpt, scheduling_policy::ladb_literal},
                  "Scheduling policy at start; supervisors may switch it at run time."));
   add(integer_key("engine.step_timeout_ms", METRONOME_FIELD(engine.step_timeout_ms), 1, max_ms,
                   "A step running longer fails the executor, which is restarted."));
@@ -325,7 +325,12 @@ std::vector<config_key> make_keys() {
   add(integer_key("batching.min_batch_size", METRONOME_FIELD(batching.min_batch_size), 1, 4096,
                   "A cohort is dispatched once it has this many requests."));
   add(integer_key("batching.target_latency_ms", METRONOME_FIELD(batching.target_latency_ms), 1,
-                  max_ms, "Per-request latency LADB aims for."));
+                  max_ms, "Longest step carrying prompt work (ladb; never below its decodes')."));
+  add(real_key("batching.step_time_factor", METRONOME_FIELD(batching.step_time_factor), {0, 100},
+               "ladb: a step with prompt work may take this many times its decodes alone; "
+               "0 = no limit."));
+  add(real_key("batching.long_step_share", METRONOME_FIELD(batching.long_step_share), {0, 1},
+               "ladb: share of steps that may run a prompt past the step limit."));
   add(real_key("batching.variance_tolerance", METRONOME_FIELD(batching.variance_tolerance),
                {0, 1}, "Predictions within this relative distance share a cohort."));
   add(integer_key("batching.min_hold_ms", METRONOME_FIELD(batching.min_hold_ms), 0, 60'000,
@@ -335,7 +340,7 @@ std::vector<config_key> make_keys() {
 
   // predictor
   add(text_key("predictor.model_path", METRONOME_FIELD(predictor.model_path),
-               "Saved predictor state to start from; empty = the cold-start rule."));
+               "Must be empty: the predictor starts from the cold-start rule."));
   add(integer_key("predictor.warmup_steps", METRONOME_FIELD(predictor.warmup_steps), 0,
                   1'000'000, "Completed requests before the learned model replaces the rule."));
   add(integer_key("predictor.update_interval_ms",

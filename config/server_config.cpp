@@ -50,6 +50,7 @@ std::string_view to_string(scheduling_policy x) {
     case scheduling_policy::fcfs: return "fcfs";
     case scheduling_policy::ladb: return "ladb";
     case scheduling_policy::srpt: return "srpt";
+    case scheduling_policy::ladb_literal: return "ladb-literal";
   }
   return "?";
 }
@@ -90,7 +91,8 @@ std::string_view to_string(log_level x) {
 }
 
 std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text) {
-  for (auto x : {scheduling_policy::fcfs, scheduling_policy::ladb, scheduling_policy::srpt})
+  for (auto x : {scheduling_policy::fcfs, scheduling_policy::ladb, scheduling_policy::srpt,
+                 scheduling_policy::ladb_literal})
     if (to_string(x) == text)
       return x;
   return std::nullopt;
@@ -145,6 +147,26 @@ void validate(const server_config& cfg, const std::string& source) {
     fail(source, "batching.min_hold_ms",
          "must not exceed batching.max_hold_ms (" + num(b.max_hold_ms) + "), got "
            + num(b.min_hold_ms));
+  // Keys that only the cohort-holding LADB reads: set under another policy
+  // they would be accepted and ignored, so they are refused instead.
+  if (e.policy != scheduling_policy::ladb_literal) {
+    const batching_section d;
+    auto literal_only = [&](const char* key, bool changed) {
+      if (changed)
+        fail(source, key,
+             std::string("only the cohort-holding LADB (engine.policy: ladb-literal) holds "
+                         "requests; engine.policy ")
+               + std::string(to_string(e.policy))
+               + " never does (docs/scheduling.md): remove the key or select ladb-literal");
+    };
+    literal_only("batching.min_batch_size", b.min_batch_size != d.min_batch_size);
+    literal_only("batching.min_hold_ms", b.min_hold_ms != d.min_hold_ms);
+    literal_only("batching.max_hold_ms", b.max_hold_ms != d.max_hold_ms);
+  }
+  if (!cfg.predictor.model_path.empty())
+    fail(source, "predictor.model_path",
+         "saved predictor state is not supported: the predictor starts from the cold-start rule "
+         "(predictor.cold_start_*) and learns from completed requests; leave it empty");
 }
 
 } // namespace metronome

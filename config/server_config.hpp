@@ -48,7 +48,7 @@ enum class chat_template_kind : uint8_t {
 };
 
 /// The scheduler's admission policy (issue 6 adds ladb and srpt).
-enum class scheduling_policy : uint8_t { fcfs, ladb, srpt };
+enum class scheduling_policy : uint8_t { fcfs, ladb, srpt, ladb_literal };
 
 /// Element type of the CUDA KV cache: bf16, or fp8 (e4m3 bytes with one float
 /// scale per token row of each kv head). The CPU's KV cache is fp32 always.
@@ -131,7 +131,7 @@ struct engine_section {
   /// Element type of the KV cache; fp8 needs a CUDA device (the CPU keeps
   /// its KV cache in fp32 whatever this says, and refuses fp8 at start).
   kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
-  scheduling_policy policy = scheduling_policy::fcfs;
+  scheduling_policy policy = scheduling_policy::ladb;
   /// A step running longer fails the executor (the supervisor restarts it).
   int64_t step_timeout_ms = 30000;
   /// Largest prefill chunk of one sequence in one step; 0 = the step's token
@@ -147,8 +147,13 @@ struct batching_section {
   int32_t max_batch_size = 32;
   /// A cohort is dispatched once it has this many requests.
   int32_t min_batch_size = 4;
-  /// The latency LADB aims for per request.
+  /// The longest a step carrying prompt work may take (ladb's stall-free
+  /// steps cut prompt chunks to fit; never below the decodes' own time).
   int64_t target_latency_ms = 500;
+  /// A step carrying prompt work may take this many times its decodes alone.
+  double step_time_factor = 4.0;
+  /// Share of steps that may run a prompt past that limit.
+  double long_step_share = 0.05;
   /// Predictions within this relative distance form one cohort.
   double variance_tolerance = 0.2;
   /// The adaptive hold window's bounds.

@@ -34,8 +34,14 @@ scheduling_settings settings_from_config(const server_config& cfg) {
   s.ladb.variance_tolerance = cfg.batching.variance_tolerance;
   s.ladb.min_hold = ms(cfg.batching.min_hold_ms);
   s.ladb.max_hold = ms(cfg.batching.max_hold_ms);
+  s.ladb.max_step_ms = double(cfg.batching.target_latency_ms);
+  s.ladb.step_time_factor = cfg.batching.step_time_factor;
+  s.ladb.long_step_share = cfg.batching.long_step_share;
   s.ladb.timeout = ms(cfg.router.timeout_ms);
   s.ladb.immediate_dispatch = cfg.router.fallback_policy == fallback_policy_kind::immediate_dispatch;
+  // The adapted ladb never holds a request: the router's timeout is the
+  // least wait of its starvation guard, and `wait` turns the guard off.
+  s.ladb.starvation_wait = s.ladb.immediate_dispatch ? ms(cfg.router.timeout_ms) : sched_time::max();
   s.ladb.priority_by_remaining_steps
     = cfg.router.queue_strategy == queue_strategy_kind::priority_by_remaining_steps;
   s.srpt.promote_after = ms(cfg.router.srpt_promote_after_ms);

@@ -92,7 +92,7 @@ TEST(config_wrong_type, scalars_of_each_kind) {
          {"engine.gpu_memory_fraction", "most",
           R"(expected a number in (0, 1], got "most")"},
          {"engine.cuda_graphs", "1", R"(expected true or false, got "1")"},
-         {"engine.policy", "lifo", R"(expected one of fcfs, ladb, srpt, got "lifo")"},
+         {"engine.policy", "lifo", R"(expected one of fcfs, ladb, srpt, ladb-literal, got "lifo")"},
          {"engine.kv_cache_dtype", "fp4", R"(expected one of bf16, fp8, got "fp4")"},
          {"engine.kv_cache_dtype", "e4m3", R"(expected one of bf16, fp8, got "e4m3")"},
          {"model.chat_template", "vicuna",
@@ -126,7 +126,7 @@ TEST(config_wrong_type, mappings_lists_and_missing_values) {
   EXPECT_NE(e.problem().find("got no value"), std::string::npos) << e.what();
 
   e = load_error("engine:\n  policy:\n");
-  EXPECT_EQ(e.problem(), "expected one of fcfs, ladb, srpt, got no value (line 2)");
+  EXPECT_EQ(e.problem(), "expected one of fcfs, ladb, srpt, ladb-literal, got no value (line 2)");
 }
 
 TEST(config_wrong_type, sections_must_be_mappings) {
@@ -253,11 +253,33 @@ TEST(config_cross_field, each_rule_names_the_key_and_the_bound) {
 
 TEST(config_cross_field, holds_when_both_sides_move_together) {
   auto cfg = load_config_string(
+    "engine:\n  policy: ladb-literal\n"
     "batching:\n  min_batch_size: 40\n  max_batch_size: 64\n  min_hold_ms: 200\n"
     "  max_hold_ms: 300\n",
     "t.yaml");
   EXPECT_EQ(cfg.batching.min_batch_size, 40);
   EXPECT_EQ(cfg.batching.max_hold_ms, 300);
+}
+
+TEST(config_cross_field, keys_only_the_literal_policy_reads_are_refused_under_others) {
+  // Accepted and ignored would be worse: the operator thinks they act.
+  for (const char* key : {"min_batch_size: 2", "min_hold_ms: 10", "max_hold_ms: 100"})
+    for (const char* policy : {"fcfs", "ladb", "srpt"}) {
+      auto e = load_error(std::string("engine:\n  policy: ") + policy + "\nbatching:\n  " + key
+                          + "\n");
+      EXPECT_EQ(e.key_path(), "batching." + std::string(key).substr(0, std::string(key).find(':')));
+      EXPECT_NE(e.problem().find("engine.policy: ladb-literal"), std::string::npos) << e.what();
+      EXPECT_NE(e.problem().find(std::string("engine.policy ") + policy + " never"),
+                std::string::npos)
+        << e.what();
+    }
+  // The defaults written out (the seeds' file does) are accepted anywhere.
+  EXPECT_NO_THROW(load_config_string(
+    "batching:\n  min_batch_size: 4\n  min_hold_ms: 50\n  max_hold_ms: 120\n", "t.yaml"));
+  auto e = load_error("predictor:\n  model_path: /tmp/state.bin\n");
+  EXPECT_EQ(e.key_path(), "predictor.model_path");
+  EXPECT_NE(e.problem().find("not supported"), std::string::npos) << e.what();
+  EXPECT_NO_THROW(load_config_string("predictor:\n  model_path: \"\"\n", "t.yaml"));
 }
 
 // -- files and syntax ------------------------------------------------------------------

@@ -262,12 +262,14 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"engine.gpu_memory_fraction", "0.55"},
     {"engine.cuda_graphs", "false"},
     {"engine.kv_cache_dtype", "fp8"},
-    {"engine.policy", "ladb"},
+    {"engine.policy", "ladb-literal"},
     {"engine.step_timeout_ms", "1234"},
     {"engine.prefill_chunk_tokens", "1000"},
     {"batching.max_batch_size", "64"},
     {"batching.min_batch_size", "2"},
     {"batching.target_latency_ms", "250"},
+    {"batching.step_time_factor", "1.5"},
+    {"batching.long_step_share", "0"},
     {"batching.variance_tolerance", "1e-3"},
     {"batching.min_hold_ms", "0"},
     {"batching.max_hold_ms", "60000"},
@@ -312,9 +314,11 @@ TEST(config_round_trip, every_key_changed) {
   }
   for (const auto& key : config_keys())
     EXPECT_TRUE(covered.count(key.path)) << key.path << " has no changed value in this test";
+  EXPECT_EQ(cfg.predictor.model_path, "null"); // override text is not YAML
+  EXPECT_THROW(validate(cfg, "test"), config_error) << "saved predictor state is refused";
+  cfg.predictor.model_path.clear();
   ASSERT_NO_THROW(validate(cfg, "test"));
   EXPECT_EQ(cfg.model.served_model_name, "a \"quoted\": name\\ with\ttab and \x01 control");
-  EXPECT_EQ(cfg.predictor.model_path, "null"); // override text is not YAML
   for (bool docs : {false, true}) {
     auto text = to_yaml(cfg, docs);
     server_config back;

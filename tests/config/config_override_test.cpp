@@ -58,7 +58,7 @@ TEST_F(config_file_fixture, later_overrides_win_over_earlier_ones) {
 
 TEST_F(config_file_fixture, cross_field_rules_see_file_and_overrides_together) {
   // The file alone is invalid (min > max); the override repairs it.
-  auto path = write("batching:\n  min_batch_size: 48\n");
+  auto path = write("engine:\n  policy: ladb-literal\nbatching:\n  min_batch_size: 48\n");
   auto cfg = load_config(path, {{"batching.max_batch_size", "64", "--set"}});
   EXPECT_EQ(cfg.batching.min_batch_size, 48);
 

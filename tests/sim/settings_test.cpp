@@ -14,6 +14,7 @@ using namespace std::chrono_literals;
 TEST(settings, configuration_keys_map_to_policy_settings) {
   auto cfg = load_config_string(R"(
 engine:
+  policy: ladb-literal
   max_batch_size: 64
   max_num_batched_tokens: 4096
   page_size: 32
@@ -23,6 +24,9 @@ batching:
   variance_tolerance: 0.5
   min_hold_ms: 10
   max_hold_ms: 90
+  target_latency_ms: 250
+  step_time_factor: 2.5
+  long_step_share: 0.1
 predictor:
   warmup_steps: 7
   update_interval_ms: 250
@@ -56,6 +60,10 @@ supervisor:
   EXPECT_EQ(s.ladb.max_hold, 90ms);
   EXPECT_EQ(s.ladb.timeout, 400ms);
   EXPECT_FALSE(s.ladb.immediate_dispatch);
+  EXPECT_EQ(s.ladb.starvation_wait, sched_time::max()) << "fallback wait: no promotion";
+  EXPECT_DOUBLE_EQ(s.ladb.max_step_ms, 250.0);
+  EXPECT_DOUBLE_EQ(s.ladb.step_time_factor, 2.5);
+  EXPECT_DOUBLE_EQ(s.ladb.long_step_share, 0.1);
   EXPECT_FALSE(s.ladb.priority_by_remaining_steps);
   EXPECT_EQ(s.srpt.promote_after, 75ms);
   EXPECT_EQ(s.predictor.warmup_steps, 7);
@@ -76,6 +84,8 @@ TEST(settings, defaults_match_the_original_systems_values) {
   EXPECT_EQ(s.ladb.min_hold, 50ms);
   EXPECT_EQ(s.ladb.max_hold, 120ms);
   EXPECT_EQ(s.ladb.timeout, 250ms);
+  EXPECT_EQ(s.ladb.starvation_wait, 250ms) << "the router's timeout";
+  EXPECT_DOUBLE_EQ(s.ladb.max_step_ms, 500.0);
   EXPECT_EQ(s.srpt.promote_after, 150ms);
   EXPECT_DOUBLE_EQ(s.predictor.cold_start_slope, 0.8);
   EXPECT_DOUBLE_EQ(s.predictor.cold_start_intercept, 5.0);

@@ -70,6 +70,15 @@ engine_metrics::engine_metrics()
                                                   "Scheduling policy switches, by target policy "
                                                   "and cause.",
                                                   {"policy", "cause"})),
+    scheduling_events_(registry_.add_counter_family(
+      "metronome:scheduling_events_total",
+      "Decisions of the latency-aware policies, by kind (limited_step, long_step, relaxed_step, "
+      "promotion, reclassification, timeout_dispatch).",
+      {"kind"})),
+    step_model_(registry_.add_gauge_family(
+      "metronome:step_time_model_scale",
+      "Measured step time over the step-time model's prior, by part (decode, prefill).",
+      {"part"})),
     kv_usage_(registry_.add_gauge("metronome:kv_cache_usage_perc",
                                   "Fraction of KV cache pages in use (0 to 1).")),
     running_(registry_.add_gauge("metronome:num_requests_running",
@@ -122,6 +131,16 @@ void engine_metrics::on_preemptions(int64_t n) {
 
 void engine_metrics::on_executor_restart() {
   restarts_.inc();
+}
+
+void engine_metrics::on_scheduling_event(const std::string& kind, int64_t n) {
+  if (n > 0)
+    scheduling_events_.with({kind}).inc(double(n));
+}
+
+void engine_metrics::on_step_model(double decode_scale, double prefill_scale) {
+  step_model_.with({"decode"}).set(decode_scale);
+  step_model_.with({"prefill"}).set(prefill_scale);
 }
 
 void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {

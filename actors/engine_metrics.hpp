@@ -39,6 +39,16 @@ public:
   /// The scheduler changed policy (to `policy`, for `why`).
   void on_policy_switch(const std::string& policy, const std::string& why);
 
+  /// Scheduling events since the last call, by kind: "limited_step" (a
+  /// prompt chunk cut to the step time limit), "long_step" (a prompt run
+  /// past it on the long-step budget), "relaxed_step" (no limit: the queue
+  /// waited too long), "promotion" (starvation guard), "reclassification",
+  /// "timeout_dispatch" (ladb-literal). Scheduler thread.
+  void on_scheduling_event(const std::string& kind, int64_t n);
+
+  /// The step-time model's learned factors (decode and prompt parts).
+  void on_step_model(double decode_scale, double prefill_scale);
+
   /// The text for GET /metrics, with gauges refreshed from `status`.
   std::string render(const engine_status& status);
 
@@ -62,6 +72,8 @@ private:
   prometheus::family<prometheus::counter>& finished_;
   prometheus::family<prometheus::counter>& errors_;
   prometheus::family<prometheus::counter>& policy_switches_;
+  prometheus::family<prometheus::counter>& scheduling_events_;
+  prometheus::family<prometheus::gauge>& step_model_;
   prometheus::gauge& kv_usage_;
   prometheus::gauge& running_;
   prometheus::gauge& waiting_;

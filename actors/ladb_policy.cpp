@@ -212,7 +212,7 @@ std::optional<double> ladb_policy::step_time_limit_ms(const step_load& load, sch
   if (load.decode_ms + load.prefill_ms <= limit)
     return limit; // the ready prompt work fits: no long step needed
   if (load.oldest_wait > options_.max_prompt_wait) {
-    ++relaxed_;
+    ++state_.stats->relaxed_steps;
     return std::nullopt;
   }
   if (credit_ >= 1.0) {

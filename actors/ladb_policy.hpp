@@ -112,11 +112,6 @@ public:
 
   std::optional<double> step_time_limit_ms(const step_load& load, sched_time now) override;
 
-  /// Steps the queue's wait lifted the limit (see max_prompt_wait).
-  int64_t relaxed_steps() const {
-    return relaxed_;
-  }
-
   /// Long steps saved up (see the note).
   double long_step_credit() const {
     return credit_;
@@ -155,7 +150,6 @@ private:
   std::unordered_set<uint64_t> promoted_;
   double rate_ = 0;
   double credit_ = 0;
-  int64_t relaxed_ = 0;
   std::optional<sched_time> last_arrival_;
   std::optional<sched_time> deadline_;
 };

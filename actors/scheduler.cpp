@@ -161,7 +161,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   d.limit_ms = load.decoding > 0 ? policy_->step_time_limit_ms(load, now) : std::nullopt;
   // The decodes go in the step whatever the limit: prompt chunks get the rest.
   step_shape limit_shape = decodes;
-  bool prompt_placed = false;
+  bool prompt_placed = false, cut = false;
 
   // The prompt tokens of a chunk of `r` that fit the step's time limit.
   auto within_limit = [&](const sched_request& r, int32_t n) {
@@ -170,6 +170,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     int32_t fit = step_times_.prefill_tokens_within(limit_shape, r.num_computed, n, *d.limit_ms);
     if (!prompt_placed)
       fit = std::max(fit, std::min(n, config_.min_prefill_chunk));
+    cut = cut || fit < n;
     return fit;
   };
 
@@ -270,6 +271,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   d.predicted_ms = step_times_.predict_ms(d.shape);
   inflight_.push_back({std::move(in_plan), d.shape});
   ++steps_;
+  if (cut)
+    ++limited_steps_;
   return d;
 }
 

@@ -208,6 +208,10 @@ public:
   int64_t preemptions() const {
     return preemptions_;
   }
+  /// Steps whose prompt chunks were cut to the policy's step time limit.
+  int64_t limited_steps() const {
+    return limited_steps_;
+  }
   const scheduler_config& config() const {
     return config_;
   }
@@ -241,6 +245,7 @@ private:
   uint64_t next_step_ = 0;
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
+  int64_t limited_steps_ = 0;
 };
 
 class kv_page_pool;

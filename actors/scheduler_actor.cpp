@@ -35,6 +35,8 @@ struct scheduler_actor_state {
   int64_t finished = 0;
   int64_t cancelled = 0;
   int64_t reported_preemptions = 0;
+  int64_t reported_limited = 0;
+  latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
   caf::actor drift_watcher;
   static inline const char* name = "scheduler";
@@ -51,6 +53,23 @@ void publish(self_ptr self) {
   if (st.metrics) {
     st.metrics->on_preemptions(st.core->preemptions() - st.reported_preemptions);
     st.reported_preemptions = st.core->preemptions();
+    st.metrics->on_scheduling_event("limited_step",
+                                    st.core->limited_steps() - st.reported_limited);
+    st.reported_limited = st.core->limited_steps();
+    if (st.config.policies && st.config.policies->state.stats) {
+      const auto& now = *st.config.policies->state.stats;
+      auto& was = st.reported_stats;
+      st.metrics->on_scheduling_event("long_step", now.long_steps - was.long_steps);
+      st.metrics->on_scheduling_event("relaxed_step", now.relaxed_steps - was.relaxed_steps);
+      st.metrics->on_scheduling_event("promotion", now.promotions - was.promotions);
+      st.metrics->on_scheduling_event("reclassification",
+                                      now.reclassifications - was.reclassifications);
+      st.metrics->on_scheduling_event("timeout_dispatch",
+                                      now.timeout_dispatches - was.timeout_dispatches);
+      was = now;
+    }
+    const auto& est = st.core->step_times();
+    st.metrics->on_step_model(est.decode_scale(), est.prefill_scale());
   }
 }
 

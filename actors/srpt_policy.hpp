@@ -41,6 +41,8 @@ struct latency_aware_stats {
   int64_t promotions = 0;
   /// Steps LADB let exceed its step time limit to run a prompt whole.
   int64_t long_steps = 0;
+  /// Steps LADB left unlimited because a request waited max_prompt_wait.
+  int64_t relaxed_steps = 0;
 };
 
 /// What the latency-aware policies share: the predictor (it keeps learning

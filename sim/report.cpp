@@ -175,7 +175,8 @@ nlohmann::json make_report(const replay_result& r) {
                     {"reclassifications", r.policy_stats.reclassifications},
                     {"timeout_dispatches", r.policy_stats.timeout_dispatches},
                     {"promotions", r.policy_stats.promotions},
-                    {"long_steps", r.policy_stats.long_steps}};
+                    {"long_steps", r.policy_stats.long_steps},
+                    {"relaxed_steps", r.policy_stats.relaxed_steps}};
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : r.events)
     events.push_back({{"at_s", double(e.at_ns) * 1e-9},

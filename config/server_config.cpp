@@ -135,21 +135,23 @@ void validate(const server_config& cfg, const std::string& source) {
          "cannot hold one sequence of model.max_model_len (" + num(cfg.model.max_model_len)
            + ") tokens, got " + num(e.kv_cache_tokens));
   const auto& b = cfg.batching;
-  if (b.min_batch_size > b.max_batch_size)
-    fail(source, "batching.min_batch_size",
-         "must not exceed batching.max_batch_size (" + num(b.max_batch_size) + "), got "
-           + num(b.min_batch_size));
   if (b.max_batch_size > e.max_batch_size)
     fail(source, "batching.max_batch_size",
          "must not exceed engine.max_batch_size (" + num(e.max_batch_size)
            + "), the cap on running sequences, got " + num(b.max_batch_size));
-  if (b.min_hold_ms > b.max_hold_ms)
-    fail(source, "batching.min_hold_ms",
-         "must not exceed batching.max_hold_ms (" + num(b.max_hold_ms) + "), got "
-           + num(b.min_hold_ms));
-  // Keys that only the cohort-holding LADB reads: set under another policy
-  // they would be accepted and ignored, so they are refused instead.
-  if (e.policy != scheduling_policy::ladb_literal) {
+  if (e.policy == scheduling_policy::ladb_literal) {
+    if (b.min_batch_size > b.max_batch_size)
+      fail(source, "batching.min_batch_size",
+           "must not exceed batching.max_batch_size (" + num(b.max_batch_size) + "), got "
+             + num(b.min_batch_size));
+    if (b.min_hold_ms > b.max_hold_ms)
+      fail(source, "batching.min_hold_ms",
+           "must not exceed batching.max_hold_ms (" + num(b.max_hold_ms) + "), got "
+             + num(b.min_hold_ms));
+  } else {
+    // Keys that only the cohort-holding LADB reads: set under another policy
+    // they would be accepted and ignored, so they are refused instead (and
+    // their bounds, which nothing reads, are not checked).
     const batching_section d;
     auto literal_only = [&](const char* key, bool changed) {
       if (changed)

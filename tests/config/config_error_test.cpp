@@ -225,11 +225,13 @@ TEST(config_cross_field, each_rule_names_the_key_and_the_bound) {
     const char* problem;
   };
   for (const auto& b : std::initializer_list<bad>{
-         {"batching:\n  min_batch_size: 40\n", "batching.min_batch_size",
+         {"engine:\n  policy: ladb-literal\nbatching:\n  min_batch_size: 40\n",
+          "batching.min_batch_size",
           "must not exceed batching.max_batch_size (32), got 40"},
          {"batching:\n  max_batch_size: 200\n", "batching.max_batch_size",
           "must not exceed engine.max_batch_size (128), the cap on running sequences, got 200"},
-         {"batching:\n  min_hold_ms: 200\n", "batching.min_hold_ms",
+         {"engine:\n  policy: ladb-literal\nbatching:\n  min_hold_ms: 200\n",
+          "batching.min_hold_ms",
           "must not exceed batching.max_hold_ms (120), got 200"},
          {"engine:\n  max_batch_size: 512\n  max_num_batched_tokens: 256\nbatching:\n"
           "  max_batch_size: 8\n",
@@ -273,9 +275,12 @@ TEST(config_cross_field, keys_only_the_literal_policy_reads_are_refused_under_ot
                 std::string::npos)
         << e.what();
     }
-  // The defaults written out (the seeds' file does) are accepted anywhere.
+  // The defaults written out (the seeds' file does) are accepted anywhere,
+  // and a smaller max_batch_size needs no change to them under ladb.
   EXPECT_NO_THROW(load_config_string(
-    "batching:\n  min_batch_size: 4\n  min_hold_ms: 50\n  max_hold_ms: 120\n", "t.yaml"));
+    "batching:\n  min_batch_size: 4\n  min_hold_ms: 50\n  max_hold_ms: 120\n"
+    "  max_batch_size: 1\n",
+    "t.yaml"));
   auto e = load_error("predictor:\n  model_path: /tmp/state.bin\n");
   EXPECT_EQ(e.key_path(), "predictor.model_path");
   EXPECT_NE(e.problem().find("not supported"), std::string::npos) << e.what();

@@ -71,7 +71,10 @@ TEST_F(config_file_fixture, cross_field_rules_see_file_and_overrides_together) {
   e = catch_config_error([&] { load_config(path, {}); });
   EXPECT_EQ(e.source(), path.string());
 
-  e = catch_config_error([] { load_config(std::nullopt, {{"batching.min_batch_size", "33"}}); });
+  e = catch_config_error([] {
+    load_config(std::nullopt,
+                {{"engine.policy", "ladb-literal"}, {"batching.min_batch_size", "33"}});
+  });
   EXPECT_STREQ(e.what(),
                "command line: batching.min_batch_size: must not exceed batching.max_batch_size "
                "(32), got 33");

@@ -164,9 +164,8 @@ describe('429 when the queue is full', () => {
     // the queue full.
     small = await startServer(['--max-batch-size', '1', '--set', 'server.max_queued_requests=1',
                                '--set', 'server.retry_after_s=3',
-                               // LADB's cohort sizes must fit under the engine's cap.
-                               '--set', 'batching.max_batch_size=1',
-                               '--set', 'batching.min_batch_size=1']);
+                               // LADB's admissions a step must fit under the engine's cap.
+                               '--set', 'batching.max_batch_size=1']);
   });
 
   after(async () => {

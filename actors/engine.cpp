@@ -7,7 +7,6 @@
 
 #include "actors/engine_metrics.hpp"
 #include "actors/executor.hpp"
-#include "actors/kv_cache_actor.hpp"
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "model/model_error.hpp"
@@ -149,7 +148,6 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
 
   auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
-  e.kv_cache = spawn_kv_cache(sys, 0, e.status);
   scheduler_actor_config sc;
   sc.limits.max_batch_size = o.max_batch_size;
   sc.limits.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -159,8 +157,8 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   sc.eos_ids = eos_ids(*model, *tok);
   sc.step_timeout = o.step_timeout;
   sc.policies = policy_context::make(o.predictor, o.ladb, o.srpt);
-  e.scheduler = spawn_scheduler(sys, sc, e.kv_cache, e.status, e.metrics);
-  if (o.drift.enabled && (o.policy == "ladb" || o.policy == "srpt"))
+  e.scheduler = spawn_scheduler(sys, sc, e.status, e.metrics);
+  if (o.drift.enabled && o.policy != "fcfs")
     e.drift_supervisor = spawn_drift_supervisor(sys, e.scheduler, {o.drift, o.policy, "fcfs"},
                                                 e.metrics);
   e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory),
@@ -182,8 +180,6 @@ void engine::shutdown() const {
   for (const auto& a : {frontend, supervisor, drift_supervisor, scheduler})
     if (a)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  if (kv_cache)
-    caf::anon_send_exit(kv_cache, caf::exit_reason::user_shutdown);
 }
 
 std::string render_metrics(const engine& e) {

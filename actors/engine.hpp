@@ -120,7 +120,6 @@ struct engine {
   /// Send generate_request here; the sender is the request's sink.
   caf::actor frontend;
   caf::actor scheduler;
-  kv_cache_actor kv_cache;
   caf::actor supervisor;
   /// The drift supervisor (null unless a latency-aware policy runs).
   caf::actor drift_supervisor;

@@ -19,16 +19,6 @@ using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_ou
                                         caf::reacts_to<tick_atom, uint64_t>,
                                         caf::reacts_to<crash_atom, std::string>>;
 
-/// Owns the page bookkeeping of one executor's KV memory.
-using kv_cache_actor = caf::typed_actor<
-  /// Grows each sequence by the pages asked for, all or nothing per entry.
-  caf::replies_to<alloc_atom, std::vector<page_request>>::with<page_grant>,
-  /// Frees all pages of a sequence (exactly once per sequence that holds any).
-  caf::reacts_to<free_atom, uint64_t>,
-  /// Forgets every table (the executor restarted); the pool now has n pages.
-  caf::reacts_to<reset_atom, int32_t>,
-  caf::replies_to<stats_atom>::with<kv_stats>>;
-
 // Untyped contracts:
 //
 // frontend:       generate_request (sender = the client's sink actor)

@@ -10,7 +10,6 @@
 //   scheduler -> request actor:                    token_msg, generation_error
 //   request actor -> client sink:                  text_delta, generation_done,
 //                                                  generation_error
-//   scheduler -> kv cache actor:                   alloc_atom, free_atom, reset_atom
 //   scheduler -> executor:                         step_plan -> step_output
 //   executor supervisor -> scheduler:              executor_up_msg, executor_down_msg
 
@@ -205,28 +204,6 @@ struct token_msg {
   int64_t first_scheduled_ns = 0;
 };
 
-/// A page request of the scheduler: grow `seq_id` by `pages` pages.
-struct page_request {
-  uint64_t seq_id = 0;
-  int32_t pages = 0;
-};
-
-/// The kv cache actor's answer: the pages added per sequence, in request
-/// order (empty where it could not grant; then nothing was added).
-struct page_grant {
-  std::vector<std::vector<int32_t>> pages;
-  int32_t free_pages = 0;
-};
-
-/// Usage of the KV pages.
-struct kv_stats {
-  int32_t num_pages = 0;
-  int32_t used_pages = 0;
-  int32_t sequences = 0;
-  /// Frees of sequences that held no pages: must stay 0.
-  int64_t unmatched_frees = 0;
-};
-
 /// Executor supervisor -> scheduler: a (re)started executor is ready.
 struct executor_up_msg {
   caf::actor executor;
@@ -253,6 +230,9 @@ struct scheduler_stats {
   int64_t finished = 0;
   int64_t cancelled = 0;
   int32_t live_requests = 0;
+  /// KV pages held, and sequences holding any (0 and 0 when idle).
+  int32_t kv_used_pages = 0;
+  int32_t kv_sequences = 0;
   std::string policy;
 };
 
@@ -308,9 +288,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(metronome, (metronome::request_errc))
   CAF_ADD_TYPE_ID(metronome, (metronome::admit_msg))
   CAF_ADD_TYPE_ID(metronome, (metronome::token_msg))
-  CAF_ADD_TYPE_ID(metronome, (metronome::page_request))
-  CAF_ADD_TYPE_ID(metronome, (metronome::page_grant))
-  CAF_ADD_TYPE_ID(metronome, (metronome::kv_stats))
   CAF_ADD_TYPE_ID(metronome, (metronome::executor_up_msg))
   CAF_ADD_TYPE_ID(metronome, (metronome::executor_down_msg))
   CAF_ADD_TYPE_ID(metronome, (metronome::scheduler_stats))
@@ -320,11 +297,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(metronome, (metronome::step_plan))
   CAF_ADD_TYPE_ID(metronome, (metronome::sampled_token))
   CAF_ADD_TYPE_ID(metronome, (metronome::step_output))
-  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::page_request>))
   CAF_ADD_ATOM(metronome, metronome, cancel_atom, "cancel")
-  CAF_ADD_ATOM(metronome, metronome, alloc_atom, "alloc")
-  CAF_ADD_ATOM(metronome, metronome, free_atom, "free")
-  CAF_ADD_ATOM(metronome, metronome, reset_atom, "reset")
   CAF_ADD_ATOM(metronome, metronome, stats_atom, "stats")
   CAF_ADD_ATOM(metronome, metronome, tick_atom, "tick")
   CAF_ADD_ATOM(metronome, metronome, timeout_atom, "timeout")
@@ -396,22 +369,6 @@ typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
 }
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, page_request& x) {
-  return f(caf::meta::type_name("page_request"), x.seq_id, x.pages);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, page_grant& x) {
-  return f(caf::meta::type_name("page_grant"), x.pages, x.free_pages);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, kv_stats& x) {
-  return f(caf::meta::type_name("kv_stats"), x.num_pages, x.used_pages, x.sequences,
-           x.unmatched_frees);
-}
-
-template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, memory_plan_entry& x) {
   return f(caf::meta::type_name("memory_plan_entry"), x.name, x.bytes);
 }
@@ -430,7 +387,8 @@ typename Inspector::result_type inspect(Inspector& f, executor_down_msg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, scheduler_stats& x) {
   return f(caf::meta::type_name("scheduler_stats"), x.waiting, x.running, x.steps,
-           x.preemptions, x.finished, x.cancelled, x.live_requests, x.policy);
+           x.preemptions, x.finished, x.cancelled, x.live_requests, x.kv_used_pages,
+           x.kv_sequences, x.policy);
 }
 
 template <class Inspector>

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "actors/kv_page_pool.hpp"
 
 namespace metronome {
 
@@ -13,12 +12,12 @@ scheduler::scheduler(scheduler_config config, std::unique_ptr<admission_policy> 
 }
 
 void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
-  int32_t used = 0;
   for (const auto& [_, r] : requests_)
-    used += r.num_pages;
+    if (r.num_pages > 0)
+      throw std::logic_error("scheduler: capacity set while sequences hold pages");
   num_pages_ = num_pages;
   page_size_ = page_size;
-  free_pages_ = num_pages - used;
+  pool_.reset(num_pages);
 }
 
 int32_t scheduler::pages_for(int64_t tokens) const {
@@ -63,7 +62,7 @@ void scheduler::finish(sched_request& r, std::string reason, sched_time now) {
   policy_->on_finish(r, now);
 }
 
-void scheduler::collect_finished(std::vector<uint64_t>& to_free, std::vector<uint64_t>* done) {
+void scheduler::collect_finished(std::vector<uint64_t>* done) {
   auto keep = finishing_.begin();
   for (auto id : finishing_) {
     auto& r = requests_.at(id);
@@ -71,10 +70,8 @@ void scheduler::collect_finished(std::vector<uint64_t>& to_free, std::vector<uin
       *keep++ = id;
       continue;
     }
-    if (r.num_pages > 0) {
-      to_free.push_back(id);
-      free_pages_ += r.num_pages;
-    }
+    if (r.num_pages > 0)
+      pool_.release(id);
     if (r.in_runner)
       release_next_.push_back(id);
     if (done)
@@ -84,23 +81,21 @@ void scheduler::collect_finished(std::vector<uint64_t>& to_free, std::vector<uin
   finishing_.erase(keep, finishing_.end());
 }
 
-bool scheduler::abort(uint64_t id, std::string reason, sched_time now,
-                      std::vector<uint64_t>& to_free) {
+bool scheduler::abort(uint64_t id, std::string reason, sched_time now) {
   auto i = requests_.find(id);
   if (i == requests_.end() || i->second.status == request_status::finished)
     return false;
   finish(i->second, std::move(reason), now);
-  collect_finished(to_free, nullptr);
+  collect_finished(nullptr);
   return true;
 }
 
-void scheduler::preempt(sched_request& r, step_draft& draft) {
+void scheduler::preempt(sched_request& r) {
   running_.erase(std::find(running_.begin(), running_.end(), r.id));
   waiting_.push_front(r.id); // it goes first once its outputs are in
   r.status = request_status::waiting;
   if (r.num_pages > 0) {
-    draft.to_free.push_back(r.id);
-    free_pages_ += r.num_pages;
+    pool_.release(r.id);
     r.num_pages = 0;
   }
   if (r.in_runner) {
@@ -176,10 +171,11 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
 
   // Gives `r` n tokens of this step.
   auto place = [&](sched_request& r, int32_t n, int32_t need) {
-    free_pages_ -= need;
+    auto pages = pool_.grow(r.id, need);
+    if (!pages) // need <= free_pages() was checked: a bug, never a state to run with
+      throw std::logic_error("scheduler: the KV pool refused pages it reported free");
     r.num_pages += need;
-    d.plan.chunks.push_back({r.id, n, {}});
-    d.pages_needed.push_back(need);
+    d.plan.chunks.push_back({r.id, n, std::move(*pages)});
     const bool decode = n == 1 && r.total_tokens() - r.num_computed == 1;
     d.shape.add_chunk(r.num_computed, n, decode);
     if (!decode) {
@@ -215,12 +211,12 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     }
     const int32_t need = pages_for(int64_t(r.num_computed) + n) - r.num_pages;
     // Make room by preempting the most recently admitted other request.
-    while (need > free_pages_ && running_.size() > i + 1) {
-      preempt(requests_.at(running_.back()), d);
+    while (need > free_pages() && running_.size() > i + 1) {
+      preempt(requests_.at(running_.back()));
       preempted = true;
     }
-    if (need > free_pages_) {
-      preempt(r, d); // alone and still too big: wait for pages
+    if (need > free_pages()) {
+      preempt(r); // alone and still too big: wait for pages
       preempted = true;
       continue;
     }
@@ -246,7 +242,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       if (n <= 0)
         break;
       const int32_t need = pages_for(n);
-      if (need > free_pages_)
+      if (need > free_pages())
         break; // no skipping ahead: that would starve long prompts
       waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r->id));
       running_.push_back(r->id);
@@ -263,8 +259,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     }
   }
 
-  if (d.plan.chunks.empty())
-    return d.to_free.empty() ? std::nullopt : std::optional<step_draft>(std::move(d));
+  if (d.plan.chunks.empty()) // after preemptions, the freed pages may admit others
+    return preempted ? schedule(now) : std::nullopt;
   d.plan.released = std::move(release_next_);
   release_next_.clear();
   d.plan.step = next_step_++;
@@ -307,7 +303,7 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
       finish(r, ev.finish_reason, now);
     u.tokens.push_back(std::move(ev));
   }
-  collect_finished(u.to_free, &u.finished);
+  collect_finished(&u.finished);
   return u;
 }
 
@@ -336,7 +332,7 @@ std::vector<uint64_t> scheduler::fail_runner() {
   inflight_.clear();
   release_next_.clear();
   num_pages_ = 0;
-  free_pages_ = 0;
+  pool_.reset(0);
   return failed;
 }
 
@@ -344,18 +340,6 @@ void scheduler::set_policy(std::unique_ptr<admission_policy> policy, sched_time 
   policy_ = std::move(policy);
   for (auto id : waiting_)
     policy_->on_arrival(requests_.at(id), now);
-}
-
-void assign_pages(step_draft& draft, kv_page_pool& pool) {
-  for (auto id : draft.to_free)
-    pool.release(id);
-  for (size_t i = 0; i < draft.plan.chunks.size(); ++i) {
-    auto& c = draft.plan.chunks[i];
-    auto pages = pool.grow(c.id, draft.pages_needed[i]);
-    if (!pages)
-      throw std::logic_error("assign_pages: the scheduler counted pages the pool does not have");
-    c.new_pages = std::move(*pages);
-  }
 }
 
 } // namespace metronome

@@ -10,13 +10,17 @@
 // cap on running requests (max_batch_size). Running requests go first, in
 // admission order, so decodes are never starved by prompts; a long prompt is
 // split into chunks that fit the remaining budget. Then the admission policy
-// orders the waiting requests. When a running request needs a KV page and
-// none is free, the most recently admitted running request is preempted: its
-// pages are freed and it waits to be recomputed from prompt plus output.
+// orders the waiting requests. The scheduler owns the KV page pool and grants
+// pages as it places chunks (as vLLM's scheduler calls its KV manager), so a
+// plan leaves schedule() complete with page ids. When a running request needs
+// a KV page and none is free, the most recently admitted running request is
+// preempted: its pages are freed and it waits to be recomputed from prompt
+// plus output.
 // Plans are pipelined: up to pipeline_depth plans are in flight, and a request
 // whose sample is still in flight counts that sample as a token, so the next
 // plan can decode it before the previous step's output arrives. A finished
-// request's pages are freed once no plan in flight uses it.
+// request's pages are freed once no plan in flight uses it; a preempted
+// request's at once, since plans run in order and no later one reads them.
 
 #include <cstdint>
 #include <deque>
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "actors/admission_policy.hpp"
+#include "actors/kv_page_pool.hpp"
 #include "actors/step_cost.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
@@ -108,16 +113,11 @@ struct token_event {
   std::vector<token_logprob> logprobs;
 };
 
-/// A plan in the making: the runner plan without page ids, and the pages
-/// each chunk needs from the allocator (in chunk order).
+/// A plan for the runner (page ids granted) and what the scheduler knows of it.
 struct step_draft {
   step_plan plan;
-  std::vector<int32_t> pages_needed;
   /// Per chunk: whether it ends with a sample (the runner returns a token).
   std::vector<uint8_t> samples;
-  /// Sequences whose pages the allocator must free before this plan's pages
-  /// are granted.
-  std::vector<uint64_t> to_free;
   /// What the step computes, and how long the scheduler predicts it takes.
   step_shape shape;
   double predicted_ms = 0;
@@ -128,8 +128,6 @@ struct step_draft {
 /// What update_from_output produced.
 struct step_update {
   std::vector<token_event> tokens;
-  /// Sequences whose pages the allocator must free now.
-  std::vector<uint64_t> to_free;
   /// Requests that left the scheduler this update (finished or aborted).
   std::vector<uint64_t> finished;
 };
@@ -149,8 +147,8 @@ public:
 
   /// Ends a request early (client gone, stop string, timeout) with `reason`.
   /// Returns false for an unknown or finished id. Its pages are freed, now
-  /// (appended to to_free) or when no plan in flight uses it any more.
-  bool abort(uint64_t id, std::string reason, sched_time now, std::vector<uint64_t>& to_free);
+  /// or when no plan in flight uses it any more.
+  bool abort(uint64_t id, std::string reason, sched_time now);
 
   /// Makes the next plan, or nullopt when there is nothing to do or
   /// pipeline_depth plans are in flight.
@@ -191,7 +189,14 @@ public:
     return int32_t(running_.size());
   }
   int32_t free_pages() const {
-    return free_pages_;
+    return pool_.free_pages();
+  }
+  int32_t used_pages() const {
+    return pool_.used_pages();
+  }
+  /// The KV page pool (page tables by sequence id).
+  const kv_page_pool& pages() const {
+    return pool_;
   }
   int32_t num_pages() const {
     return num_pages_;
@@ -218,9 +223,9 @@ public:
 
 private:
   int32_t pages_for(int64_t tokens) const;
-  void preempt(sched_request& r, step_draft& draft);
+  void preempt(sched_request& r);
   void finish(sched_request& r, std::string reason, sched_time now);
-  void collect_finished(std::vector<uint64_t>& to_free, std::vector<uint64_t>* finished);
+  void collect_finished(std::vector<uint64_t>* finished);
   std::vector<sched_request*> waiting_list();
 
   scheduler_config config_;
@@ -241,19 +246,11 @@ private:
   std::vector<uint64_t> finishing_;
   int32_t num_pages_ = 0;
   int32_t page_size_ = 16;
-  int32_t free_pages_ = 0;
+  kv_page_pool pool_;
   uint64_t next_step_ = 0;
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
   int64_t limited_steps_ = 0;
 };
-
-class kv_page_pool;
-
-/// Completes a draft synchronously against a local pool (replay, tests):
-/// frees draft.to_free, then grants each chunk its pages (into
-/// draft.plan.chunks[i].new_pages). The live server does the same through
-/// the kv cache actor.
-void assign_pages(step_draft& draft, kv_page_pool& pool);
 
 } // namespace metronome

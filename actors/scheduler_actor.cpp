@@ -20,14 +20,11 @@ namespace {
 struct scheduler_actor_state {
   std::unique_ptr<scheduler> core;
   scheduler_actor_config config;
-  kv_cache_actor kv;
   executor_actor executor;
   std::shared_ptr<engine_status> status;
   std::shared_ptr<engine_metrics> metrics;
   /// Bumped whenever the executor changes: answers for an older one are stale.
   uint64_t epoch = 0;
-  /// A draft waits for its pages: the next one is made after it is sent.
-  bool planning = false;
   bool degraded = false;
   uint64_t timer_epoch = 0;
   std::unordered_map<uint64_t, caf::actor> requests;
@@ -49,6 +46,8 @@ void publish(self_ptr self) {
   if (st.status) {
     st.status->waiting = st.core->num_waiting();
     st.status->running = st.core->num_running();
+    st.status->kv_used_pages = st.core->used_pages();
+    st.status->kv_total_pages = st.core->num_pages();
   }
   if (st.metrics) {
     st.metrics->on_preemptions(st.core->preemptions() - st.reported_preemptions);
@@ -80,11 +79,6 @@ void forget(self_ptr self, uint64_t id) {
     st.by_addr.erase(i->second.address());
     st.requests.erase(i);
   }
-}
-
-void free_pages(self_ptr self, const std::vector<uint64_t>& ids) {
-  for (auto id : ids)
-    self->send(self->state.kv, free_atom::value, id);
 }
 
 void fail_request(self_ptr self, uint64_t id, request_errc code, const std::string& message) {
@@ -120,7 +114,6 @@ void report_outcomes(self_ptr self) {
 void on_output(self_ptr self, const step_output& out) {
   auto& st = self->state;
   auto u = st.core->update_from_output(out, engine_now(self));
-  free_pages(self, u.to_free);
   if (st.metrics)
     st.metrics->on_step(out.num_seqs, st.config.limits.max_batch_size, out.num_tokens, out.seconds);
   for (auto& ev : u.tokens) {
@@ -151,7 +144,6 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
   auto& st = self->state;
   ++st.epoch;
   st.executor = nullptr;
-  st.planning = false;
   for (auto id : st.core->fail_runner())
     fail_request(self, id, request_errc::engine_failure,
                  "the engine failed while running this request (" + reason + ")");
@@ -160,9 +152,8 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
     std::vector<uint64_t> waiting;
     for (const auto& [id, _] : st.requests)
       waiting.push_back(id);
-    std::vector<uint64_t> unused;
     for (auto id : waiting) {
-      st.core->abort(id, "failed", engine_now(self), unused);
+      st.core->abort(id, "failed", engine_now(self));
       fail_request(self, id, request_errc::unavailable,
                    "the engine is unavailable: its executor keeps failing (" + reason + ")");
     }
@@ -201,7 +192,7 @@ void arm_deadline(self_ptr self, sched_time now) {
 
 void pump(self_ptr self) {
   auto& st = self->state;
-  while (!st.planning && st.executor) {
+  while (st.executor) {
     const auto now = engine_now(self);
     auto draft = st.core->schedule(now);
     publish(self);
@@ -209,46 +200,7 @@ void pump(self_ptr self) {
       arm_deadline(self, now);
       return;
     }
-    free_pages(self, draft->to_free);
-    if (draft->plan.chunks.empty())
-      continue; // only preemptions: schedule again
-    std::vector<page_request> asks;
-    for (size_t i = 0; i < draft->plan.chunks.size(); ++i)
-      asks.push_back({draft->plan.chunks[i].id, draft->pages_needed[i]});
-    st.planning = true;
-    const auto epoch = st.epoch;
-    self->request(st.kv, std::chrono::seconds(10), alloc_atom::value, std::move(asks))
-      .then(
-        [=, plan = std::move(draft->plan), needed = std::move(draft->pages_needed)](
-          page_grant& grant) mutable {
-          auto& s = self->state;
-          if (epoch != s.epoch)
-            return; // the executor changed: the draft is void
-          s.planning = false;
-          for (size_t i = 0; i < plan.chunks.size(); ++i) {
-            if (i >= grant.pages.size() || int32_t(grant.pages[i].size()) != needed[i]) {
-              // The scheduler's page count and the pool disagree: a bug. Start
-              // over with a fresh executor rather than corrupt any sequence.
-              spdlog::critical("kv cache granted fewer pages than counted for sequence {}",
-                               plan.chunks[i].id);
-              if (s.executor)
-                self->send(s.executor, crash_atom::value, std::string("kv page accounting mismatch"));
-              return;
-            }
-            plan.chunks[i].new_pages = std::move(grant.pages[i]);
-          }
-          send_plan(self, std::move(plan));
-          pump(self);
-        },
-        [=](caf::error& err) {
-          auto& s = self->state;
-          if (epoch != s.epoch)
-            return;
-          s.planning = false;
-          spdlog::critical("kv cache allocator failed: {}", self->system().render(err));
-          lose_executor(self, "kv cache allocator: " + self->system().render(err), false);
-        });
-    return; // the grant handler continues
+    send_plan(self, std::move(draft->plan));
   }
 }
 
@@ -277,14 +229,13 @@ generation_error refusal(admit_result r, const sched_request& req, int32_t max_m
   return {{}, request_errc::engine_failure, "unexpected admission result", ""};
 }
 
-caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_cache_actor kv,
+caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
                               std::shared_ptr<engine_status> status,
                               std::shared_ptr<engine_metrics> metrics) {
   auto& st = self->state;
   auto policy = make_policy(config, config.policy);
   st.core = std::make_unique<scheduler>(config.limits, std::move(policy));
   st.config = std::move(config);
-  st.kv = std::move(kv);
   st.status = std::move(status);
   st.metrics = std::move(metrics);
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -293,10 +244,8 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
     if (i == s.by_addr.end())
       return;
     const auto id = i->second;
-    std::vector<uint64_t> to_free;
-    if (s.core->abort(id, "cancelled", engine_now(self), to_free))
-      ++s.cancelled;
-    free_pages(self, to_free);
+    if (s.core->abort(id, "cancelled", engine_now(self)))
+      ++s.cancelled; // its pages are free now or once no plan in flight uses them
     s.by_addr.erase(i);
     s.requests.erase(id);
     publish(self);
@@ -340,10 +289,8 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
     },
     [=](cancel_atom, uint64_t id, std::string& reason) {
       auto& s = self->state;
-      std::vector<uint64_t> to_free;
-      if (s.core->abort(id, reason, engine_now(self), to_free))
+      if (s.core->abort(id, reason, engine_now(self)))
         ++s.cancelled;
-      free_pages(self, to_free);
       forget(self, id);
       publish(self);
       pump(self);
@@ -351,9 +298,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
     [=](executor_up_msg& up) {
       auto& s = self->state;
       ++s.epoch;
-      s.planning = false;
       s.executor = caf::actor_cast<executor_actor>(up.executor);
-      self->send(s.kv, reset_atom::value, up.num_pages);
       s.core->set_capacity(up.num_pages, up.page_size);
       pump(self);
     },
@@ -393,6 +338,8 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
       out.finished = s.finished;
       out.cancelled = s.cancelled;
       out.live_requests = int32_t(s.requests.size());
+      out.kv_used_pages = s.core->used_pages();
+      out.kv_sequences = s.core->pages().sequences();
       out.policy = std::string(s.core->policy().name());
       return out;
     },
@@ -402,13 +349,12 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config, kv_c
 } // namespace
 
 caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
-                           kv_cache_actor kv, std::shared_ptr<engine_status> status,
+                           std::shared_ptr<engine_status> status,
                            std::shared_ptr<engine_metrics> metrics) {
   if (!make_policy(config, config.policy))
     throw std::invalid_argument("unknown scheduling policy '" + config.policy + "' (policies: "
                                 + std::string(policy_names()) + ")");
-  return sys.spawn(scheduler_actor, std::move(config), std::move(kv), std::move(status),
-                   std::move(metrics));
+  return sys.spawn(scheduler_actor, std::move(config), std::move(status), std::move(metrics));
 }
 
 } // namespace metronome

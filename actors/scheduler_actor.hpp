@@ -42,7 +42,7 @@ sched_time engine_now(caf::local_actor* self);
 /// predicted requests: the drift supervisor) and recalibrate_atom + window
 /// in ns (the predictor refits on that recent history).
 caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
-                           kv_cache_actor kv, std::shared_ptr<engine_status> status,
+                           std::shared_ptr<engine_status> status,
                            std::shared_ptr<engine_metrics> metrics);
 
 } // namespace metronome

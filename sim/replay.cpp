@@ -7,7 +7,6 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "actors/kv_page_pool.hpp"
 
 namespace metronome::sim {
 
@@ -64,7 +63,6 @@ public:
     sched_ = std::make_unique<scheduler>(limits_, std::move(policy));
     sched_->set_capacity(num_pages_, page_size_);
     sched_->set_step_cost(o.cost.coefficients());
-    pool_.reset(num_pages_);
     detector_ = std::make_unique<drift_detector>(o.settings.drift);
     res_.policy = o.policy;
     res_.trace_name = t.name;
@@ -166,9 +164,6 @@ private:
 
   void pump() {
     while (auto d = sched_->schedule(now_)) {
-      assign_pages(*d, pool_);
-      if (d->plan.chunks.empty())
-        continue; // only frees
       const double ms = o_.cost.step_ms(d->shape);
       const auto start = std::max(now_, executor_free_);
       executor_free_ = start + sched_time{int64_t(std::llround(ms * 1e6))};
@@ -197,8 +192,6 @@ private:
       out.tokens.push_back({id, last ? stop_token : other_token, 0});
     }
     auto u = sched_->update_from_output(out, now_);
-    for (auto id : u.to_free)
-      pool_.release(id);
     res_.sum_batch += out.num_seqs;
     res_.busy_s += out.seconds;
     for (const auto& ev : u.tokens) {
@@ -251,7 +244,6 @@ private:
   int32_t num_pages_ = 0;
   std::shared_ptr<policy_context> ctx_;
   std::unique_ptr<scheduler> sched_;
-  kv_page_pool pool_;
   std::unique_ptr<drift_detector> detector_;
   bool drift_on_ = false;
   std::optional<sched_time> disabled_since_;

@@ -7,9 +7,9 @@
 // time: arrivals (trace time / rate_scale), the end of the executor's current
 // step, and wake-ups (a policy's hold deadline, the drift detector's next
 // check). It drives `scheduler` the way the scheduler actor does: after every
-// event it calls schedule() until the pipeline (pipeline_depth plans) is full,
-// grants each draft its pages from a kv_page_pool (assign_pages), and queues
-// the plan at the simulated executor, which runs plans back to back; a plan's
+// event it calls schedule() until the pipeline (pipeline_depth plans) is full
+// (the scheduler grants pages from its own pool), and queues the plan at the
+// simulated executor, which runs plans back to back; a plan's
 // duration is the cost model's time for its shape (decodes, KV tokens read,
 // prompt tokens and their attention pairs). At a step's end the executor
 // samples one token per sampling chunk: the request's stop token once it has

@@ -36,7 +36,6 @@ serve_through_runner(std::shared_ptr<const model_folder> model,
                      int32_t num_pages, int32_t page_size, int64_t* preemptions = nullptr) {
   scheduler s(cfg, std::move(policy));
   s.set_capacity(num_pages, page_size);
-  kv_page_pool pool(num_pages);
   auto runner = make_cpu_runner(model, num_pages, page_size);
   std::map<uint64_t, std::vector<int32_t>> out;
   std::deque<step_draft> inflight;
@@ -52,11 +51,8 @@ serve_through_runner(std::shared_ptr<const model_folder> model,
       EXPECT_EQ(s.add(std::move(r), now), admit_result::ok);
       ++next;
     }
-    while (auto d = s.schedule(now)) {
-      assign_pages(*d, pool);
-      if (!d->plan.chunks.empty())
-        inflight.push_back(std::move(*d));
-    }
+    while (auto d = s.schedule(now))
+      inflight.push_back(std::move(*d));
     if (inflight.empty())
       continue;
     auto result = runner->execute(inflight.front().plan);
@@ -64,13 +60,12 @@ serve_through_runner(std::shared_ptr<const model_folder> model,
     auto u = s.update_from_output(result, now);
     for (const auto& t : u.tokens)
       out[t.id].push_back(t.token);
-    for (auto id : u.to_free)
-      EXPECT_TRUE(pool.release(id));
     done += u.finished.size();
   }
   EXPECT_EQ(done, items.size()) << "not every request finished";
-  EXPECT_EQ(pool.used_pages(), 0);
-  EXPECT_EQ(pool.unmatched_frees(), 0);
+  EXPECT_EQ(s.used_pages(), 0);
+  EXPECT_EQ(s.pages().sequences(), 0);
+  EXPECT_EQ(s.pages().unmatched_frees(), 0);
   if (preemptions)
     *preemptions = s.preemptions();
   return out;

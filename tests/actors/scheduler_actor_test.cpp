@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include "actors/engine.hpp"
-#include "actors/kv_cache_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 
 namespace metronome {
@@ -78,7 +77,6 @@ protected:
   caf::scheduler::test_coordinator& sched
     = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
-  kv_cache_actor kv = spawn_kv_cache(sys, 0, status);
   caf::actor scheduler;
   caf::actor executor = sys.spawn(scripted_executor);
   std::vector<caf::actor> spawned;
@@ -88,7 +86,7 @@ protected:
     scheduler_actor_config sc;
     sc.limits.max_model_len = 1024;
     sc.step_timeout = 1s;
-    scheduler = spawn_scheduler(sys, sc, kv, status, nullptr);
+    scheduler = spawn_scheduler(sys, sc, status, nullptr);
     sched.run();
     executor_up_msg up{executor, 64, 16, "test", {}};
     caf::anon_send(scheduler, up);
@@ -100,7 +98,6 @@ protected:
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     for (const auto& a : {scheduler, executor})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
     sched.run();
   }
 

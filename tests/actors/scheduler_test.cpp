@@ -31,13 +31,11 @@ class scheduler_test : public ::testing::Test {
 protected:
   scheduler_config cfg;
   std::unique_ptr<scheduler> s;
-  kv_page_pool pool;
   sched_time now{0};
 
   void make(int32_t pages = 64, int32_t page_size = 4) {
     s = std::make_unique<scheduler>(cfg, std::make_unique<fcfs_policy>());
     s->set_capacity(pages, page_size);
-    pool.reset(pages);
   }
 
   void add(sched_request r) {
@@ -46,8 +44,15 @@ protected:
 
   std::optional<step_draft> next() {
     auto d = s->schedule(now);
-    if (d)
-      assign_pages(*d, pool);
+    if (d) // every chunk got exactly the pages its tokens need, and they are its own
+      for (const auto& c : d->plan.chunks) {
+        const auto* table = s->pages().table(c.id);
+        if (!c.new_pages.empty()) {
+          EXPECT_NE(table, nullptr);
+          if (table)
+            EXPECT_TRUE(std::equal(c.new_pages.rbegin(), c.new_pages.rend(), table->rbegin()));
+        }
+      }
     return d;
   }
 
@@ -59,15 +64,12 @@ protected:
     for (size_t i = 0; i < d.plan.chunks.size(); ++i)
       if (d.samples[i])
         out.tokens.push_back({d.plan.chunks[i].id, token_for ? token_for(d.plan.chunks[i].id) : 7, 0});
-    auto u = s->update_from_output(out, now);
-    for (auto id : u.to_free)
-      EXPECT_TRUE(pool.release(id)) << "seq " << id;
-    return u;
+    return s->update_from_output(out, now);
   }
 
   void check_pages() {
-    EXPECT_EQ(s->free_pages(), pool.free_pages());
-    EXPECT_EQ(pool.unmatched_frees(), 0);
+    EXPECT_EQ(s->free_pages() + s->used_pages(), s->num_pages());
+    EXPECT_EQ(s->pages().unmatched_frees(), 0);
   }
 
   static int32_t tokens_of(const step_plan& p, uint64_t id) {
@@ -106,7 +108,7 @@ TEST_F(scheduler_test, prefill_then_pipelined_decodes_until_length) {
   EXPECT_EQ(u2.finished, std::vector<uint64_t>{1});
   EXPECT_EQ(s->num_running(), 0);
   check_pages();
-  EXPECT_EQ(pool.used_pages(), 0);
+  EXPECT_EQ(s->used_pages(), 0);
 }
 
 TEST_F(scheduler_test, a_stop_token_finishes_and_a_sample_in_flight_is_dropped) {
@@ -117,10 +119,11 @@ TEST_F(scheduler_test, a_stop_token_finishes_and_a_sample_in_flight_is_dropped) 
   auto u0 = run(*p0, [](uint64_t) { return 2; });
   ASSERT_EQ(u0.tokens.size(), 1u);
   EXPECT_EQ(u0.tokens[0].finish_reason, "stop");
-  EXPECT_TRUE(u0.to_free.empty()) << "plan 1 still uses its pages";
+  EXPECT_NE(s->pages().table(1), nullptr) << "plan 1 still uses its pages";
   auto u1 = run(*p1);
   EXPECT_TRUE(u1.tokens.empty());
-  EXPECT_EQ(u1.to_free, std::vector<uint64_t>{1});
+  EXPECT_EQ(s->pages().table(1), nullptr);
+  EXPECT_EQ(s->used_pages(), 0);
   check_pages();
   // The runner forgets it with the next plan.
   add(make_request(2, 4, 1));
@@ -188,7 +191,7 @@ TEST_F(scheduler_test, preempts_the_latest_admitted_when_pages_run_out_and_resum
   p = next();
   ASSERT_TRUE(p);
   EXPECT_EQ(s->preemptions(), 1);
-  EXPECT_EQ(p->to_free, std::vector<uint64_t>{2});
+  EXPECT_EQ(s->pages().table(2), nullptr) << "preempted: its pages are free";
   EXPECT_EQ(p->plan.released, std::vector<uint64_t>{2});
   EXPECT_EQ(tokens_of(p->plan, 1), 1);
   EXPECT_EQ(tokens_of(p->plan, 2), 0);
@@ -214,18 +217,18 @@ TEST_F(scheduler_test, abort_frees_pages_once_no_plan_uses_them) {
   make();
   add(make_request(1, 6, 50));
   auto p0 = next();
-  std::vector<uint64_t> to_free;
-  EXPECT_TRUE(s->abort(1, "cancelled", now, to_free));
-  EXPECT_TRUE(to_free.empty());
-  EXPECT_FALSE(s->abort(1, "cancelled", now, to_free));
+  EXPECT_TRUE(s->abort(1, "cancelled", now));
+  EXPECT_NE(s->pages().table(1), nullptr) << "plan 0 still uses its pages";
+  EXPECT_FALSE(s->abort(1, "cancelled", now));
   auto u = run(*p0);
   EXPECT_TRUE(u.tokens.empty());
-  EXPECT_EQ(u.to_free, std::vector<uint64_t>{1});
+  EXPECT_EQ(s->pages().table(1), nullptr);
+  EXPECT_EQ(s->used_pages(), 0);
   check_pages();
   // Aborting a waiting request frees nothing (it holds no pages).
   add(make_request(2, 6, 5));
-  EXPECT_TRUE(s->abort(2, "cancelled", now, to_free));
-  EXPECT_TRUE(to_free.empty());
+  EXPECT_TRUE(s->abort(2, "cancelled", now));
+  EXPECT_EQ(s->pages().unmatched_frees(), 0);
   EXPECT_EQ(s->num_waiting(), 0);
 }
 
@@ -259,7 +262,6 @@ TEST_F(scheduler_test, executor_failure_fails_running_and_keeps_waiting) {
   EXPECT_EQ(s->num_waiting(), 1);
   EXPECT_FALSE(s->schedule(now)) << "no executor until set_capacity";
   s->set_capacity(64, 4);
-  pool.reset(64);
   auto p = next();
   ASSERT_TRUE(p);
   EXPECT_EQ(p->plan.added.at(0).id, 2u);

@@ -9,7 +9,6 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/kv_page_pool.hpp"
 #include "actors/ladb_policy.hpp"
 #include "actors/scheduler.hpp"
 
@@ -31,7 +30,6 @@ class policy_harness {
 public:
   scheduler_config cfg;
   std::unique_ptr<scheduler> s;
-  kv_page_pool pool;
   sched_time now{0};
   /// Token to emit for a request (default 7, never a stop token).
   std::function<int32_t(uint64_t)> token_for;
@@ -39,7 +37,6 @@ public:
   void make(std::unique_ptr<admission_policy> p, int32_t pages = 4096, int32_t page_size = 16) {
     s = std::make_unique<scheduler>(cfg, std::move(p));
     s->set_capacity(pages, page_size);
-    pool.reset(pages);
   }
 
   void add(sched_request r) {
@@ -48,10 +45,7 @@ public:
   }
 
   std::optional<step_draft> next() {
-    auto d = s->schedule(now);
-    if (d)
-      assign_pages(*d, pool);
-    return d;
+    return s->schedule(now);
   }
 
   step_update run(const step_draft& d) {
@@ -63,10 +57,7 @@ public:
         const auto id = d.plan.chunks[i].id;
         out.tokens.push_back({id, token_for ? token_for(id) : 7, 0});
       }
-    auto u = s->update_from_output(out, now);
-    for (auto id : u.to_free)
-      EXPECT_TRUE(pool.release(id));
-    return u;
+    return s->update_from_output(out, now);
   }
 
   /// Ids newly admitted by a plan, in admission order.

@@ -678,14 +678,13 @@ void cuda_engine::capture_graphs() {
       }
     }
     // METRONOME_PDL=auto: the GEMV path's graph again with PDL, the path
-    // whose short kernels it can help (with every candidate tried, round 11
-    // call 6, no cuBLAS-path size of either model won by the margin:
-    // bench/results/h200-2026-12-01-r11.md; since the o and down GEMVs stopped
-    // launching early, round 12, the batch-1 graphs win by 3 to 6.5%:
-    // bench/results/h200-2026-12-01-r12.md). Both timed four times in
-    // alternating order, so that a drift within the start-up favours
+    // whose short kernels it can help (with every candidate tried, no
+    // cuBLAS-path size of either model won by the margin on the H200; with
+    // the o and down GEMVs never launching early, the batch-1 graphs win by
+    // 3 to 6.5%: bench/results/h200-2026-12-01-r12.md). Both timed four times
+    // in alternating order, so that a drift within the start-up favours
     // neither; PDL must win by pdl_margin, or the plain graph stays (single
-    // timings picked by noise at 8B, -r10.md).
+    // timings picked by noise at 8B).
     if (pdl_both && dg.path == decode_path::gemv) {
       graph_exec gp;
       {
@@ -698,7 +697,7 @@ void cuda_engine::capture_graphs() {
       }
     }
     // Then, where PDL won, late triggers (kernels.hpp), kept on the same
-    // terms: they win at the 1B shape and lose at the 8B one (-r14.md).
+    // terms: they win at the 1B shape and lose at the 8B one (H200).
     if (pdl_both && dg.pdl && dg.path == decode_path::gemv) {
       graph_exec gl;
       {

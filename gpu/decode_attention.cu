@@ -70,7 +70,7 @@ constexpr int step_keys = 16;
 /// splits). 64 rather than 256: batch-1 steps at 1,024 keys took 2.4% (8B)
 /// and 3.5% (1B) less, at 4,096 keys 0.5% and 1.5% less, at 128 keys 0.7%
 /// (8B) and nothing (1B) less; batches of 64 the same (one split each)
-/// (bench/results/h200-2026-12-01.md).
+/// (H200).
 constexpr int32_t min_split_tokens = 64;
 /// Most splits (partials buffer and merge are sized for it).
 constexpr int32_t max_splits = 64;
@@ -993,13 +993,12 @@ int32_t decode_attention_warps(const attention_shape& sh, int32_t num_seqs, int3
   // a thread). So the 2-warp form wins where it needs at most half the
   // waves: a grid just past one wave of 4-warp blocks runs its few leftover
   // blocks alone for a whole block's time, and a grid of 2-warp blocks that
-  // fits one wave has no such tail. The H200's kernel times, 1,024 keys
-  // (bench/results/h200-2026-12-02-r20.md), 4 -> 2 warps: 8B 48 sequences
-  // 70.1 -> 59.1 us, 64 76.8 -> 74.1, 128 142.4 -> 140.5, and at 96 (1.5 of
-  // the 2-warp form's waves against 3 of the 4-warp form's) 110.6 -> 123.0,
-  // which this rule keeps at 4; 1B 96 69.4 -> 56.7, 128 76.6 -> 73.5. Within
-  // one wave of the 4-warp form fewer warps only cut the loads in flight
-  // (8B, 32 sequences: 41.0 -> 47.6 us).
+  // fits one wave has no such tail. The H200's kernel times, 1,024 keys,
+  // 4 -> 2 warps: 8B 48 sequences 70.1 -> 59.1 us, 64 76.8 -> 74.1, 128
+  // 142.4 -> 140.5, and at 96 (1.5 of the 2-warp form's waves against 3 of
+  // the 4-warp form's) 110.6 -> 123.0, which this rule keeps at 4; 1B 96
+  // 69.4 -> 56.7, 128 76.6 -> 73.5. Within one wave of the 4-warp form fewer
+  // warps only cut the loads in flight (8B, 32 sequences: 41.0 -> 47.6 us).
   const int64_t blocks = int64_t(std::max(1, num_seqs)) * sh.kv_heads * std::max(1, splits);
   const int64_t slots = int64_t(std::max(1, blocks_per_sm)) * std::max(1, num_sms);
   const int64_t waves4 = (blocks + slots - 1) / slots;

@@ -19,10 +19,9 @@ namespace metronome::gpu::decode_layout {
 /// load instruction reads whole 32-byte sectors. Contiguous runs per lane
 /// used half of each sector per load, so every sector crossed from L2 twice
 /// (Nsight Compute, 8B batch 64 on the H200: L2 78% busy, 49% excess
-/// sectors); interleaved, the 8B shape's attention took 5-19% less time
-/// (bench/results/h200-2026-12-01-r6.md). A dot product and a weighted sum
-/// do not care which dims a lane holds, as long as K and q agree; the output
-/// dims follow v_dim().
+/// sectors); interleaved, the 8B shape's attention took 5-19% less time.
+/// A dot product and a weighted sum do not care which dims a lane holds, as
+/// long as K and q agree; the output dims follow v_dim().
 template <int D, bool WIDE = false>
 struct tc_cfg {
   static constexpr int kw = D / 8;  // words of K per key a lane holds (D/4 dims)

@@ -34,18 +34,17 @@
 // normalised from registers in one round trip (stage_residual): the staging
 // loop used to take one dependent round trip per 16 bytes a thread, up to
 // seven for the 8B down projection; with both, the 8B and 1B batch-1 steps
-// take 2.3% less time (bench/results/h200-2026-12-01-r15.md). The KS partial
-// sums of a pair meet in shared memory (double-buffered by tile parity, one barrier per
-// tile) in a fixed order, so results do not depend on timing. Inputs too
-// large for shared memory (M x k x 2 bytes over 96 KiB) take the first
-// generation's chunked path.
+// take 2.3% less time. The KS partial sums of a pair meet in shared memory
+// (double-buffered by tile parity, one barrier per tile) in a fixed order,
+// so results do not depend on timing. Inputs too large for shared memory
+// (M x k x 2 bytes over 96 KiB) take the first generation's chunked path.
 //
 // The weight loads carry the L2 evict-first hint. A step streams 2.5 to 16 GB
 // of weights through a 60 MB L2; at normal priority they push out what the
 // next kernel reads first (the residual for its RMSNorm, the attention output,
 // the activations), and each of those dependent reads then goes to DRAM. With
 // the hint the 8B batch-1 step took 6% less time and the 1B one 6% less
-// (bench/results/h200-2026-12-01.md).
+// (H200).
 
 #include <algorithm>
 #include <map>
@@ -359,8 +358,8 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
   // launch and off for these two, the 8B batch-1 step took 3% less time than
   // with PDL off everywhere, and with PDL on these too, 2% more
   // (bench/results/h200-2026-12-01-r12.md, measured on this generation); with
-  // the kernels before them triggering late, the 1B step takes 3% less
-  // (-r14.md). They still trigger their dependents, so the launch after them
+  // the kernels before them triggering late, the 1B step takes 3% less.
+  // They still trigger their dependents, so the launch after them
   // (gate_up, the next qkv) overlaps.
   const pdl_scope no_early_launch(
     epilogue == gemv_epilogue::residual_add && !late_triggers() ? false : pdl_active());

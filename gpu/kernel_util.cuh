@@ -42,7 +42,7 @@ __device__ __forceinline__ bf16x8 load_stream(const void* p, uint64_t policy) {
 /// An L2 eviction policy for the loads of one kernel: evict-first for bytes
 /// that a decode step reads once (weights, the KV cache), so that streaming
 /// them does not push out of L2 what the step's kernels pass to each other;
-/// evict-normal otherwise (bench/results/h200-2026-12-01.md).
+/// evict-normal otherwise.
 __device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
   uint64_t policy;
   if (evict_first)

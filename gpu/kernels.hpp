@@ -340,8 +340,8 @@ kernel_generations parse_kernel_generations(const std::string& spec,
 /// (uncaptured; bench/results/h200-2026-12-01-r12.md), and in the decode
 /// graphs that win with it: where a batch size takes the GEMV path, the
 /// engine times that graph with and without PDL at start-up (four
-/// alternating timings each) and keeps PDL if it wins by 1%
-/// (bench/results/h200-2026-12-01-r11.md), then that graph again with late
+/// alternating timings each) and keeps PDL if it wins by 1% (a fixed
+/// choice was a loss at one shape or another), then that graph again with late
 /// triggers (late_triggers()), kept if they win by 1% too. "late": on
 /// everywhere, with late triggers. Any other value: auto, with a warning on
 /// stderr.
@@ -382,8 +382,8 @@ using pdl_scope = launch_choice_scope<pdl_choice>;
 /// at the end of each block's work instead of right after their wait, so the
 /// o and down grids become resident as the kernel before them drains and
 /// request their first weights while it finishes. Batch 1, 1B shape: 3% less
-/// time a step; 8B: 2.4 to 2.8% more (bench/results/h200-2026-12-01-r14.md);
-/// so the engine times it per decode graph. Only where PDL is active. The innermost
+/// time a step; 8B: 2.4 to 2.8% more (H200); so the engine times it per
+/// decode graph. Only where PDL is active. The innermost
 /// live late_trigger_scope's choice, else pdl_setting() == late. Any thread.
 bool late_triggers();
 

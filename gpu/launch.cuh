@@ -10,10 +10,9 @@
 // triggers (late_triggers() in kernels.hpp, before the residual-adding
 // GEMVs), at the end of its blocks' work; so the next kernel is scheduled
 // only once this one's predecessor has finished: at most two grids overlap.
-// (Triggering before the wait, as the first version did, let a chain of
-// kernels become resident and spin, each holding registers and issuing its
-// weight loads out of order: the 8B batch-1 step lost 7%;
-// bench/results/h200-2026-11-30-r2.md.) Captured graphs keep these
+// (Triggering before the wait lets a chain of kernels become resident and
+// spin, each holding registers and issuing its weight loads out of order:
+// the 8B batch-1 step lost 7% on the H200.) Captured graphs keep these
 // programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
 // by default on for prompt steps and chosen per decode graph by the engine,
 // METRONOME_PDL=1 or 0 forces it), except that the residual-adding GEMVs

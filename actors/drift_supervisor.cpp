@@ -10,100 +10,6 @@
 
 namespace metronome {
 
-// -- drift_detector ----------------------------------------------------------------
-
-drift_detector::drift_detector(drift_options options) : options_(options) {
-  // nop
-}
-
-void drift_detector::record(const prediction_outcome& o) {
-  if (disabled())
-    return; // predictions made before the recalibration say nothing now
-  if (options_.relative_to_baseline && o.expected_error < 0)
-    return; // the cold-start rule is not calibrated: nothing to drift from
-  window_.push_back(o);
-  sum_error_ += relative_error(o.predicted, o.actual);
-  sum_baseline_ += std::max(o.expected_error, 0.0);
-}
-
-void drift_detector::prune(sched_time now) {
-  while (!window_.empty() && window_.front().finished <= now - options_.window) {
-    const auto& o = window_.front();
-    sum_error_ -= relative_error(o.predicted, o.actual);
-    sum_baseline_ -= std::max(o.expected_error, 0.0);
-    window_.pop_front();
-  }
-  if (window_.empty())
-    sum_error_ = sum_baseline_ = 0; // no drift of the running sums
-}
-
-void drift_detector::clear() {
-  window_.clear();
-  sum_error_ = sum_baseline_ = 0;
-  over_since_.reset();
-}
-
-double drift_detector::window_error() const {
-  return window_.empty() ? 0.0 : sum_error_ / double(window_.size());
-}
-
-double drift_detector::window_limit() const {
-  if (!options_.relative_to_baseline || window_.empty())
-    return options_.error_threshold;
-  const double baseline = sum_baseline_ / double(window_.size());
-  return std::max(options_.error_threshold, baseline * (1.0 + options_.error_threshold));
-}
-
-drift_verdict drift_detector::evaluate(sched_time now) {
-  drift_verdict v;
-  if (disabled_until_) {
-    if (now < *disabled_until_)
-      return v;
-    disabled_until_.reset();
-    clear();
-    v.action = drift_action::enable;
-    return v;
-  }
-  prune(now);
-  v.samples = window_samples();
-  v.error = window_error();
-  v.limit = window_limit();
-  if (v.samples < options_.min_samples || v.error <= v.limit) {
-    over_since_.reset();
-    return v;
-  }
-  if (!over_since_)
-    over_since_ = now;
-  if (now - *over_since_ < options_.sustain)
-    return v;
-  v.action = drift_action::disable;
-  clear();
-  disabled_until_ = now + options_.disable_for;
-  return v;
-}
-
-std::optional<sched_time> drift_detector::next_check() const {
-  if (disabled_until_)
-    return disabled_until_;
-  if (over_since_)
-    return *over_since_ + options_.sustain;
-  return std::nullopt;
-}
-
-drift_event drift_event_of(const drift_verdict& v, sched_time now, const std::string& policy,
-                           const std::string& fallback) {
-  drift_event ev;
-  ev.at_ns = now.count();
-  ev.error = v.error;
-  ev.limit = v.limit;
-  ev.samples = v.samples;
-  const bool disable = v.action == drift_action::disable;
-  ev.action = disable ? "disable" : "enable";
-  ev.policy = disable ? fallback : policy;
-  ev.cause = disable ? "drift" : "recovered";
-  return ev;
-}
-
 // -- the actor ------------------------------------------------------------------------
 
 namespace {
@@ -140,25 +46,24 @@ void switch_policy(self_ptr self, const std::string& policy) {
 
 void act(self_ptr self, const drift_verdict& v, sched_time now) {
   auto& st = self->state;
-  if (v.action == drift_action::none)
-    return;
-  drift_event ev = drift_event_of(v, now, st.config.policy, st.config.fallback);
   const auto& o = st.config.drift;
-  if (v.action == drift_action::disable) {
+  auto order = drift_order_of(v, now, o, st.config.policy, st.config.fallback);
+  if (!order)
+    return;
+  if (order->recalibrate_window) {
     spdlog::warn("drift supervisor: mean relative error {:.3f} of {} predictions above {:.3f} "
                  "for {:g} s: recalibrating the predictor and running {} for {:g} s",
-                 v.error, v.samples, v.limit, seconds(o.sustain), st.config.fallback,
+                 v.error, v.samples, v.limit, seconds(o.sustain), order->policy,
                  seconds(o.disable_for));
-    self->send(st.scheduler, recalibrate_atom::value, int64_t(o.window.count()));
-    switch_policy(self, st.config.fallback);
+    self->send(st.scheduler, recalibrate_atom::value, int64_t(order->recalibrate_window->count()));
   } else {
     spdlog::info("drift supervisor: {:g} s of {} are over: back to {}", seconds(o.disable_for),
-                 st.config.fallback, st.config.policy);
-    switch_policy(self, st.config.policy);
+                 st.config.fallback, order->policy);
   }
+  switch_policy(self, order->policy);
   if (st.metrics)
-    st.metrics->on_policy_switch(ev.policy, ev.cause);
-  st.events.push_back(std::move(ev));
+    st.metrics->on_policy_switch(order->event.policy, order->event.cause);
+  st.events.push_back(std::move(order->event));
 }
 
 caf::behavior drift_supervisor(self_ptr self, caf::actor scheduler,

@@ -17,7 +17,7 @@
 
 #include "actors/drift_supervisor.hpp"
 #include "actors/interfaces.hpp"
-#include "actors/ladb_policy.hpp"
+#include "sched/ladb_policy.hpp"
 #include "model/model_runner.hpp"
 
 namespace metronome {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/prometheus.hpp"
+#include "metrics/prometheus.hpp"
 
 namespace metronome {
 

@@ -24,6 +24,7 @@
 #include "model/model_runner.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
+#include "sched/drift_detector.hpp"
 
 // -- std::optional in messages (CAF 0.17 knows only caf::optional) --------------
 
@@ -249,21 +250,6 @@ struct drift_sample {
   int64_t finished_ns = 0;
 };
 
-/// A decision of the drift supervisor.
-struct drift_event {
-  /// Engine clock, ns.
-  int64_t at_ns = 0;
-  /// "disable" (recalibrate, switch to the fallback) or "enable".
-  std::string action;
-  /// The policy switched to.
-  std::string policy;
-  /// "drift" or "recovered".
-  std::string cause;
-  /// Mean relative error of the window and the limit it was judged against.
-  double error = 0;
-  double limit = 0;
-  int64_t samples = 0;
-};
 
 /// The drift supervisor's answer to stats_atom.
 struct drift_status {

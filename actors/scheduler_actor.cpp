@@ -7,7 +7,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/engine_metrics.hpp"
-#include "actors/ladb_policy.hpp"
+#include "sched/ladb_policy.hpp"
 
 namespace metronome {
 

@@ -1,9 +1,10 @@
 #pragma once
 // The scheduler actor: a thin shell around `scheduler` that turns messages
 // into calls. It monitors every admitted request actor (a DOWN cancels the
-// request and frees its pages), asks the KV cache actor for the pages of
-// each plan, keeps up to pipeline_depth plans queued at the executor, and
-// routes sampled tokens back to the request actors.
+// request and frees its pages), sends each plan `scheduler::schedule` makes
+// (page ids granted from the scheduler's own pool) to the executor, keeps up
+// to pipeline_depth plans queued there, and routes sampled tokens back to
+// the request actors.
 
 #include <chrono>
 #include <memory>
@@ -11,7 +12,7 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome {
 
@@ -28,7 +29,7 @@ struct scheduler_actor_config {
   /// Longest a step may take before the executor is restarted.
   std::chrono::milliseconds step_timeout{std::chrono::seconds(60)};
   /// Settings and shared predictor of the latency-aware policies
-  /// (actors/ladb_policy.hpp); null = defaults, a predictor per policy.
+  /// (sched/ladb_policy.hpp); null = defaults, a predictor per policy.
   std::shared_ptr<policy_context> policies;
 };
 

@@ -20,7 +20,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "actors/step_cost.hpp"
+#include "sched/step_cost.hpp"
 
 namespace metronome::sim {
 

@@ -222,19 +222,19 @@ private:
   }
 
   void apply(const drift_verdict& v) {
-    if (v.action == drift_action::none)
+    auto order = drift_order_of(v, now_, o_.settings.drift, o_.policy, "fcfs");
+    if (!order)
       return;
-    res_.events.push_back(drift_event_of(v, now_, o_.policy, "fcfs"));
-    if (v.action == drift_action::disable) {
-      ctx_->state.model->recalibrate(now_, o_.settings.drift.window);
-      sched_->set_policy(make_admission_policy("fcfs", *ctx_), now_);
+    if (order->recalibrate_window) {
+      ctx_->state.model->recalibrate(now_, *order->recalibrate_window);
       disabled_since_ = now_;
     } else {
-      sched_->set_policy(make_admission_policy(o_.policy, *ctx_), now_);
       if (disabled_since_)
         res_.disabled_s += seconds(now_ - *disabled_since_);
       disabled_since_.reset();
     }
+    sched_->set_policy(make_admission_policy(order->policy, *ctx_), now_);
+    res_.events.push_back(std::move(order->event));
   }
 
   const trace& trace_;

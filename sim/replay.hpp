@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "actors/drift_supervisor.hpp"
-#include "actors/ladb_policy.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/drift_detector.hpp"
+#include "sched/ladb_policy.hpp"
+#include "sched/scheduler.hpp"
 #include "sim/cost_model.hpp"
 #include "sim/settings.hpp"
 #include "sim/trace.hpp"

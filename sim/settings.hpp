@@ -5,9 +5,9 @@
 // replay` both map the configuration through here, so a replay runs exactly
 // the policy settings the server would.
 
-#include "actors/drift_supervisor.hpp"
-#include "actors/ladb_policy.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/drift_detector.hpp"
+#include "sched/ladb_policy.hpp"
+#include "sched/scheduler.hpp"
 #include "config/server_config.hpp"
 
 namespace metronome::sim {

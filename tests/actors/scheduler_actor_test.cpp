@@ -1,4 +1,4 @@
-// Tier 2: the scheduler actor with its real KV cache actor and a scripted
+// Tier 2: the scheduler actor (its scheduler grants KV pages) and a scripted
 // executor under CAF's deterministic test coordinator: no threads, virtual
 // time, every message delivered when the test says so.
 

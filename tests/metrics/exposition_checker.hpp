@@ -1,7 +1,7 @@
 #pragma once
 // A checker of the Prometheus text exposition format 0.0.4, written from the
 // format's rules (prometheus.io "Exposition formats"), independent of
-// actors/prometheus.cpp: it parses every line and records a test failure for
+// metrics/prometheus.cpp: it parses every line and records a test failure for
 // each rule broken, naming the line.
 
 #include <string>

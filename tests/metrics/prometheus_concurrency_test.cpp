@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/prometheus.hpp"
+#include "metrics/prometheus.hpp"
 #include "tests/metrics/exposition_checker.hpp"
 
 namespace metronome::prometheus {

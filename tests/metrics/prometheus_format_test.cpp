@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "actors/prometheus.hpp"
+#include "metrics/prometheus.hpp"
 #include "tests/metrics/exposition_checker.hpp"
 
 namespace metronome::prometheus {

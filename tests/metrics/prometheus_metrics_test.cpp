@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/prometheus.hpp"
+#include "metrics/prometheus.hpp"
 #include "tests/metrics/alloc_counter.hpp"
 
 namespace metronome::prometheus {

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/actors/runner_harness.hpp"
+#include "tests/sched/runner_harness.hpp"
 #include "tests/model/test_support.hpp"
 
 namespace metronome {

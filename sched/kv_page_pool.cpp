@@ -1,4 +1,4 @@
-#include "actors/kv_page_pool.hpp"
+#include "sched/kv_page_pool.hpp"
 
 #include <algorithm>
 

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/predictor.hpp"
+#include "sched/predictor.hpp"
 
 namespace metronome {
 namespace {

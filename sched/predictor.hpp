@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "actors/admission_policy.hpp"
+#include "sched/admission_policy.hpp"
 
 namespace metronome {
 

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/ladb/policy_harness.hpp"
+#include "tests/sched/policy_harness.hpp"
 
 namespace metronome {
 namespace {

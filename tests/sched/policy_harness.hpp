@@ -9,8 +9,8 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/ladb_policy.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/ladb_policy.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome::test {
 

@@ -1,7 +1,7 @@
 #pragma once
 // Bookkeeping of a KV cache in fixed-size pages: a free list and one page
-// table per sequence. Plain C++; the kv cache actor owns one, and sim/ uses
-// one directly. The memory itself belongs to the executor.
+// table per sequence. Plain C++; the scheduler owns one (sched/scheduler.hpp)
+// and grants pages from it as it plans. The memory belongs to the executor.
 
 #include <cstdint>
 #include <optional>

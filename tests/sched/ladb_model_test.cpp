@@ -9,11 +9,11 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/ladb_policy.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/ladb_policy.hpp"
+#include "sched/scheduler.hpp"
 #include "model/model_runner.hpp"
 #include "model/model_weights.hpp"
-#include "tests/actors/runner_harness.hpp"
+#include "tests/sched/runner_harness.hpp"
 #include "tests/model/test_support.hpp"
 
 namespace metronome {

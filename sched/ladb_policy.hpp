@@ -43,7 +43,7 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "actors/srpt_policy.hpp"
+#include "sched/srpt_policy.hpp"
 
 namespace metronome {
 

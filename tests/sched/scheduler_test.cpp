@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/kv_page_pool.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/kv_page_pool.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome {
 namespace {

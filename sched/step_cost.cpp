@@ -1,4 +1,4 @@
-#include "actors/step_cost.hpp"
+#include "sched/step_cost.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/kv_page_pool.hpp"
+#include "sched/kv_page_pool.hpp"
 
 namespace metronome {
 namespace {

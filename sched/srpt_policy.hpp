@@ -23,8 +23,8 @@
 #include <memory>
 #include <optional>
 
-#include "actors/admission_policy.hpp"
-#include "actors/predictor.hpp"
+#include "sched/admission_policy.hpp"
+#include "sched/predictor.hpp"
 
 namespace metronome {
 

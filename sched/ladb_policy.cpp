@@ -1,11 +1,11 @@
-#include "actors/ladb_policy.hpp"
+#include "sched/ladb_policy.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
 
-#include "actors/scheduler.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome {
 

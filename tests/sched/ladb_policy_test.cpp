@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/ladb/policy_harness.hpp"
+#include "tests/sched/policy_harness.hpp"
 
 namespace metronome {
 namespace {

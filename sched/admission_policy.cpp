@@ -1,7 +1,7 @@
-#include "actors/admission_policy.hpp"
+#include "sched/admission_policy.hpp"
 
-#include "actors/ladb_policy.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/ladb_policy.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome {
 
@@ -14,7 +14,7 @@ std::vector<sched_request*> fcfs_policy::admission_order(std::span<sched_request
 std::unique_ptr<admission_policy> make_admission_policy(std::string_view name) {
   if (name == "fcfs")
     return std::make_unique<fcfs_policy>();
-  // Latency-aware policies (actors/ladb_policy.hpp), with default settings
+  // Latency-aware policies (sched/ladb_policy.hpp), with default settings
   // and a predictor of their own.
   static const policy_context defaults;
   return make_admission_policy(name, defaults);

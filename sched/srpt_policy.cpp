@@ -1,9 +1,9 @@
-#include "actors/srpt_policy.hpp"
+#include "sched/srpt_policy.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "actors/scheduler.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome {
 

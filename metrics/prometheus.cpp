@@ -1,4 +1,4 @@
-#include "actors/prometheus.hpp"
+#include "metrics/prometheus.hpp"
 
 #include <algorithm>
 #include <array>

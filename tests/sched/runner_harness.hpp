@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/kv_page_pool.hpp"
-#include "actors/scheduler.hpp"
+#include "sched/kv_page_pool.hpp"
+#include "sched/scheduler.hpp"
 #include "model/model_runner.hpp"
 #include "model/model_weights.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/drift_supervisor.hpp"
+#include "sched/drift_detector.hpp"
 
 namespace metronome {
 namespace {

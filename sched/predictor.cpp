@@ -1,10 +1,10 @@
-#include "actors/predictor.hpp"
+#include "sched/predictor.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "actors/scheduler.hpp"
+#include "sched/scheduler.hpp"
 
 namespace metronome {
 

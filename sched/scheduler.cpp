@@ -1,4 +1,4 @@
-#include "actors/scheduler.hpp"
+#include "sched/scheduler.hpp"
 
 #include <algorithm>
 #include <stdexcept>

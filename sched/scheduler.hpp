@@ -30,9 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "actors/admission_policy.hpp"
-#include "actors/kv_page_pool.hpp"
-#include "actors/step_cost.hpp"
+#include "sched/admission_policy.hpp"
+#include "sched/kv_page_pool.hpp"
+#include "sched/step_cost.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
 

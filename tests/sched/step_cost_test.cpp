@@ -6,7 +6,7 @@
 
 #include <random>
 
-#include "actors/step_cost.hpp"
+#include "sched/step_cost.hpp"
 
 namespace metronome {
 namespace {

@@ -28,12 +28,7 @@ workloads=(${METRONOME_LIVE_WORKLOADS:-chat21=poisson:rate=21,$chat chat27=poiss
 corpus=${METRONOME_LIVE_CORPUS:-$tok/../corpora/moby_dick.txt}
 work=${METRONOME_LIVE_WORK:-/tmp/metronome-live}
 mkdir -p "$out" "$work" || exit 2
-cublas_dir=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
-         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s) for p in nvidia.__path__ for s in ("cu13/lib", "cublas/lib")))' 2>/dev/null); do
-  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
-done
-export LD_LIBRARY_PATH="$bin/lib:$cublas_dir:${LD_LIBRARY_PATH:-}"
+. "$(cd "$(dirname "$0")/../.." && pwd)/tools/device/binary_env.sh" "$bin"
 m="$bin/metronome"
 stamp() { echo "== [${SECONDS} s] $*"; }
 

@@ -14,12 +14,7 @@ out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 mkdir -p "$out" || exit 2
-cublas_dir=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
-         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s) for p in nvidia.__path__ for s in ("cu13/lib", "cublas/lib")))' 2>/dev/null); do
-  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
-done
-export LD_LIBRARY_PATH="$bin/lib:$cublas_dir:${LD_LIBRARY_PATH:-}"
+. "$here/binary_env.sh" "$bin"
 m="$bin/metronome"
 say() { printf '\n== %s\n' "$*"; }
 

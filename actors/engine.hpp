@@ -49,11 +49,12 @@ struct engine_options {
   int64_t kv_cache_tokens = 0;
   /// Requests waiting for admission above which new ones get queue_full.
   int32_t max_queued_requests = 1024;
-  /// Scheduling policy: fcfs, ladb, srpt.
-  std::string policy = "fcfs";
+  /// Scheduling policy: ladb (the default, as `serve`'s), srpt, fcfs,
+  /// ladb-literal.
+  std::string policy = "ladb";
   /// Settings of the latency-aware policies (config sections predictor,
   /// batching, router) and of their drift supervisor (supervisor.drift),
-  /// which runs when policy is ladb or srpt and drift.enabled.
+  /// which runs when the policy is not fcfs and drift.enabled.
   predictor_options predictor;
   ladb_options ladb;
   srpt_options srpt;

@@ -339,5 +339,30 @@ TEST(config_round_trip, prints_readable_values) {
   EXPECT_NE(text.find("  executor:\n    max_restarts: 5\n"), std::string::npos) << text;
 }
 
+TEST(config_seeds, the_original_sections_alone_select_the_latency_aware_policy) {
+  // The three sections of the original system's ladb_config.yaml, with its
+  // values: they load as they are and the engine runs ladb.
+  auto cfg = load_config_string(R"(batching:
+  max_batch_size: 32
+  min_batch_size: 4
+  target_latency_ms: 500
+  variance_tolerance: 0.2
+  min_hold_ms: 50
+  max_hold_ms: 120
+predictor:
+  model_path: ""
+  warmup_steps: 100
+  update_interval_ms: 1000
+  max_steps_factor: 1.2
+router:
+  queue_strategy: priority_by_remaining_steps
+  timeout_ms: 250
+  fallback_policy: immediate_dispatch
+)",
+                                "ladb_config.yaml");
+  EXPECT_EQ(cfg.engine.policy, scheduling_policy::ladb);
+  EXPECT_EQ(cfg.batching.target_latency_ms, 500);
+}
+
 } // namespace
 } // namespace metronome

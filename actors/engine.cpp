@@ -86,6 +86,9 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
     g.cuda_graphs = o.cuda_graphs;
     g.kv_cache_dtype = o.kv_cache_dtype;
     g.max_model_len = max_model_len;
+    // One step timeout: the runner's own wait for a step ends where the
+    // scheduler's does (engine.step_timeout_ms).
+    g.step_timeout_s = std::chrono::duration<double>(o.step_timeout).count();
     // Sequences the runner may hold: the running ones, plus as many finished
     // ones waiting to be released with the next plan.
     g.max_seqs = 2 * o.max_batch_size;

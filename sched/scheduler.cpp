@@ -12,9 +12,8 @@ scheduler::scheduler(scheduler_config config, std::unique_ptr<admission_policy> 
 }
 
 void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
-  for (const auto& [_, r] : requests_)
-    if (r.num_pages > 0)
-      throw std::logic_error("scheduler: capacity set while sequences hold pages");
+  if (pool_.used_pages() > 0)
+    throw std::logic_error("scheduler: capacity set while sequences hold pages");
   num_pages_ = num_pages;
   page_size_ = page_size;
   pool_.reset(num_pages);
@@ -22,6 +21,16 @@ void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
 
 int32_t scheduler::pages_for(int64_t tokens) const {
   return int32_t((tokens + page_size_ - 1) / page_size_);
+}
+
+int32_t scheduler::pages_held(uint64_t id) const {
+  const auto* table = pool_.table(id);
+  return table ? int32_t(table->size()) : 0;
+}
+
+void scheduler::release_pages(uint64_t id) {
+  if (pool_.table(id))
+    pool_.release(id);
 }
 
 admit_result scheduler::add(sched_request r, sched_time now) {
@@ -70,8 +79,7 @@ void scheduler::collect_finished(std::vector<uint64_t>* done) {
       *keep++ = id;
       continue;
     }
-    if (r.num_pages > 0)
-      pool_.release(id);
+    release_pages(id);
     if (r.in_runner)
       release_next_.push_back(id);
     if (done)
@@ -94,10 +102,7 @@ void scheduler::preempt(sched_request& r) {
   running_.erase(std::find(running_.begin(), running_.end(), r.id));
   waiting_.push_front(r.id); // it goes first once its outputs are in
   r.status = request_status::waiting;
-  if (r.num_pages > 0) {
-    pool_.release(r.id);
-    r.num_pages = 0;
-  }
+  release_pages(r.id);
   if (r.in_runner) {
     release_next_.push_back(r.id);
     r.in_runner = false;
@@ -174,7 +179,6 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     auto pages = pool_.grow(r.id, need);
     if (!pages) // need <= free_pages() was checked: a bug, never a state to run with
       throw std::logic_error("scheduler: the KV pool refused pages it reported free");
-    r.num_pages += need;
     d.plan.chunks.push_back({r.id, n, std::move(*pages)});
     const bool decode = n == 1 && r.total_tokens() - r.num_computed == 1;
     d.shape.add_chunk(r.num_computed, n, decode);
@@ -209,7 +213,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       ++i;
       continue;
     }
-    const int32_t need = pages_for(int64_t(r.num_computed) + n) - r.num_pages;
+    const int32_t need = pages_for(int64_t(r.num_computed) + n) - pages_held(r.id);
     // Make room by preempting the most recently admitted other request.
     while (need > free_pages() && running_.size() > i + 1) {
       preempt(requests_.at(running_.back()));
@@ -324,7 +328,6 @@ std::vector<uint64_t> scheduler::fail_runner() {
     r.num_computed = 0; // waiting (possibly preempted): recompute later
     r.pending = 0;
     r.inflight = 0;
-    r.num_pages = 0;
     r.in_runner = false;
     ++it;
   }

@@ -78,8 +78,6 @@ struct sched_request {
   int32_t pending = 0;
   /// Plans in flight that include this request.
   int32_t inflight = 0;
-  /// KV pages held.
-  int32_t num_pages = 0;
   /// The runner holds its state (added, not yet released).
   bool in_runner = false;
   std::string finish_reason;
@@ -223,6 +221,10 @@ public:
 
 private:
   int32_t pages_for(int64_t tokens) const;
+  /// KV pages `id` holds in the pool.
+  int32_t pages_held(uint64_t id) const;
+  /// Returns `id`'s pages to the pool, if it holds any.
+  void release_pages(uint64_t id);
   void preempt(sched_request& r);
   void finish(sched_request& r, std::string reason, sched_time now);
   void collect_finished(std::vector<uint64_t>* finished);

@@ -9,17 +9,6 @@
 
 namespace metronome::sim {
 
-step_cost cost_model::coefficients() const {
-  step_cost c;
-  c.base_ms = base_ms;
-  c.per_decode_seq_ms = per_decode_seq_ms;
-  c.per_kv_token_ms = per_kv_token_ms;
-  c.per_prefill_token_ms = per_prefill_token_ms;
-  c.per_prefill_attention_pair_ms = per_prefill_attention_pair_ms;
-  c.per_mixed_kv_token_ms = per_mixed_kv_token_ms;
-  return c;
-}
-
 cost_model cost_model::from_json(const nlohmann::json& doc, const std::string& source) {
   auto fail = [&](const std::string& field, const std::string& problem) {
     return std::runtime_error(source + ": " + field + ": " + problem);
@@ -52,13 +41,13 @@ cost_model cost_model::from_json(const nlohmann::json& doc, const std::string& s
       throw fail(std::string("step_ms.") + key, "expected a finite number >= 0, got " + i->dump());
     out = i->get<double>();
   };
-  coef("base", m.base_ms, true);
-  coef("per_decode_seq", m.per_decode_seq_ms, false);
-  coef("per_kv_token", m.per_kv_token_ms, false);
-  coef("per_prefill_token", m.per_prefill_token_ms, true);
-  coef("per_prefill_attention_pair", m.per_prefill_attention_pair_ms, false);
-  coef("per_mixed_kv_token", m.per_mixed_kv_token_ms, false);
-  if (m.base_ms <= 0)
+  coef("base", m.step.base_ms, true);
+  coef("per_decode_seq", m.step.per_decode_seq_ms, false);
+  coef("per_kv_token", m.step.per_kv_token_ms, false);
+  coef("per_prefill_token", m.step.per_prefill_token_ms, true);
+  coef("per_prefill_attention_pair", m.step.per_prefill_attention_pair_ms, false);
+  coef("per_mixed_kv_token", m.step.per_mixed_kv_token_ms, false);
+  if (m.step.base_ms <= 0)
     throw fail("step_ms.base", "must be > 0 (a step that takes no time never ends)");
   auto count = [&](const char* key, auto& out) {
     auto i = doc.find(key);
@@ -90,12 +79,12 @@ nlohmann::json cost_model::to_json() const {
   return {{"name", name},
           {"provisional", provisional},
           {"step_ms",
-           {{"base", base_ms},
-            {"per_decode_seq", per_decode_seq_ms},
-            {"per_kv_token", per_kv_token_ms},
-            {"per_prefill_token", per_prefill_token_ms},
-            {"per_prefill_attention_pair", per_prefill_attention_pair_ms},
-            {"per_mixed_kv_token", per_mixed_kv_token_ms}}},
+           {{"base", step.base_ms},
+            {"per_decode_seq", step.per_decode_seq_ms},
+            {"per_kv_token", step.per_kv_token_ms},
+            {"per_prefill_token", step.per_prefill_token_ms},
+            {"per_prefill_attention_pair", step.per_prefill_attention_pair_ms},
+            {"per_mixed_kv_token", step.per_mixed_kv_token_ms}}},
           {"kv_cache_tokens", kv_cache_tokens},
           {"max_model_len", max_model_len}};
 }

@@ -32,12 +32,8 @@ struct cost_model {
   /// Derived from first principles, not from measurements.
   bool provisional = true;
   std::string note;
-  double base_ms = 4.3;
-  double per_decode_seq_ms = 0.012;
-  double per_kv_token_ms = 3.3e-5;
-  double per_prefill_token_ms = 0.0229;
-  double per_prefill_attention_pair_ms = 1.5e-6;
-  double per_mixed_kv_token_ms = 0;
+  /// The coefficients (the scheduler's own model, sched/step_cost.hpp).
+  step_cost step;
   /// KV capacity of the device in tokens (for the replay's page pool).
   int64_t kv_cache_tokens = 860000;
   /// Longest prompt + output.
@@ -45,11 +41,8 @@ struct cost_model {
 
   /// Milliseconds of one step of this shape.
   double step_ms(const step_shape& s) const {
-    return coefficients().step_ms(s);
+    return step.step_ms(s);
   }
-
-  /// The coefficients, as the scheduler's step-time estimator takes them.
-  step_cost coefficients() const;
 
   /// Reads a cost model file; throws std::runtime_error naming the file and
   /// the field.

@@ -62,7 +62,7 @@ public:
     drift_on_ = o.policy != "fcfs" && o.settings.drift.enabled;
     sched_ = std::make_unique<scheduler>(limits_, std::move(policy));
     sched_->set_capacity(num_pages_, page_size_);
-    sched_->set_step_cost(o.cost.coefficients());
+    sched_->set_step_cost(o.cost.step);
     detector_ = std::make_unique<drift_detector>(o.settings.drift);
     res_.policy = o.policy;
     res_.trace_name = t.name;

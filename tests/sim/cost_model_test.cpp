@@ -12,11 +12,12 @@ namespace {
 
 cost_model simple() {
   cost_model m;
-  m.base_ms = 4;
-  m.per_decode_seq_ms = 0.5;
-  m.per_kv_token_ms = 0.01;
-  m.per_prefill_token_ms = 0.1;
-  m.per_prefill_attention_pair_ms = 0.001;
+  m.step.base_ms = 4;
+  m.step.per_decode_seq_ms = 0.5;
+  m.step.per_kv_token_ms = 0.01;
+  m.step.per_prefill_token_ms = 0.1;
+  m.step.per_prefill_attention_pair_ms = 0.001;
+  m.step.per_mixed_kv_token_ms = 0;
   return m;
 }
 
@@ -47,9 +48,9 @@ TEST(cost_model, unloaded_latency_is_chunked_prefill_then_one_decode_per_token) 
 TEST(cost_model, the_shipped_h200_model_loads_and_says_whether_it_is_measured) {
   auto m = cost_model::load(test::env("SOURCE_DIR") + "/sim/cost_models/h200-llama3-8b.json");
   EXPECT_EQ(m.name, "h200-llama3-8b");
-  EXPECT_GT(m.base_ms, 1.0);
-  EXPECT_LT(m.base_ms, 20.0);
-  EXPECT_GT(m.per_prefill_token_ms, 0.0);
+  EXPECT_GT(m.step.base_ms, 1.0);
+  EXPECT_LT(m.step.base_ms, 20.0);
+  EXPECT_GT(m.step.per_prefill_token_ms, 0.0);
   EXPECT_GT(m.kv_cache_tokens, 100000);
   if (m.provisional) {
     EXPECT_NE(m.note.find("PROVISIONAL"), std::string::npos);

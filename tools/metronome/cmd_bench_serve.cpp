@@ -67,18 +67,12 @@ struct bench_serve_args {
 };
 
 double parse_number(const std::string& option, const std::string& text, bool allow_zero) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || !std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
+  const auto v = parse_decimal(text);
+  if (!v || *v < 0 || (!allow_zero && *v == 0))
     throw command_error(option + ": '" + text + "' is not a number "
                           + (allow_zero ? ">= 0" : "> 0"),
                         usage_error);
-  return v;
+  return *v;
 }
 
 int64_t parse_count(const std::string& option, const std::string& text) {

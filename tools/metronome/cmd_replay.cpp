@@ -58,16 +58,10 @@ void apply_extra(sim::scheduling_settings& s, const std::string& kv) {
   const auto key = kv.substr(0, eq);
   const auto text = kv.substr(eq + 1);
   auto number = [&] {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != text.size() || !std::isfinite(v) || v < 0)
+    const auto v = parse_decimal(text);
+    if (!v || *v < 0)
       throw std::runtime_error("--set " + key + ": '" + text + "' is not a number >= 0");
-    return v;
+    return *v;
   };
   auto flag = [&] {
     if (text == "true" || text == "1")
@@ -124,16 +118,10 @@ std::vector<std::string> split(const std::string& text) {
 std::vector<double> parse_scales(const std::string& text) {
   std::vector<double> out;
   for (const auto& item : split(text)) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(v > 0) || v > 1e6)
+    const auto v = parse_decimal(item);
+    if (!v || !(*v > 0) || *v > 1e6)
       throw command_error("--rate-scale: '" + item + "' is not a positive number");
-    out.push_back(v);
+    out.push_back(*v);
   }
   if (out.empty())
     throw command_error("--rate-scale: no value given");

@@ -1,6 +1,8 @@
 #pragma once
 // Registry of the subcommands of the `metronome` executable.
 
+#include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -29,5 +31,20 @@ public:
 private:
   int code_;
 };
+
+/// `text` as a finite number when all of it is one (std::stod's syntax);
+/// nullopt otherwise. Callers name the option and the range in their error.
+inline std::optional<double> parse_decimal(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (text.empty() || used != text.size() || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
 
 } // namespace metronome::cli

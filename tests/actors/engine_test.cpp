@@ -99,11 +99,14 @@ protected:
     return out;
   }
 
-  /// Waits until the engine is idle: no requests, no pages in use.
+  /// Waits until the engine is idle: no requests (none monitored by the
+  /// scheduler), no pages in use, no page table left.
   bool settles() {
     for (int i = 0; i < 200; ++i) {
+      const auto s = stats();
       if (eng->status->live_requests == 0 && eng->status->kv_used_pages == 0
-          && stats().live_requests == 0)
+          && s.live_requests == 0 && s.kv_used_pages == 0 && s.kv_sequences == 0
+          && s.waiting == 0 && s.running == 0)
         return true;
       std::this_thread::sleep_for(20ms);
     }

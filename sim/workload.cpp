@@ -316,8 +316,9 @@ workload_spec parse_workload(std::string_view text) {
       s.diurnal_period_s = number(args[1], key);
       if (!(s.diurnal_amplitude >= 0 && s.diurnal_amplitude < 1))
         throw workload_error(key, "the amplitude must be in [0, 1)");
-      if (!(s.diurnal_period_s > 0))
-        throw workload_error(key, "the period must be > 0 seconds");
+      // The generator integrates the rate in steps of period / 2000.
+      if (!(s.diurnal_period_s >= 0.1))
+        throw workload_error(key, "the period must be at least 0.1 seconds");
     } else if (key == "burst") {
       const auto args = split(value, ':');
       if (args.size() != 3)
@@ -325,8 +326,9 @@ workload_spec parse_workload(std::string_view text) {
       s.burst_every_s = number(args[0], key);
       s.burst_length_s = number(args[1], key);
       s.burst_factor = number(args[2], key);
-      if (!(s.burst_every_s > 0 && s.burst_length_s > 0 && s.burst_length_s < s.burst_every_s))
-        throw workload_error(key, "needs 0 < LENGTH_S < EVERY_S");
+      // The generator integrates the rate in steps of LENGTH_S / 100.
+      if (!(s.burst_length_s >= 0.01 && s.burst_length_s < s.burst_every_s))
+        throw workload_error(key, "needs 0.01 <= LENGTH_S < EVERY_S");
       if (!(s.burst_factor > 0))
         throw workload_error(key, "FACTOR must be > 0");
     } else {

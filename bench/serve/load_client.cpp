@@ -1,5 +1,7 @@
 #include "bench/serve/load_client.hpp"
 
+#include <algorithm>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -134,7 +136,11 @@ std::string host_header(const server_address& s) {
 }
 
 std::chrono::steady_clock::duration seconds(double s) {
-  return std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
+  // Clamped to a year: a larger timeout or arrival time would overflow the
+  // clock's integer nanoseconds.
+  constexpr double year = 365.0 * 24 * 3600;
+  return std::chrono::duration_cast<clock_type::duration>(
+    std::chrono::duration<double>(std::clamp(s, 0.0, year)));
 }
 
 double since(clock_type::time_point a, clock_type::time_point b) {

@@ -193,6 +193,11 @@ TEST(workload, spec_errors_name_the_parameter) {
             std::string::npos);
   EXPECT_NE(error_of("poisson:rate=1,n=3,burst=10:20:2").find("workload: burst: "),
             std::string::npos);
+  // Periods too short to integrate are refused, not integrated for hours.
+  EXPECT_NE(error_of("poisson:rate=1,n=1000,diurnal=0.5:1e-6").find("at least 0.1 seconds"),
+            std::string::npos);
+  EXPECT_NE(error_of("poisson:rate=1,n=1000,burst=1:1e-9:2").find("0.01 <= LENGTH_S"),
+            std::string::npos);
   EXPECT_NE(error_of("gamma:rate=1,n=3,cv=1,burstiness=1").find("workload: cv: give cv or "
                                                                 "burstiness"),
             std::string::npos);

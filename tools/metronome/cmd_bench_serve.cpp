@@ -323,7 +323,9 @@ void run(const bench_serve_args& a) {
     std::ofstream out(a.report);
     if (!out)
       throw command_error("--report: cannot write " + a.report);
-    out << report.dump(1) << "\n";
+    // Error texts come from servers: replace invalid UTF-8 rather than lose
+    // the report.
+    out << report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
   if (!a.plot.empty()) {
     std::ofstream svg(a.plot);

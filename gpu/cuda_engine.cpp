@@ -294,8 +294,10 @@ void cuda_engine::allocate_activations() {
 
   update_capacity_ = max_tokens_ + 4 * max_batch_ + 64;
   item_capacity_ = max_tokens_ / prefill_min_tile + max_batch_ + 1;
+  // Sequences: a mixed graph's padding adds one (mixed_layout).
   input_capacity_ =
-    make_layout(max_tokens_, max_batch_, update_capacity_, 0, item_capacity_).bytes;
+    make_layout(max_tokens_, max_batch_ + 1, update_capacity_, 0, item_capacity_, max_batch_)
+      .bytes;
   inputs_ = device_buffer(input_capacity_);
   outputs_ = device_buffer(b * 8);
   logits_lse_ = device_buffer(b * 8);
@@ -366,6 +368,17 @@ void cuda_engine::plan_kv_and_capture() {
       METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
     }
     const size_t one = before > after ? before - after : 0;
+    // The largest mixed graph, for the mixed grid's share.
+    size_t one_mixed = 0;
+    if (const auto sizes = mixed_sizes(); !sizes.empty()) {
+      METRONOME_CUDA(cudaMemGetInfo(&before, &total_b));
+      mixed_graph probe;
+      probe.singles = sizes.back().first;
+      probe.prompt = sizes.back().second;
+      capture_mixed(probe, probe.exec[0], 0);
+      METRONOME_CUDA(cudaMemGetInfo(&after, &total_b));
+      one_mixed = before > after ? before - after : 0;
+    }
     // Every size twice (a twin per staging slot), plus the candidates "auto"
     // holds at once while it times one size (the best so far, the new one,
     // its unsplit variant). METRONOME_PDL=auto's extra graphs (with PDL, then
@@ -373,7 +386,8 @@ void cuda_engine::plan_kv_and_capture() {
     // three), and the twins are captured after all candidates are gone, so
     // they need no share of their own.
     const size_t count = 2 * graphs_.size() + (options_.small_batch_path == "auto" ? 3 : 0);
-    graph_estimate = (one + (2ull << 20)) * count;
+    graph_estimate = (one + (2ull << 20)) * count
+                     + (one_mixed + (2ull << 20)) * 2 * mixed_sizes().size();
     kv_pool_.reset();
     page_table_.reset();
   }
@@ -427,6 +441,84 @@ void cuda_engine::plan_kv_and_capture() {
 }
 
 // -- graphs ------------------------------------------------------------------------------
+
+cuda_engine::layout cuda_engine::mixed_layout(int32_t singles, int32_t prompt) const {
+  const int32_t tile = prefill_tile_rows();
+  const int32_t items = (prompt + tile - 1) / tile + mixed_max_chunks;
+  // New pages: at most one per decode, and a chunk's own plus one.
+  const int32_t updates = singles + prompt / options_.page_size + 2 * mixed_max_chunks + 16;
+  return make_layout(singles + prompt, singles + mixed_max_chunks + 1, updates, 0, items,
+                     singles);
+}
+
+int32_t cuda_engine::mixed_index(int32_t singles, int32_t chunks, int32_t prompt,
+                                 int32_t updates) const {
+  if (chunks > mixed_max_chunks)
+    return -1;
+  for (size_t i = 0; i < mixed_graphs_.size(); ++i) {
+    const mixed_graph& m = mixed_graphs_[i];
+    if (m.singles >= singles && m.prompt >= prompt
+        && updates <= mixed_layout(m.singles, m.prompt).updates)
+      return int32_t(i);
+  }
+  return -1;
+}
+
+std::vector<std::pair<int32_t, int32_t>> cuda_engine::mixed_sizes() const {
+  std::vector<std::pair<int32_t, int32_t>> sizes;
+  if (!graphs_enabled_ || !options_.mixed_graphs)
+    return sizes;
+  // One-token rows padded to these counts (the largest: what max_batch_size
+  // leaves beside the chunks), prompt rows to these; a grid of 8 x 6 at the
+  // server's defaults, each captured twice (per staging slot).
+  // None (a small prefill alone) gets graphs of its own: padding rows would
+  // cost it GEMM rows (a 128-token prefill with 8 took 5.67 ms against 5.41
+  // uncaptured on the H200).
+  std::vector<int32_t> singles = {0};
+  const int32_t top = max_batch_ - mixed_max_chunks;
+  for (int32_t s : {8, 16, 32, 48, 64, 96, 128})
+    if (s < top)
+      singles.push_back(s);
+  if (top >= 1)
+    singles.push_back(top);
+  for (int32_t s : singles)
+    for (int32_t p : {16, 32, 64, 128, 192, 256})
+      if (s + p <= max_tokens_)
+        sizes.emplace_back(s, p);
+  return sizes;
+}
+
+size_t cuda_engine::capture_mixed(const mixed_graph& m, graph_exec& out, int32_t slot) {
+  const layout l = mixed_layout(m.singles, m.prompt);
+  METRONOME_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
+                                   cudaMemcpyHostToDevice, stream_));
+    {
+      // As the eager steps with prompt tokens launch (enqueue_eager).
+      const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
+      enqueue_general(l, l.seqs - 1, false, 0);
+    }
+    METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
+                                   cudaMemcpyDeviceToHost, stream_));
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph)
+      cudaGraphDestroy(graph);
+    throw;
+  }
+  METRONOME_CUDA(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphDestroy(graph);
+  METRONOME_CUDA(st);
+  out = graph_exec(exec);
+  METRONOME_CUDA(cudaGraphUpload(out.get(), stream_));
+  return nodes;
+}
 
 int32_t cuda_engine::graph_index(int32_t batch) const {
   for (size_t i = 0; i < graphs_.size(); ++i)
@@ -719,6 +811,14 @@ void cuda_engine::capture_graphs() {
     const pdl_scope same_pdl(dg.pdl);
     const late_trigger_scope same_late(dg.late);
     capture_one(dg.size, dg.path, dg.exec[1], 1);
+  }
+  mixed_graphs_.clear();
+  for (const auto& [singles, prompt] : mixed_sizes()) {
+    mixed_graph& m = mixed_graphs_.emplace_back();
+    m.singles = singles;
+    m.prompt = prompt;
+    for (int32_t slot = 0; slot < 2; ++slot)
+      capture_mixed(m, m.exec[slot], slot);
   }
 }
 

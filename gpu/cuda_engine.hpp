@@ -18,9 +18,12 @@
 // size is captured twice, once per slot. A token the previous step samples
 // reaches the next one on the device: the runner passes its row
 // (engine_chunk::fed_row) and the embedding gather reads the id from that
-// step's sampled ids, so the host never waits for it. Prefill and mixed
-// steps run the same kernels uncaptured, with cuBLAS GEMMs and the
-// flash-style attention. The KV pool gets what the configured share of device memory
+// step's sampled ids, so the host never waits for it. A step with prompt
+// chunks of up to 256 tokens in all beside at most max_batch_size - 4
+// decodes replays a mixed graph, padded the same way to a grid of (decodes,
+// prompt tokens) sizes: cuBLAS GEMMs, the flash-style attention for the
+// chunks and the decode attention for the one-token rows, with padding items
+// that return at once. Larger prompt steps run the same kernels uncaptured. The KV pool gets what the configured share of device memory
 // leaves after weights, activations and (measured) graphs.
 
 #include <chrono>
@@ -150,6 +153,22 @@ public:
     graphs_enabled_ = on;
   }
 
+  /// Between steps: whether steps with prompt chunks may replay the mixed
+  /// graphs (when graphs are on and were captured).
+  void set_mixed_graphs(bool on) {
+    mixed_enabled_ = on;
+  }
+
+  /// Mixed graphs captured (both slots' twins count as one).
+  size_t mixed_graph_count() const {
+    return mixed_graphs_.size();
+  }
+
+  /// Steps that replayed a mixed graph since start-up.
+  uint64_t mixed_launches() const {
+    return mixed_launches_;
+  }
+
   /// The first `rows` rows of the last step's logits (synchronous; tests).
   std::vector<float> logits(int32_t rows);
 
@@ -226,6 +245,28 @@ private:
   /// Captures the decode step of `batch` sequences copying its inputs from
   /// staging block `slot` and its ids to result block `slot`.
   size_t capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot = 0);
+  /// A captured step with prompt chunks: `singles` one-token rows (decodes,
+  /// padded), at most mixed_max_chunks prompt chunks of `prompt` rows in all
+  /// (padded), its items and sampling rows padded to their capacities.
+  /// Launch gaps of the ~360 kernels of an uncaptured mixed step cost the
+  /// 8B shape ~1.4 ms on the H200 (kernel sum 7.8 ms, wall 9.1 ms beside
+  /// 64 decodes): every step that carries a prompt chunk was a long
+  /// inter-token gap. Only small chunks (stall-free steps) are captured;
+  /// larger ones run eagerly, where the gaps weigh little.
+  struct mixed_graph {
+    int32_t singles = 0, prompt = 0;
+    graph_exec exec[2];
+  };
+  static constexpr int32_t mixed_max_chunks = 4;
+  /// Captures the mixed step of graph `m` (mixed_graphs_) through slot `slot`.
+  size_t capture_mixed(const mixed_graph& m, graph_exec& out, int32_t slot);
+  /// The layout of the mixed graph for `singles` one-token rows and `prompt`
+  /// prompt rows.
+  layout mixed_layout(int32_t singles, int32_t prompt) const;
+  /// The (singles, prompt) sizes of the mixed graphs to capture, ascending.
+  std::vector<std::pair<int32_t, int32_t>> mixed_sizes() const;
+  /// The smallest mixed graph for a step (-1: none fits).
+  int32_t mixed_index(int32_t singles, int32_t chunks, int32_t prompt, int32_t updates) const;
   /// Times g replayed back to back; pads the inputs first unless `pad` is false.
   double time_graph(const graph_exec& g, int32_t batch, bool pad = true);
   /// Whether `challenger` beats `incumbent` (graphs of `batch`) by
@@ -247,6 +288,10 @@ private:
   void attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
               int32_t seqs, bool raw_qkv, const bf16* qkv_bias = nullptr,
               int32_t qkv_splits = 0);
+  /// Enqueues an uncaptured step packed in staging slot `slot` with layout
+  /// l: its input copy, the decode or general forward, the ids' copy back.
+  void enqueue_eager(int32_t slot, const layout& l, int32_t sampled, int32_t penalties,
+                     bool all_single, bool decode, bool any_logprobs);
   /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
   void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
   void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);
@@ -273,10 +318,14 @@ private:
                         const bf16* bias, int32_t splits, const bf16* norm);
 
   /// Packs the step into pinned staging block `slot` with layout l;
-  /// sequences past the chunks (up to l.seqs) become padding rows.
+  /// sequences past the chunks (up to l.seqs) become padding rows. With
+  /// `mixed` (a mixed graph's layout) the padding is instead: one-token rows
+  /// up to l.singles, empty prompt chunks, then one sequence holding the
+  /// prompt rows left, and sampling rows up to l.seqs - 1; items past the
+  /// step's are padding items.
   void pack(int32_t slot, const layout& l, std::span<const engine_chunk> chunks,
             std::span<const page_update> updates, std::span<const prefill_item> items,
-            int32_t num_penalties);
+            int32_t num_penalties, bool mixed = false);
   void require_idle(const char* what) const;
   void fill_pad_inputs(int32_t batch);
 
@@ -368,6 +417,10 @@ private:
     }
   };
   std::vector<decode_graph> graphs_; // ascending sizes
+
+  std::vector<mixed_graph> mixed_graphs_; // by singles, then prompt
+  bool mixed_enabled_ = true;
+  uint64_t mixed_launches_ = 0;
   bool graphs_enabled_ = true;
   int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
 

@@ -116,7 +116,7 @@ cuda_engine::step_views cuda_engine::views(const layout& l) const {
 
 void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chunk> chunks,
                        std::span<const page_update> updates, std::span<const prefill_item> items,
-                       int32_t num_penalties) {
+                       int32_t num_penalties, bool mixed) {
   auto* base = staging_[slot].get<unsigned char>();
   auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
   auto f32 = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
@@ -146,7 +146,23 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
   int32_t* single_len = i32(l.single_len);
 
   int32_t row = 0, sampled = 0, single = 0;
-  for (int32_t c = 0; c < l.seqs; ++c) {
+  // A greedy sampling row that nobody reads, for padding.
+  auto pad_sample = [&](int32_t src) {
+    const int32_t r = sampled++;
+    sample_src[r] = src;
+    temperature[r] = 0.0f;
+    top_p[r] = 1.0f;
+    min_p[r] = 0.0f;
+    top_k[r] = 0;
+    seed[r] = 0;
+    step[r] = 0;
+    repetition[r] = 1.0f;
+    frequency[r] = 0.0f;
+    presence[r] = 0.0f;
+    logprobs[r] = -1;
+  };
+  const int32_t real = mixed ? int32_t(chunks.size()) : l.seqs;
+  for (int32_t c = 0; c < real; ++c) {
     q_start[c] = row;
     if (size_t(c) < chunks.size()) {
       const auto& ch = chunks[size_t(c)];
@@ -189,19 +205,43 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
       ++row;
       seq_slot[c] = max_seqs_;
       seq_len[c] = 1;
-      const int32_t r = sampled++;
-      sample_src[r] = row - 1;
-      temperature[r] = 0.0f;
-      top_p[r] = 1.0f;
-      min_p[r] = 0.0f;
-      top_k[r] = 0;
-      seed[r] = 0;
-      step[r] = 0;
-      repetition[r] = 1.0f;
-      frequency[r] = 0.0f;
-      presence[r] = 0.0f;
-      logprobs[r] = -1;
+      pad_sample(row - 1);
     }
+  }
+  if (mixed) {
+    // Padding of a mixed graph (mixed_layout): one-token rows in the
+    // scratch slot up to its decode attention's count, empty prompt chunks,
+    // then the prompt rows left in one sequence of the scratch slot (their
+    // keys all go to its scratch row; no item reads them), and greedy
+    // sampling rows up to its LM head's.
+    int32_t c = real;
+    for (; single < l.singles; ++single, ++c, ++row) {
+      q_start[c] = row;
+      ids[row] = 0;
+      positions[row] = 0;
+      token_seq[row] = c;
+      seq_slot[c] = max_seqs_;
+      seq_len[c] = 1;
+      single_slot[single] = max_seqs_;
+      single_q_start[single] = row;
+      single_len[single] = 1;
+      pad_sample(row);
+    }
+    for (; c < l.seqs - 1; ++c) {
+      q_start[c] = row;
+      seq_slot[c] = max_seqs_;
+      seq_len[c] = 0;
+    }
+    q_start[c] = row;
+    seq_slot[c] = max_seqs_;
+    seq_len[c] = 1;
+    for (; row < l.tokens; ++row) {
+      ids[row] = 0;
+      positions[row] = 0;
+      token_seq[row] = c;
+    }
+    while (sampled < l.seqs - 1)
+      pad_sample(0);
   }
   q_start[l.seqs] = row;
   int32_t* upd = i32(l.update_data);
@@ -212,6 +252,11 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
   }
   if (!items.empty())
     std::memcpy(base + l.item_data, items.data(), items.size() * sizeof(prefill_item));
+  if (mixed) {
+    auto* it = reinterpret_cast<prefill_item*>(base + l.item_data);
+    for (size_t i = items.size(); i < size_t(l.items); ++i)
+      it[i] = prefill_item{-1, 0};
+  }
 }
 
 void cuda_engine::fill_pad_inputs(int32_t batch) {
@@ -622,31 +667,23 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
         return end(a) > end(b);
       });
     }
-    const layout l = make_layout(int32_t(tokens), n, int32_t(updates.size()), penalties,
-                                 int32_t(items_.size()), singles);
-    pack(slot, l, chunks, updates, items_, penalties);
-    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
-                                   cudaMemcpyHostToDevice, stream_));
-    enqueue_logprobs_ = any_logprobs;
-    if (penalties > 0)
-      METRONOME_CUDA(cudaMemcpyAsync(penalties_dev_.get(), penalties_pinned_.get(),
-                                     size_t(penalties) * sizeof(penalty_entry),
-                                     cudaMemcpyHostToDevice, stream_));
-    if (decode) {
-      enqueue_decode(l, n, eager_path(n), penalties);
+    // A step with prompt chunks small enough for a mixed graph replays it.
+    const int32_t mi = !decode && !all_single && penalties == 0 && graphs_enabled_
+                           && mixed_enabled_
+                         ? mixed_index(singles, n - singles, int32_t(tokens) - singles,
+                                       int32_t(updates.size()))
+                         : -1;
+    if (mi >= 0) {
+      const mixed_graph& m = mixed_graphs_[size_t(mi)];
+      pack(slot, mixed_layout(m.singles, m.prompt), chunks, updates, items_, 0, true);
+      METRONOME_CUDA(cudaGraphLaunch(m.exec[slot].get(), stream_));
+      ++mixed_launches_;
     } else {
-      // Steps with prompt tokens (never captured) launch with PDL unless
-      // METRONOME_PDL=0. A 2,048-token prefill with it took 6% (round 11) and
-      // 2.7% (round 12, two noisy pairs) less time at 1B; at 8B 3% and 1.4%
-      // less in rounds 10 and 11, and 0.1-0.3% more in round 12: a small gain
-      // or nothing (bench/results/h200-2026-12-01-r12.md).
-      const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
-      enqueue_general(l, sampled, all_single, penalties);
+      const layout l = make_layout(int32_t(tokens), n, int32_t(updates.size()), penalties,
+                                   int32_t(items_.size()), singles);
+      pack(slot, l, chunks, updates, items_, penalties);
+      enqueue_eager(slot, l, sampled, penalties, all_single, decode, any_logprobs);
     }
-    enqueue_logprobs_ = true;
-    if (sampled > 0)
-      METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
-                                     cudaMemcpyDeviceToHost, stream_));
   }
   if (any_logprobs) // after the graph or the eager step, on the same stream
     METRONOME_CUDA(cudaMemcpyAsync(logprob_results_[slot].get(), logprob_out_.get(),
@@ -654,6 +691,30 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   METRONOME_CUDA(cudaEventRecord(step_done_[slot], stream_));
   flight_.push_back(std::move(f));
   next_slot_ = 1 - slot;
+}
+
+void cuda_engine::enqueue_eager(int32_t slot, const layout& l, int32_t sampled, int32_t penalties,
+                                bool all_single, bool decode, bool any_logprobs) {
+  METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
+                                 cudaMemcpyHostToDevice, stream_));
+  enqueue_logprobs_ = any_logprobs;
+  if (penalties > 0)
+    METRONOME_CUDA(cudaMemcpyAsync(penalties_dev_.get(), penalties_pinned_.get(),
+                                   size_t(penalties) * sizeof(penalty_entry),
+                                   cudaMemcpyHostToDevice, stream_));
+  if (decode) {
+    enqueue_decode(l, l.seqs, eager_path(l.seqs), penalties);
+  } else {
+    // Steps with prompt tokens launch with PDL unless METRONOME_PDL=0: a
+    // 2,048-token prefill took 1-6% less time with it on the H200, or the
+    // same (bench/results/h200-2026-12-01-r12.md).
+    const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
+    enqueue_general(l, sampled, all_single, penalties);
+  }
+  enqueue_logprobs_ = true;
+  if (sampled > 0)
+    METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
+                                   cudaMemcpyDeviceToHost, stream_));
 }
 
 bool cuda_engine::oldest_done() {

@@ -422,7 +422,9 @@ std::string describe_cuda_runner(const model_runner& runner) {
   auto* r = dynamic_cast<const cuda_runner*>(&runner);
   if (!r)
     return {};
-  return "small-batch decode path " + r->engine_view().small_batch_choice();
+  const auto& e = r->engine_view();
+  return "small-batch decode path " + e.small_batch_choice() + "; "
+         + std::to_string(e.mixed_graph_count()) + " mixed-step graphs";
 }
 
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows) {
@@ -437,6 +439,19 @@ bool set_cuda_graphs(model_runner& runner, bool enabled) {
   if (!r)
     return false;
   r->engine().set_graphs(enabled);
+  return true;
+}
+
+int64_t cuda_mixed_graph_launches(const model_runner& runner) {
+  auto* r = dynamic_cast<const cuda_runner*>(&runner);
+  return r ? int64_t(r->engine_view().mixed_launches()) : -1;
+}
+
+bool set_mixed_graphs(model_runner& runner, bool enabled) {
+  auto* r = dynamic_cast<cuda_runner*>(&runner);
+  if (!r)
+    return false;
+  r->engine().set_mixed_graphs(enabled);
   return true;
 }
 

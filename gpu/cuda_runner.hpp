@@ -30,8 +30,12 @@ struct cuda_runner_options {
   int32_t page_size = 16;
   /// KV pool size in tokens; 0 = whatever the memory plan leaves.
   int64_t kv_cache_tokens = 0;
-  /// Capture decode steps as CUDA graphs (one per padded batch size).
+  /// Capture decode steps as CUDA graphs (one per padded batch size), and
+  /// steps with small prompt chunks beside decodes (mixed_graphs).
   bool cuda_graphs = true;
+  /// With cuda_graphs: also capture steps that carry prompt chunks of up to
+  /// 256 tokens in all beside their decodes (padded to a grid of sizes).
+  bool mixed_graphs = true;
   /// Element type of the KV cache: "bf16", or "fp8" (e4m3 bytes with one
   /// float scale per token row of each kv head: half the bytes a decode
   /// step reads, about 3% more than half at head_dim 128 for the scales).
@@ -78,6 +82,14 @@ int parse_cuda_device(const std::string& device);
 /// Turns graph replay of a CUDA runner on or off (benchmarks compare both);
 /// returns false when `runner` is not a CUDA runner.
 bool set_cuda_graphs(model_runner& runner, bool enabled);
+
+/// Turns replay of the mixed-step graphs on or off (benchmarks, tests);
+/// false when `runner` is not a CUDA runner.
+bool set_mixed_graphs(model_runner& runner, bool enabled);
+
+/// Steps of a CUDA runner that replayed a mixed-step graph; -1 for another
+/// runner.
+int64_t cuda_mixed_graph_launches(const model_runner& runner);
 
 /// Device time per decode step of the captured graph for `batch` sequences,
 /// replayed back to back: the step without the host's share (plan packing,

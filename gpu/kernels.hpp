@@ -278,7 +278,7 @@ void launch_decode_attention_rope(const attention_shape& shape, const rope_input
 
 /// Work item of the prefill kernel: sequence and first query row of a tile.
 struct prefill_item {
-  int32_t seq = 0;
+  int32_t seq = 0; // < 0: a padding item (its block returns at once)
   int32_t row = 0; // offset of the tile within the sequence's rows
 };
 

@@ -126,6 +126,8 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   pdl_trigger();
   const int head = blockIdx.x;
   const prefill_item item = items[blockIdx.y];
+  if (item.seq < 0)
+    return; // a padding item of a captured mixed step (whole block: no barrier skipped)
   const int kvh = head / (sh.num_heads / sh.kv_heads);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <random>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
 
 #include "bench/gpu/kernel_bench.hpp"
@@ -337,7 +339,61 @@ struct options {
   std::string path = "auto"; // cuda_runner_options::small_batch_path
   std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
   int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
+  std::string profile_mixed;      // B:N: one mixed step inside a profiler range, then exit
 };
+
+/// `--profile-mixed B:N`: B decodes at 1,024 keys beside one prompt chunk of
+/// N tokens (N = 0: the B decodes alone, uncaptured), the step's wall time
+/// with and without graphs, and one such step inside a profiler range for
+/// `ncu --profile-from-start off` (kernel by kernel, to set beside a decode
+/// step's). Returns the exit code.
+int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec) {
+  const auto colon = spec.find(':');
+  const auto b = parse_integer(spec.substr(0, colon));
+  const auto n = colon == std::string::npos ? std::nullopt : parse_integer(spec.substr(colon + 1));
+  if (!b || !n || *b < 1 || *n < 0) {
+    std::fprintf(stderr, "gpu_bench: --profile-mixed: expected B:N, not '%s'\n", spec.c_str());
+    return 2;
+  }
+  auto all = d.prefill(int32_t(*b), 1024);
+  const int32_t chunk = int32_t(*n);
+  auto extra = d.add(1, std::max(1, 16 * chunk));
+  auto chunks = [&](bool with_prompt) {
+    std::vector<std::pair<uint64_t, int32_t>> c;
+    for (auto id : all)
+      c.push_back({id, 1});
+    if (with_prompt && chunk > 0)
+      c.push_back({extra[0], chunk});
+    return c;
+  };
+  std::vector<double> captured, eager, mixed, mixed_eager;
+  for (int rep = 0; rep < 3; ++rep) {
+    captured.push_back(d.step(chunks(false)));
+    set_cuda_graphs(runner, false);
+    eager.push_back(d.step(chunks(false)));
+    set_cuda_graphs(runner, true);
+    if (chunk > 0) {
+      mixed.push_back(d.step(chunks(true)));
+      set_mixed_graphs(runner, false);
+      mixed_eager.push_back(d.step(chunks(true)));
+      set_mixed_graphs(runner, true);
+    }
+  }
+  std::printf("profile-mixed %s: decode captured %.3f ms, uncaptured %.3f ms; mixed captured "
+              "%.3f ms, uncaptured %.3f ms\n",
+              spec.c_str(), median(captured), median(eager), median(mixed), median(mixed_eager));
+  // The profiled step: with graphs as configured (ncu times each kernel of
+  // a replayed graph too).
+  if (std::getenv("METRONOME_PROFILE_EAGER"))
+    set_cuda_graphs(runner, false);
+  METRONOME_CUDA(cudaDeviceSynchronize());
+  METRONOME_CUDA(cudaProfilerStart());
+  d.step(chunks(true));
+  METRONOME_CUDA(cudaDeviceSynchronize());
+  METRONOME_CUDA(cudaProfilerStop());
+  set_cuda_graphs(runner, true);
+  return 0;
+}
 
 int run(const options& o) {
   std::printf("== %s (%s)\n", o.name.c_str(), o.model.c_str());
@@ -398,6 +454,8 @@ int run(const options& o) {
     return (mc.weight_bytes + kv_tokens * mc.kv_bytes_per_token) / bw * 1e3;
   };
   bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size, o.logprobs);
+  if (!o.profile_mixed.empty())
+    return profile_mixed(d, *runner, o.profile_mixed);
 
   // Prefill: one prompt per step, median of 5.
   for (int32_t n : {128, 2048}) {
@@ -600,7 +658,7 @@ constexpr const char* usage =
   "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
-  "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)]\n"
+  "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
   "       gpu_bench --make-preset NAME --make-out DIR";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -617,6 +675,7 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--make-preset"              ? &o.make_preset
                         : a == "--path"                     ? &o.path
                         : a == "--kv-cache-dtype"           ? &o.kv_dtype
+                        : a == "--profile-mixed"            ? &o.profile_mixed
                                                             : nullptr;
     int32_t* number = a == "--max-batch"   ? &o.max_batch
                       : a == "--page-size" ? &o.page_size

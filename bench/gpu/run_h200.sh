@@ -6,7 +6,7 @@
 # same folders.
 #
 #   bench/gpu/run_h200.sh [tests] [sanitize|memcheck] [bench] [fp8] [grid] [kernels] [v1] [pdlon] [pdllate] [pdloff]
-#                         [paths] [sweep] [ncu] [profile] [hf|hfeager] [quick]
+#                         [paths] [sweep] [ncu] [profile] [mixed] [hf|hfeager] [quick]
 #   (default: tests sanitize bench grid kernels hf). kernels: per-kernel timings
 #   (both kernel generations); v1: the target figures again with the first
 #   generation of the GEMV and attention kernels (METRONOME_KERNELS), as model
@@ -253,6 +253,32 @@ if want profile && [ -n "$ncu_bin" ]; then
   done
   [ ${#profiles[@]} -gt 0 ] && python3 "$root/tools/ncu_step_profile.py" "${profiles[@]}" \
     --json "$out/profile.json" | tee "$out/profile.txt"
+fi
+
+# mixed: B decodes at 1,024 keys beside an N-token prompt chunk
+# (METRONOME_MIXED_SPECS="64:0 64:32 64:128", B:N; N = 0 the decodes alone,
+# uncaptured): wall times with and without graphs, then every kernel of one
+# such step from Nsight Compute (mixed.txt, mixed.json), to set the mixed
+# step's kernels beside the decode step's.
+if want mixed && [ -n "$ncu_bin" ]; then
+  mixed=()
+  for m in "${models[@]}"; do
+    make_model "$m" || continue
+    for spec in ${METRONOME_MIXED_SPECS:-64:0 64:32 64:128}; do
+      f="$work/mixed-$m-${spec/:/-}.csv"
+      stamp "mixed step $spec, $m"
+      timeout $(left 60) env LD_LIBRARY_PATH="$ldp" "$bin/gpu_bench" --model "$work/models/$m" \
+        --name "$m" --max-batch 128 --profile-mixed "$spec" 2>&1 | grep -E "profile-mixed|rror"
+      timeout $(left 90) env LD_LIBRARY_PATH="$ldp" "$ncu_bin" \
+        --clock-control none --cache-control none --profile-from-start off --csv --page raw \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \
+        "$bin/gpu_bench" --model "$work/models/$m" --name "$m" --max-batch 128 \
+        --profile-mixed "$spec" > "$f" 2> "$work/ncu.err" \
+        && mixed+=("$f") || { echo "ncu exit $?"; tail -3 "$work/ncu.err"; }
+    done
+  done
+  [ ${#mixed[@]} -gt 0 ] && python3 "$root/tools/ncu_step_profile.py" "${mixed[@]}" --first 40 \
+    --json "$out/mixed.json" | tee "$out/mixed.txt"
 fi
 
 # -- the peer: transformers on the same folders (whatever time is left) --------------------

@@ -41,6 +41,14 @@ bool set_cuda_graphs(model_runner&, bool) {
   return false;
 }
 
+bool set_mixed_graphs(model_runner&, bool) {
+  return false;
+}
+
+int64_t cuda_mixed_graph_launches(const model_runner&) {
+  return -1;
+}
+
 double cuda_graph_replay_ms(model_runner&, int32_t, bool) {
   return std::nan("");
 }

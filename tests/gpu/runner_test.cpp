@@ -4,6 +4,7 @@
 // steps), batched against alone, chunked against whole prompts, graphs
 // against eager launches, and its handling of bad plans.
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -455,6 +456,34 @@ TEST_P(gpu_runner, graph_replay_and_eager_launches_give_the_same_ids) {
   for (size_t i = 0; i < prompts.size(); ++i)
     expect_same_or_near_tie(model, prompts[i], with_graphs[i], eager[i],
                             GetParam() + " prompt " + std::to_string(i) + " (graph vs eager)");
+}
+
+// Steps with prompt chunks beside decodes replay the mixed graphs (padded
+// rows, items and sampling rows) and give what the same steps give
+// uncaptured; with them off, no step replays one.
+TEST_P(gpu_runner, mixed_graph_replays_give_the_ids_of_uncaptured_mixed_steps) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model(GetParam(), 11));
+  auto prompts = test_prompts(model->config.vocab_size);
+  for (auto p : test_prompts(model->config.vocab_size)) {
+    std::reverse(p.begin(), p.end());
+    prompts.push_back(p);
+  }
+  auto o = test::small_runner_options();
+  o.max_batch_size = 16;
+  auto gpu = make_cuda_runner(model, o);
+  auto captured = generate(*gpu, prompts, 20, 7, true);
+  const int64_t replays = cuda_mixed_graph_launches(*gpu);
+  EXPECT_GT(replays, 10) << "no mixed step replayed a graph";
+  ASSERT_TRUE(set_mixed_graphs(*gpu, false));
+  auto eager = generate(*gpu, prompts, 20, 7, true);
+  EXPECT_EQ(cuda_mixed_graph_launches(*gpu), replays);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    expect_same_or_near_tie(model, prompts[i], captured[i], eager[i],
+                            GetParam() + " prompt " + std::to_string(i) + " (mixed graph vs eager)");
+    expect_greedy_matches_cpu(model, prompts[i], captured[i],
+                              GetParam() + " prompt " + std::to_string(i) + " (mixed graph)");
+  }
 }
 
 TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequence) {

@@ -1,6 +1,7 @@
 #include "actors/engine.hpp"
 
 #include <fstream>
+#include <random>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -156,6 +157,10 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   sc.limits.max_num_batched_tokens = o.max_num_batched_tokens;
   sc.limits.max_queued = o.max_queued_requests;
   sc.limits.max_model_len = st.max_model_len;
+  sc.limits.prefix_caching = o.prefix_caching;
+  // Per process: clients cannot aim hash collisions at it (and every match
+  // is verified token by token; a restarted executor starts with no cache).
+  sc.limits.cache_salt = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   sc.policy = o.policy;
   sc.eos_ids = eos_ids(*model, *tok);
   sc.step_timeout = o.step_timeout;

@@ -69,6 +69,8 @@ struct engine_options {
   /// GPU settings.
   double gpu_memory_fraction = 0.9;
   bool cuda_graphs = true;
+  /// Reuse the KV pages of identical prompt prefixes (sched/kv_page_pool.hpp).
+  bool prefix_caching = true;
   /// Element type of the KV cache: "bf16", or "fp8" (e4m3 with a scale per
   /// token row; CUDA only: spawn_engine refuses it on the CPU, whose KV cache
   /// is fp32 whatever this says).

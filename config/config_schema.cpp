@@ -304,7 +304,10 @@ std::vector<config_key> make_keys() {
   add(real_key("engine.gpu_memory_fraction", METRONOME_FIELD(engine.gpu_memory_fraction),
                {0, 1, true, false}, "Share of GPU memory Metronome may use."));
   add(boolean_key("engine.cuda_graphs", METRONOME_FIELD(engine.cuda_graphs),
-                  "Replay decode steps as CUDA graphs (ignored on cpu)."));
+                  "Replay decode steps and small mixed steps as CUDA graphs (ignored on cpu)."));
+  add(boolean_key("engine.prefix_caching", METRONOME_FIELD(engine.prefix_caching),
+                  "Reuse the KV pages of identical prompt prefixes (whole pages) across "
+                  "requests; kept least recently used until their pages are needed."));
   add(choice_key("engine.kv_cache_dtype", METRONOME_FIELD(engine.kv_cache_dtype),
                  std::array{kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8},
                  "Element type of the KV cache: bf16, or fp8 (e4m3 with a scale per token row: "

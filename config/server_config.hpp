@@ -128,6 +128,8 @@ struct engine_section {
   double gpu_memory_fraction = 0.9;
   /// Capture decode steps as CUDA graphs (ignored on the CPU).
   bool cuda_graphs = true;
+  /// Reuse the KV pages of identical prompt prefixes across requests.
+  bool prefix_caching = true;
   /// Element type of the KV cache; fp8 needs a CUDA device (the CPU keeps
   /// its KV cache in fp32 whatever this says, and refuses fp8 at start).
   kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;

@@ -104,6 +104,13 @@ public:
   /// a step beyond the capacities, before enqueuing anything.
   void launch(std::span<const engine_chunk> chunks, std::span<const page_update> updates);
 
+  /// Page-table entries one step's input block holds; a step with more
+  /// launches only when none is in flight (they travel in a block of their
+  /// own).
+  int32_t update_capacity() const {
+    return update_capacity_;
+  }
+
   /// Steps launched and not yet finished.
   size_t in_flight() const {
     return flight_.size();
@@ -292,6 +299,8 @@ private:
   /// l: its input copy, the decode or general forward, the ids' copy back.
   void enqueue_eager(int32_t slot, const layout& l, int32_t sampled, int32_t penalties,
                      bool all_single, bool decode, bool any_logprobs);
+  /// Enqueues page-table updates from big_updates_ (none in flight).
+  void apply_page_updates(std::span<const page_update> updates);
   /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
   void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
   void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);
@@ -385,6 +394,9 @@ private:
   bool enqueue_logprobs_ = true;
   device_buffer penalties_dev_;
   pinned_buffer penalties_pinned_;
+  // Page updates beyond a step's block (apply_page_updates; grown on demand).
+  device_buffer big_updates_dev_;
+  pinned_buffer big_updates_pinned_;
   std::vector<prefill_item> items_;
   size_t input_capacity_ = 0;
   int32_t update_capacity_ = 0, penalty_capacity_ = 0, item_capacity_ = 0;

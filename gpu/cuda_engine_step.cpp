@@ -586,10 +586,9 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     throw std::invalid_argument("cuda runner: " + std::to_string(tokens)
                                 + " tokens in one step exceed max_num_batched_tokens "
                                 + std::to_string(max_tokens_));
-  if (int64_t(updates.size()) > update_capacity_)
-    throw std::invalid_argument("cuda runner: " + std::to_string(updates.size())
-                                + " new pages in one step exceed the capacity of "
-                                + std::to_string(update_capacity_));
+  if (int64_t(updates.size()) > update_capacity_ && !flight_.empty())
+    throw std::logic_error("cuda runner: a step with " + std::to_string(updates.size())
+                           + " new pages (more than its block holds) launched behind another");
   if (flight_.size() >= 2)
     throw std::logic_error("cuda runner: a third step launched while two are in flight");
   if (penalties > 0 && !flight_.empty())
@@ -598,6 +597,12 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     throw std::logic_error("cuda runner: a fed token without its row in the step in flight");
   if (n == 0 && updates.empty())
     return;
+  // More page-table entries than a step's block holds (a long cached prefix
+  // shared at admission): applied first, from a block of their own.
+  if (int64_t(updates.size()) > update_capacity_) {
+    apply_page_updates(updates);
+    updates = {};
+  }
 
   const int32_t slot = next_slot_;
   // Penalty entries travel in their own block (rare; grown on demand; only
@@ -691,6 +696,26 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   METRONOME_CUDA(cudaEventRecord(step_done_[slot], stream_));
   flight_.push_back(std::move(f));
   next_slot_ = 1 - slot;
+}
+
+void cuda_engine::apply_page_updates(std::span<const page_update> updates) {
+  const size_t bytes = 16 + updates.size() * 12;
+  if (big_updates_pinned_.bytes() < bytes) {
+    big_updates_pinned_ = pinned_buffer(bytes * 2);
+    big_updates_dev_ = device_buffer(bytes * 2);
+  }
+  auto* h = big_updates_pinned_.get<int32_t>();
+  h[0] = int32_t(updates.size());
+  for (size_t i = 0; i < updates.size(); ++i) {
+    h[4 + 3 * i] = updates[i].slot;
+    h[4 + 3 * i + 1] = updates[i].index;
+    h[4 + 3 * i + 2] = updates[i].page;
+  }
+  METRONOME_CUDA(cudaMemcpyAsync(big_updates_dev_.get(), h, bytes, cudaMemcpyHostToDevice,
+                                 stream_));
+  const int32_t* d = big_updates_dev_.get<int32_t>();
+  launch_page_updates(page_table_.get<int32_t>(), page_stride_, d + 4, d,
+                      int32_t(updates.size()), stream_);
 }
 
 void cuda_engine::enqueue_eager(int32_t slot, const layout& l, int32_t sampled, int32_t penalties,

@@ -75,8 +75,15 @@ public:
     const auto start = std::chrono::steady_clock::now();
     check(plan);
     // At most one step stays in flight under this one; none when this one
-    // needs the host to know every earlier token (penalties).
-    const size_t keep = needs_known_tokens(plan) ? 0 : 1;
+    // needs the host to know every earlier token (penalties), or has more
+    // page-table entries than a step's block (long cached prefixes).
+    int64_t new_pages = 0;
+    for (const auto& n : plan.added)
+      new_pages += int64_t(n.cached_pages.size());
+    for (const auto& c : plan.chunks)
+      new_pages += int64_t(c.new_pages.size());
+    const size_t keep =
+      needs_known_tokens(plan) || new_pages > engine_.update_capacity() ? 0 : 1;
     while (engine_.in_flight() > keep)
       finish_oldest();
     table_.apply(plan, page_size(), num_pages());
@@ -113,6 +120,14 @@ public:
     updates_.clear();
     entries_.clear();
     entry_ranges_.clear();
+    // A sequence that starts on cached pages (prefix caching): they begin
+    // its page table, and their tokens count as computed (the table did).
+    for (const auto& n : plan.added) {
+      auto& g = seqs_.at(n.id);
+      for (size_t i = 0; i < n.cached_pages.size(); ++i)
+        updates_.push_back({g.slot, int32_t(i), n.cached_pages[i]});
+      g.pages = int32_t(n.cached_pages.size());
+    }
     for (const auto& c : plan.chunks) {
       auto& s = table_.at(c.id);
       auto& g = seqs_.at(c.id);
@@ -256,6 +271,9 @@ private:
       int64_t pages = int64_t(c.new_pages.size());
       if (auto i = seqs_.find(c.id); i != seqs_.end() && !released.contains(c.id))
         pages += i->second.pages;
+      for (const auto& n : plan.added)
+        if (n.id == c.id)
+          pages += int64_t(n.cached_pages.size());
       if (pages > engine_.max_pages_per_seq())
         throw plan_error("sequence " + std::to_string(c.id) + ": " + std::to_string(pages)
                          + " pages exceed the longest sequence ("

@@ -20,6 +20,13 @@ void sequence_table::apply(const step_plan& plan, int32_t page_size, int32_t num
       throw plan_error("sequence " + std::to_string(n.id) + " has an empty prompt");
     if (n.num_output < 0 || size_t(n.num_output) >= n.prompt.size())
       throw plan_error("sequence " + std::to_string(n.id) + ": num_output out of range");
+    if (n.num_cached < 0 || size_t(n.num_cached) >= n.prompt.size()
+        || int64_t(n.cached_pages.size()) * page_size != n.num_cached)
+      throw plan_error("sequence " + std::to_string(n.id)
+                       + ": num_cached must be its cached pages' tokens, below its prompt's");
+    for (auto p : n.cached_pages)
+      if (p < 0 || p >= num_pages)
+        throw plan_error("sequence " + std::to_string(n.id) + ": cached page id out of range");
   }
   std::unordered_set<uint64_t> scheduled;
   for (const auto& c : plan.chunks) {
@@ -28,8 +35,11 @@ void sequence_table::apply(const step_plan& plan, int32_t page_size, int32_t num
     int64_t known = 0, computed = 0, pages = 0;
     if (added.contains(c.id)) {
       for (const auto& n : plan.added)
-        if (n.id == c.id)
+        if (n.id == c.id) {
           known = int64_t(n.prompt.size());
+          computed = n.num_cached;
+          pages = int64_t(n.cached_pages.size());
+        }
     } else if (auto i = seqs_.find(c.id); i != seqs_.end() && !released.contains(c.id)) {
       known = int64_t(i->second.tokens.size());
       computed = i->second.num_computed;
@@ -57,6 +67,8 @@ void sequence_table::apply(const step_plan& plan, int32_t page_size, int32_t num
     const auto split = prompt.size() - size_t(n.num_output);
     s.sampler = std::make_unique<sequence_sampler>(n.params, prompt.first(split), n.seed,
                                                    prompt.subspan(split));
+    s.num_computed = n.num_cached;
+    s.pages = n.cached_pages;
     seqs_.emplace(n.id, std::move(s));
   }
   for (const auto& c : plan.chunks) {

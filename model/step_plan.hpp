@@ -30,6 +30,12 @@ struct new_sequence {
   /// sequence re-admitted after preemption): they count for the penalties
   /// and advance the random stream, so preemption never changes the output.
   int32_t num_output = 0;
+  /// Prefix caching: the first num_cached tokens of `prompt` are computed
+  /// already, their keys and values in `cached_pages` (shared with other
+  /// sequences: never written), which start the sequence's page table.
+  /// num_cached is cached_pages.size() x page_size and below prompt.size().
+  int32_t num_cached = 0;
+  std::vector<int32_t> cached_pages;
 };
 
 /// Work for one sequence in one step.

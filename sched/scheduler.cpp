@@ -1,8 +1,8 @@
 #include "sched/scheduler.hpp"
 
 #include <algorithm>
+#include <span>
 #include <stdexcept>
-
 
 namespace metronome {
 
@@ -16,7 +16,63 @@ void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
     throw std::logic_error("scheduler: capacity set while sequences hold pages");
   num_pages_ = num_pages;
   page_size_ = page_size;
-  pool_.reset(num_pages);
+  pool_ = kv_page_pool(num_pages, page_size);
+}
+
+namespace {
+
+/// Page i's tokens of r (prompt, then output): a view of r's own storage, or
+/// of `buf` where the page spans both.
+std::span<const int32_t> page_tokens(const sched_request& r, int32_t i, int32_t ps,
+                                     std::vector<int32_t>& buf) {
+  const size_t begin = size_t(i) * size_t(ps), end = begin + size_t(ps);
+  if (end <= r.prompt.size())
+    return std::span<const int32_t>(r.prompt).subspan(begin, size_t(ps));
+  if (begin >= r.prompt.size())
+    return std::span<const int32_t>(r.output).subspan(begin - r.prompt.size(), size_t(ps));
+  buf.clear();
+  for (size_t t = begin; t < end; ++t)
+    buf.push_back(r.token(int32_t(t)));
+  return buf;
+}
+
+} // namespace
+
+void scheduler::hash_pages(sched_request& r, int32_t pages) {
+  std::vector<int32_t> buf;
+  for (int32_t i = int32_t(r.page_hashes.size()); i < pages; ++i) {
+    const uint64_t prev = i == 0 ? config_.cache_salt : r.page_hashes[size_t(i) - 1];
+    r.page_hashes.push_back(page_hash(prev, page_tokens(r, i, page_size_, buf)));
+  }
+}
+
+std::vector<int32_t> scheduler::cached_prefix(sched_request& r) {
+  if (!config_.prefix_caching || page_size_ <= 0 || num_pages_ == 0)
+    return {};
+  // At least one token stays to compute: its logits start the output.
+  const int32_t usable = (r.known_tokens() - 1) / page_size_;
+  if (usable <= 0)
+    return {};
+  hash_pages(r, usable);
+  const auto hashes = std::span<const uint64_t>(r.page_hashes).first(size_t(usable));
+  if (r.output.empty())
+    return pool_.match(hashes, r.prompt);
+  std::vector<int32_t> tokens(r.prompt);
+  tokens.insert(tokens.end(), r.output.begin(), r.output.end());
+  return pool_.match(hashes, tokens);
+}
+
+void scheduler::name_pages(sched_request& r) {
+  if (!config_.prefix_caching)
+    return;
+  const int32_t full = std::min(r.num_computed, r.known_tokens()) / page_size_;
+  if (full <= r.named_pages)
+    return;
+  hash_pages(r, full);
+  std::vector<int32_t> buf;
+  for (int32_t i = r.named_pages; i < full; ++i)
+    pool_.cache(r.id, i, r.page_hashes[size_t(i)], page_tokens(r, i, page_size_, buf));
+  r.named_pages = full;
 }
 
 int32_t scheduler::pages_for(int64_t tokens) const {
@@ -48,6 +104,8 @@ admit_result scheduler::add(sched_request r, sched_time now) {
     return admit_result::queue_full;
   r.status = request_status::waiting;
   r.arrival = std::min(r.arrival, now);
+  // What the cache holds now: the policies count those tokens as done.
+  r.cached_tokens = int32_t(cached_prefix(r).size()) * page_size_;
   auto id = r.id;
   auto& stored = requests_.emplace(id, std::move(r)).first->second;
   waiting_.push_back(id);
@@ -108,6 +166,7 @@ void scheduler::preempt(sched_request& r) {
     r.in_runner = false;
   }
   r.num_computed = 0;
+  r.named_pages = 0;
   ++r.preemptions;
   ++preemptions_;
 }
@@ -148,7 +207,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   for (auto id : waiting_) {
     const auto& r = requests_.at(id);
     if (ready_prompt < budget)
-      ready_prompt += r.total_tokens();
+      ready_prompt += std::max(1, r.total_tokens() - r.cached_tokens);
     load.oldest_wait = std::max(load.oldest_wait, now - r.arrival);
   }
   load.decode_ms = step_times_.predict_decode_ms(decodes);
@@ -194,6 +253,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     ++r.inflight;
     budget -= n;
     in_plan.push_back(r.id);
+    name_pages(r);
   };
 
   // 1. Running requests, in admission order.
@@ -241,13 +301,18 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       if (r->inflight > 0 || r->status != request_status::waiting)
         continue; // preempted with samples still in flight
       const int32_t total = r->total_tokens();
-      r->num_computed = 0;
-      const int32_t n = within_limit(*r, std::min({total, budget, prefill_left}));
-      if (n <= 0)
-        break;
-      const int32_t need = pages_for(n);
-      if (need > free_pages())
+      // Its longest cached prefix is computed already: the chunk starts
+      // after it, in fresh pages.
+      const std::vector<int32_t> hit = cached_prefix(*r);
+      const int32_t cached = int32_t(hit.size()) * page_size_;
+      r->num_computed = cached;
+      const int32_t n = within_limit(*r, std::min({total - cached, budget, prefill_left}));
+      const int32_t need = pages_for(int64_t(cached) + n) - int32_t(hit.size());
+      // Shared pages no table holds stop counting as free.
+      if (n <= 0 || need + pool_.unreferenced(hit) > free_pages()) {
+        r->num_computed = 0;
         break; // no skipping ahead: that would starve long prompts
+      }
       waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r->id));
       running_.push_back(r->id);
       r->status = request_status::running;
@@ -255,8 +320,17 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
         r->first_scheduled = now;
       new_sequence seq{r->id, r->prompt, r->params, r->seed, int32_t(r->output.size())};
       seq.prompt.insert(seq.prompt.end(), r->output.begin(), r->output.end());
+      seq.num_cached = cached;
+      seq.cached_pages = hit;
       d.plan.added.push_back(std::move(seq));
       r->in_runner = true;
+      pool_.share(r->id, hit);
+      r->named_pages = int32_t(hit.size());
+      r->cached_tokens = cached;
+      if (config_.prefix_caching) {
+        prefix_queries_ += total;
+        prefix_hits_ += cached;
+      }
       place(*r, n, need);
       prefill_left -= n;
       --free_slots;
@@ -297,8 +371,10 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
     r.output.push_back(t.token);
     policy_->on_token(r, now);
     token_event ev{r.id, t.token, out.num_seqs, {}, {}, t.logprobs};
-    if (r.output.size() == 1)
+    if (r.output.size() == 1) {
       ev.first_scheduled = r.first_scheduled;
+      ev.cached_tokens = r.cached_tokens;
+    }
     if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())
       ev.finish_reason = "stop";
     else if (int32_t(r.output.size()) >= r.max_output)
@@ -326,6 +402,7 @@ std::vector<uint64_t> scheduler::fail_runner() {
       continue;
     }
     r.num_computed = 0; // waiting (possibly preempted): recompute later
+    r.named_pages = 0;
     r.pending = 0;
     r.inflight = 0;
     r.in_runner = false;

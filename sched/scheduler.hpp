@@ -49,6 +49,13 @@ struct scheduler_config {
   /// Under a policy's step time limit, the prompt tokens a step may still
   /// compute when none fit (so prompts always progress).
   int32_t min_prefill_chunk = 32;
+  /// Reuse the KV pages of earlier requests' identical prefixes
+  /// (kv_page_pool.hpp); engine.prefix_caching.
+  bool prefix_caching = true;
+  /// Seeds the page hashes: names what else decides a page's content (the
+  /// model, the KV dtype), and, drawn at random per process, keeps clients
+  /// from crafting hash collisions (matches are verified token by token).
+  uint64_t cache_salt = 0;
 };
 
 enum class request_status : uint8_t { waiting, running, finished };
@@ -82,6 +89,13 @@ struct sched_request {
   bool in_runner = false;
   std::string finish_reason;
   int32_t preemptions = 0;
+  /// Prefix cache: the chained hashes of its full pages of known tokens
+  /// (prompt, output) computed so far, how many of its table's pages are
+  /// named in the pool, and the tokens the cache gave it at its last
+  /// admission (at arrival: what a lookup found then, for the policies).
+  std::vector<uint64_t> page_hashes;
+  int32_t named_pages = 0;
+  int32_t cached_tokens = 0;
 
   // -- for latency-aware policies (set and read by policies only) -------------
   double predicted_steps = 0;
@@ -92,6 +106,14 @@ struct sched_request {
   /// Prompt, output and samples in flight.
   int32_t total_tokens() const {
     return int32_t(prompt.size() + output.size()) + pending;
+  }
+  /// Prompt and output tokens known (no sample in flight).
+  int32_t known_tokens() const {
+    return int32_t(prompt.size() + output.size());
+  }
+  /// Known token i (prompt, then output).
+  int32_t token(int32_t i) const {
+    return i < int32_t(prompt.size()) ? prompt[size_t(i)] : output[size_t(i) - prompt.size()];
   }
 };
 
@@ -107,8 +129,11 @@ struct token_event {
   /// "" while running; "stop" or "length" on the last token.
   std::string finish_reason;
   /// Set on the request's first token.
-  std::optional<sched_time> first_scheduled;  /// sampled_token::logprobs (empty unless the request asked).
+  std::optional<sched_time> first_scheduled;
+  /// sampled_token::logprobs (empty unless the request asked).
   std::vector<token_logprob> logprobs;
+  /// On the first token: prompt tokens the prefix cache gave the request.
+  int32_t cached_tokens = 0;
 };
 
 /// A plan for the runner (page ids granted) and what the scheduler knows of it.
@@ -215,6 +240,14 @@ public:
   int64_t limited_steps() const {
     return limited_steps_;
   }
+  /// Prefix cache: tokens looked up at admissions, and those found cached
+  /// (vLLM's prefix_cache_queries / prefix_cache_hits).
+  int64_t prefix_queries() const {
+    return prefix_queries_;
+  }
+  int64_t prefix_hits() const {
+    return prefix_hits_;
+  }
   const scheduler_config& config() const {
     return config_;
   }
@@ -226,6 +259,13 @@ private:
   /// Returns `id`'s pages to the pool, if it holds any.
   void release_pages(uint64_t id);
   void preempt(sched_request& r);
+  /// Extends r.page_hashes to its first `pages` full pages of known tokens.
+  void hash_pages(sched_request& r, int32_t pages);
+  /// The cached pages that can hold r's first tokens (leaving at least one
+  /// token to compute); none without prefix caching.
+  std::vector<int32_t> cached_prefix(sched_request& r);
+  /// Names r's full pages of known, computed tokens in the pool.
+  void name_pages(sched_request& r);
   void finish(sched_request& r, std::string reason, sched_time now);
   void collect_finished(std::vector<uint64_t>* finished);
   std::vector<sched_request*> waiting_list();
@@ -253,6 +293,8 @@ private:
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
   int64_t limited_steps_ = 0;
+  int64_t prefix_queries_ = 0;
+  int64_t prefix_hits_ = 0;
 };
 
 } // namespace metronome

@@ -77,7 +77,8 @@ bool latency_aware_policy::starves(const sched_request& r, sched_time now, sched
 
 double remaining_work(const latency_aware_policy& p, const sched_request& r,
                       double decode_step_weight) {
-  const double uncomputed = double(r.total_tokens() - r.num_computed);
+  // Tokens the prefix cache holds count as done.
+  const double uncomputed = double(r.total_tokens() - std::max(r.num_computed, r.cached_tokens));
   return uncomputed + decode_step_weight * p.remaining_steps(r);
 }
 

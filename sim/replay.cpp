@@ -128,6 +128,8 @@ public:
       res_.disabled_s += seconds(now_ - *disabled_since_);
     res_.steps = sched_->steps();
     res_.preemptions = sched_->preemptions();
+    res_.prefix_queries = sched_->prefix_queries();
+    res_.prefix_hits = sched_->prefix_hits();
     res_.policy_stats = *ctx_->state.stats;
     for (const auto& r : res_.requests)
       if (r.e2e_s >= 0)
@@ -142,6 +144,25 @@ private:
     double ms = 0;
   };
 
+  /// A prompt of q.prompt_tokens tokens: each hash_ids block the same
+  /// tokens wherever it appears (the prefix cache shares them), the rest
+  /// unique to the request. Never the stop token.
+  static std::vector<int32_t> prompt_of(const trace_request& q, uint64_t id) {
+    std::vector<int32_t> p(static_cast<size_t>(q.prompt_tokens));
+    auto token = [](uint64_t block, size_t k) {
+      uint64_t x = block * 0x9e3779b97f4a7c15ull + k + 1;
+      x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+      x ^= x >> 29;
+      return int32_t(16 + x % 100000);
+    };
+    for (size_t t = 0; t < p.size(); ++t) {
+      const size_t b = t / size_t(hash_block_tokens);
+      p[t] = b < q.hash_ids.size() ? token(uint64_t(q.hash_ids[b]) << 1, t)
+                                   : token((id << 1) | 1, t);
+    }
+    return p;
+  }
+
   sched_time arrival(size_t i) const {
     return from_seconds(trace_.requests[i].arrival_s / o_.rate_scale);
   }
@@ -150,7 +171,7 @@ private:
     const auto& q = trace_.requests[i];
     sched_request r;
     r.id = uint64_t(i) + 1;
-    r.prompt.assign(size_t(q.prompt_tokens), other_token);
+    r.prompt = prompt_of(q, r.id);
     r.params.max_tokens = o_.max_tokens > 0 ? o_.max_tokens : limits_.max_model_len;
     r.stop_ids = {stop_token};
     r.arrival = now_;

@@ -80,6 +80,9 @@ struct replay_result {
   latency_aware_stats policy_stats;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  /// Prefix cache: prompt tokens looked up at admissions and found cached.
+  int64_t prefix_queries = 0;
+  int64_t prefix_hits = 0;
   /// Sum over steps of sequences in the step.
   double sum_batch = 0;
   int32_t max_batch_size = 0;

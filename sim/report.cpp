@@ -156,6 +156,9 @@ nlohmann::json make_report(const replay_result& r) {
   j["batch_efficiency"] = r.sum_batch / steps / std::max(r.max_batch_size, 1);
   j["busy_fraction"] = ratio(r.busy_s, r.makespan_s);
   j["preemptions"] = r.preemptions;
+  j["prefix_cache_queries"] = r.prefix_queries;
+  j["prefix_cache_hits"] = r.prefix_hits;
+  j["prefix_cache_hit_rate"] = r.prefix_queries > 0 ? double(r.prefix_hits) / double(r.prefix_queries) : 0.0;
   const auto acc = measure_accuracy(r.predictions);
   std::vector<prediction_outcome> learned;
   for (const auto& o : r.predictions)

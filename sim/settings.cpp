@@ -20,6 +20,7 @@ scheduling_settings settings_from_config(const server_config& cfg) {
   s.limits.max_num_batched_tokens = cfg.engine.max_num_batched_tokens;
   s.limits.max_queued = cfg.server.max_queued_requests;
   s.limits.max_model_len = cfg.model.max_model_len;
+  s.limits.prefix_caching = cfg.engine.prefix_caching;
   s.page_size = cfg.engine.page_size;
   s.kv_cache_tokens = cfg.engine.kv_cache_tokens;
 

@@ -203,6 +203,22 @@ trace parse_mooncake(std::string_view text, const std::string& src) {
     if (r.prompt_tokens == 0)
       throw trace_error(src, line, "input_length", "must be > 0 (an empty prompt)");
     r.output_tokens = count("output_length");
+    if (auto h = j.find("hash_ids"); h != j.end()) {
+      if (!h->is_array())
+        throw trace_error(src, line, "hash_ids", "expected an array of block ids");
+      for (const auto& id : *h) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0)
+          throw trace_error(src, line, "hash_ids",
+                            "expected integers >= 0, got " + id.dump());
+        r.hash_ids.push_back(id.get<int64_t>());
+      }
+      if (int64_t(r.hash_ids.size()) * hash_block_tokens
+          >= int64_t(r.prompt_tokens) + hash_block_tokens)
+        throw trace_error(src, line, "hash_ids",
+                          std::to_string(r.hash_ids.size()) + " blocks of "
+                            + std::to_string(hash_block_tokens) + " tokens exceed input_length "
+                            + std::to_string(r.prompt_tokens));
+    }
     t.requests.push_back(std::move(r));
   });
   return t;

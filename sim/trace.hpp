@@ -7,9 +7,9 @@
 //             TIMESTAMP "YYYY-MM-DD hh:mm:ss[.fraction]" (Azure LLM
 //             inference traces, Splitwise).
 //   mooncake: JSON lines {"timestamp": ms, "input_length", "output_length",
-//             "hash_ids"} (Mooncake FAST'25 traces; hash_ids, the shared
-//             prefix blocks, are read but not used: Metronome has no prefix
-//             cache yet).
+//             "hash_ids"} (Mooncake FAST'25 traces; hash_ids name the
+//             prompt's blocks of 512 tokens: replay makes equal blocks of
+//             equal tokens, so the prefix cache shares them).
 //   csv:      CSV with a header naming arrival_s (or arrival_ms),
 //             prompt_tokens, output_tokens and optionally class and
 //             non_alnum_share, in any column order.
@@ -33,7 +33,13 @@ struct trace_request {
   int32_t output_tokens = 0;
   std::string request_class;
   float non_alnum_share = 0;
+  /// Mooncake traces: ids of the prompt's blocks of hash_block_tokens
+  /// tokens (equal ids: equal tokens, so the prefix cache can share them).
+  std::vector<int64_t> hash_ids;
 };
+
+/// Tokens per hash_ids block (the Mooncake traces' 512).
+constexpr int32_t hash_block_tokens = 512;
 
 /// A trace, sorted by arrival (stable: ties keep file order).
 struct trace {

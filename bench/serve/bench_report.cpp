@@ -22,7 +22,8 @@ double per_s(double x, double seconds) {
 /// reader of replay reports finds every key.
 constexpr const char* simulator_only_keys[] = {
   "unloaded", "e2e_p95_over_unloaded_p95", "steps", "mean_batch_size", "batch_efficiency",
-  "busy_fraction", "preemptions", "predictor", "supervisor", "engine", "cost_model"};
+  "busy_fraction", "preemptions", "predictor", "supervisor", "engine", "cost_model",
+  "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate"};
 
 std::string csv_quote(const std::string& s) {
   std::string out = "\"";

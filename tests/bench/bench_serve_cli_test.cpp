@@ -94,7 +94,8 @@ const char* const report_keys[] = {
   "total_tokens_per_s", "makespan_s", "ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "p95_over_p50",
   "unloaded", "e2e_p95_over_unloaded_p95", "steps", "mean_batch_size", "batch_efficiency",
   "busy_fraction", "preemptions", "longest_wait_ms", "slowdown_by_output_decile", "predictor",
-  "supervisor", "engine", "cost_model",
+  "supervisor", "engine", "cost_model", "prefix_cache_queries", "prefix_cache_hits",
+  "prefix_cache_hit_rate",
   // bench-serve's own
   "tpot_ms", "sent", "succeeded", "failed", "interrupted", "not_sent", "partial",
   "request_throughput_per_s", "wall_s", "slo", "goodput", "prompt_tokens", "errors", "server",

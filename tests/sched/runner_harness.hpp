@@ -33,7 +33,8 @@ inline std::map<uint64_t, std::vector<int32_t>>
 serve_through_runner(std::shared_ptr<const model_folder> model,
                      const std::vector<workload_item>& items,
                      std::unique_ptr<admission_policy> policy, scheduler_config cfg,
-                     int32_t num_pages, int32_t page_size, int64_t* preemptions = nullptr) {
+                     int32_t num_pages, int32_t page_size, int64_t* preemptions = nullptr,
+                     int64_t* prefix_hits = nullptr) {
   scheduler s(cfg, std::move(policy));
   s.set_capacity(num_pages, page_size);
   auto runner = make_cpu_runner(model, num_pages, page_size);
@@ -68,6 +69,8 @@ serve_through_runner(std::shared_ptr<const model_folder> model,
   EXPECT_EQ(s.pages().unmatched_frees(), 0);
   if (preemptions)
     *preemptions = s.preemptions();
+  if (prefix_hits)
+    *prefix_hits = s.prefix_hits();
   return out;
 }
 

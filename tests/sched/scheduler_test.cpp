@@ -21,7 +21,9 @@ sched_request make_request(uint64_t id, int32_t prompt_len, int32_t max_tokens,
   sched_request r;
   r.id = id;
   r.prompt.resize(size_t(prompt_len));
-  std::iota(r.prompt.begin(), r.prompt.end(), 100);
+  // Prompts of different requests share no token (no prefix cache hits
+  // unless a test makes them).
+  std::iota(r.prompt.begin(), r.prompt.end(), int32_t(1000 * id + 100));
   r.params.max_tokens = max_tokens;
   r.stop_ids = std::move(stop_ids);
   return r;
@@ -175,6 +177,7 @@ TEST_F(scheduler_test, max_batch_size_caps_running_requests) {
 
 TEST_F(scheduler_test, preempts_the_latest_admitted_when_pages_run_out_and_resumes_it) {
   cfg.pipeline_depth = 1;
+  cfg.prefix_caching = false; // recomputed whole (with the cache: prefix_cache_test)
   make(4, 4); // 16 token slots
   add(make_request(1, 4, 8));
   add(make_request(2, 4, 8));

@@ -152,18 +152,19 @@ sim::cost_model load_cost_model(const std::optional<std::string>& path) {
 }
 
 void print_table(const std::vector<nlohmann::json>& reports) {
-  std::printf("%-13s %6s %8s %8s %8s %8s %8s %8s %9s %7s\n", "policy", "rate", "ttft50", "ttft95",
-              "ttft99", "e2e50", "e2e95", "e2e99", "tok/s", "slow10");
+  std::printf("%-13s %6s %8s %8s %8s %8s %8s %8s %9s %7s %7s\n", "policy", "rate", "ttft50",
+              "ttft95", "ttft99", "e2e50", "e2e95", "e2e99", "tok/s", "slow10", "cached");
   for (const auto& r : reports) {
     double worst = 0;
     for (const auto& d : r["slowdown_by_output_decile"])
       worst = std::max(worst, d["mean_slowdown"].get<double>());
-    std::printf("%-13s %6.3g %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9.1f %7.2f\n",
+    std::printf("%-13s %6.3g %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9.1f %7.2f %6.1f%%\n",
                 r["policy"].get<std::string>().c_str(), r["rate_scale"].get<double>(),
                 r["ttft_ms"]["p50"].get<double>(), r["ttft_ms"]["p95"].get<double>(),
                 r["ttft_ms"]["p99"].get<double>(), r["e2e_ms"]["p50"].get<double>(),
                 r["e2e_ms"]["p95"].get<double>(), r["e2e_ms"]["p99"].get<double>(),
-                r["throughput_tokens_per_s"].get<double>(), worst);
+                r["throughput_tokens_per_s"].get<double>(), worst,
+                100.0 * r["prefix_cache_hit_rate"].get<double>());
   }
 }
 

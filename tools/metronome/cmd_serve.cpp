@@ -65,6 +65,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.restart_window = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
   o.gpu_memory_fraction = c.engine.gpu_memory_fraction;
   o.cuda_graphs = c.engine.cuda_graphs;
+  o.prefix_caching = c.engine.prefix_caching;
   o.kv_cache_dtype = std::string(to_string(c.engine.kv_cache_dtype));
   auto s = sim::settings_from_config(c); // batching, predictor, router, drift sections
   o.predictor = s.predictor;

@@ -20,25 +20,6 @@ namespace metronome {
 
 namespace {
 
-/// The frontend: turns each generate_request into a request actor whose
-/// sink is the sender.
-caf::behavior frontend(caf::event_based_actor* self, std::shared_ptr<const request_context> ctx) {
-  return {
-    [=](generate_request& req) {
-      auto sink = caf::actor_cast<caf::actor>(self->current_sender());
-      if (!sink)
-        return; // an anonymous request has nowhere to stream
-      if (ctx->status->degraded) {
-        self->send(sink, generation_error{req.request_id, request_errc::unavailable,
-                                          "the engine is unavailable: its executor keeps failing",
-                                          ""});
-        return;
-      }
-      spawn_request(self->system(), ctx, std::move(req), std::move(sink));
-    },
-  };
-}
-
 /// EOS ids of config.json and generation_config.json together.
 std::vector<int32_t> eos_ids(const model_folder& model, const tokenizer& tok) {
   auto ids = model.config.eos_token_ids;
@@ -180,7 +161,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   ctx->max_model_len = st.max_model_len;
   ctx->vocab_size = cfg.vocab_size;
   ctx->default_timeout = o.request_timeout;
-  e.frontend = sys.spawn(frontend, std::shared_ptr<const request_context>(ctx));
+  e.frontend = spawn_frontend(sys, std::shared_ptr<const request_context>(ctx));
   return e;
 }
 

@@ -391,4 +391,31 @@ caf::actor spawn_request(caf::actor_system& sys, std::shared_ptr<const request_c
   return a;
 }
 
+namespace {
+
+/// The frontend: turns each generate_request into a request actor whose
+/// sink is the sender.
+caf::behavior frontend(caf::event_based_actor* self, std::shared_ptr<const request_context> ctx) {
+  return {
+    [=](generate_request& req) {
+      auto sink = caf::actor_cast<caf::actor>(self->current_sender());
+      if (!sink)
+        return; // an anonymous request has nowhere to stream
+      if (ctx->status && ctx->status->degraded) {
+        self->send(sink, generation_error{req.request_id, request_errc::unavailable,
+                                          "the engine is unavailable: its executor keeps failing",
+                                          ""});
+        return;
+      }
+      spawn_request(self->system(), ctx, std::move(req), std::move(sink));
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_frontend(caf::actor_system& sys, std::shared_ptr<const request_context> ctx) {
+  return sys.spawn(frontend, std::move(ctx));
+}
+
 } // namespace metronome

@@ -38,6 +38,12 @@ struct request_context {
 caf::actor spawn_request(caf::actor_system& sys, std::shared_ptr<const request_context> ctx,
                          generate_request request, caf::actor sink);
 
+/// Spawns the engine's frontend: for each generate_request it receives, it
+/// spawns a request actor whose sink is the sender (an anonymous request is
+/// dropped; a degraded engine answers generation_error unavailable at once).
+/// Any thread; spawn_engine calls it once per engine.
+caf::actor spawn_frontend(caf::actor_system& sys, std::shared_ptr<const request_context> ctx);
+
 /// Prompt ids of a chat conversation: the template's special tokens are
 /// control tokens, but special-token text inside message contents stays
 /// plain text. Throws std::invalid_argument for a conversation the template

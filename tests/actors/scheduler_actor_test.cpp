@@ -2,12 +2,11 @@
 // executor under CAF's deterministic test coordinator: no threads, virtual
 // time, every message delivered when the test says so.
 
-#include <deque>
-
 #include <gtest/gtest.h>
 
 #include "actors/engine.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "tests/actors/scripted_executor.hpp"
 
 namespace metronome {
 namespace {
@@ -21,34 +20,8 @@ struct test_config : caf::actor_system_config {
   }
 };
 
-/// An executor whose steps finish only when the test sends `tick_atom`.
-struct scripted_executor_state {
-  std::deque<std::pair<caf::response_promise, step_plan>> pending;
-  std::vector<step_plan> seen;
-  std::vector<std::string> crashes;
-};
-
-caf::behavior scripted_executor(caf::stateful_actor<scripted_executor_state>* self) {
-  return {
-    [=](step_plan& plan) -> caf::result<step_output> {
-      auto rp = self->make_response_promise();
-      self->state.seen.push_back(plan);
-      self->state.pending.emplace_back(rp, std::move(plan));
-      return caf::delegated<step_output>{};
-    },
-    [=](tick_atom, int32_t token) {
-      auto [rp, plan] = std::move(self->state.pending.front());
-      self->state.pending.pop_front();
-      step_output out;
-      out.step = plan.step;
-      out.num_seqs = int32_t(plan.chunks.size());
-      for (const auto& c : plan.chunks)
-        out.tokens.push_back({c.id, token, 0}); // every chunk samples here
-      rp.deliver(std::move(out));
-    },
-    [=](crash_atom, std::string& why) { self->state.crashes.push_back(why); },
-  };
-}
+using test::scripted_executor;
+using test::scripted_executor_state;
 
 /// A request actor stand-in: admits one request, records what comes back.
 struct fake_request_state {

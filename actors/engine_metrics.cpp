@@ -92,7 +92,8 @@ engine_metrics::engine_metrics()
     memory_(registry_.add_gauge_family("metronome:memory_bytes",
                                        "The runner's memory plan at start-up, by part (weights, "
                                        "activations, graphs, kv_pool, ...).",
-                                       {"part"})) {
+                                       {"part"})),
+    process_(registry_) {
   // nop
 }
 
@@ -156,6 +157,7 @@ std::string engine_metrics::render(const engine_status& s) {
   ready_.set(s.ready.load() ? 1.0 : 0.0);
   for (const auto& e : s.memory_plan())
     memory_.with({e.name}).set(double(e.bytes));
+  process_.refresh();
   return registry_.render();
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "metrics/process_metrics.hpp"
 #include "metrics/prometheus.hpp"
 
 namespace metronome {
@@ -49,7 +50,8 @@ public:
   /// The step-time model's learned factors (decode and prompt parts).
   void on_step_model(double decode_scale, double prefill_scale);
 
-  /// The text for GET /metrics, with gauges refreshed from `status`.
+  /// The text for GET /metrics, with gauges refreshed from `status` and the
+  /// process metrics (memory, heap, descriptors, CPU) sampled now.
   std::string render(const engine_status& status);
 
   prometheus::registry& registry() {
@@ -80,6 +82,8 @@ private:
   prometheus::gauge& live_actors_;
   prometheus::gauge& ready_;
   prometheus::family<prometheus::gauge>& memory_;
+  /// process_* and metronome:heap_* (metrics/process_metrics.hpp).
+  prometheus::process_metrics process_;
 };
 
 } // namespace metronome

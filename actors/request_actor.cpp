@@ -6,6 +6,7 @@
 #include "actors/engine.hpp"
 #include "actors/engine_metrics.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "actors/scoped_monitors.hpp"
 #include "model/tokenizer/chat_template.hpp"
 #include "model/tokenizer/tokenizer.hpp"
 #include "model/tokenizer/unicode.hpp"
@@ -100,6 +101,16 @@ struct request_state {
   int32_t first_batch = 0;
   bool sent_first = false;
   bool admitted = false;
+  /// The sink and the scheduler, watched while the request lives. The state
+  /// is destroyed on every way the actor ends, and with it these monitors:
+  /// the scheduler (and a sink that outlives the request) keep no record of
+  /// a finished request (scoped_monitors.hpp).
+  scoped_monitors monitors;
+  /// The deadline: a request to ourselves that is never answered, so its
+  /// timeout fires at the deadline (see request_actor()). Kept here until
+  /// the state goes, not dropped, so that a CAF that reports dropped
+  /// promises (0.18+: broken_promise) would not end the wait early.
+  caf::response_promise deadline;
   static inline const char* name = "request";
 };
 
@@ -332,8 +343,8 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
                                         "the request failed: " + what, ""});
     return caf::make_error(caf::sec::runtime_error, what);
   });
-  self->monitor(st.sink);
-  self->monitor(st.ctx->scheduler);
+  st.monitors.add(self, st.sink);
+  st.monitors.add(self, st.ctx->scheduler);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (dm.source == s.sink.address()) {
@@ -363,17 +374,30 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   st.admitted = true;
   const auto timeout = st.req.timeout.count() > 0 ? std::min(st.req.timeout, st.ctx->default_timeout)
                                                   : st.ctx->default_timeout;
-  self->delayed_send(self, timeout, timeout_atom::value);
+  // The deadline is the timeout of a request to ourselves that we never
+  // answer, not a delayed_send: CAF 0.17 cannot cancel a delayed message,
+  // and its clock entry holds strong references to the receiver and the
+  // sender until it fires, so every finished request's actor would stay
+  // allocated for the whole timeout (10 minutes by default). A request's
+  // timeout is cancelled when the actor ends (local_actor::cleanup ->
+  // clock().cancel_timeouts), which frees it at once.
+  self->request(caf::actor_cast<caf::actor>(self), timeout, timeout_atom::value)
+    .then([] { /* never answered */ },
+          [=](caf::error&) { // sec::request_timeout: the deadline has passed
+            cancel_in_scheduler(self, "timeout");
+            fail(self, request_errc::timeout,
+                 "the request did not finish within " + std::to_string(timeout.count()) + " ms");
+          });
   return {
     [=](token_msg& m) { on_tokens(self, m); },
     [=](generation_error& e) {
       self->state.admitted = false;
       fail(self, e.code, std::move(e.message), std::move(e.param));
     },
-    [=](timeout_atom) {
-      cancel_in_scheduler(self, "timeout");
-      fail(self, request_errc::timeout,
-           "the request did not finish within " + std::to_string(timeout.count()) + " ms");
+    [=](timeout_atom) -> caf::response_promise {
+      // Our own deadline request (above): held, never delivered.
+      self->state.deadline = self->make_response_promise();
+      return self->state.deadline;
     },
   };
 }

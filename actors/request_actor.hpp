@@ -7,6 +7,11 @@
 // stop string, and pushes text_delta events to its client sink, then one
 // generation_done or generation_error. It monitors the sink (a dead sink
 // cancels the request) and the scheduler, and gives up after its timeout.
+//
+// A finished request leaves nothing behind, however it ended: its monitors
+// of the sink and the scheduler are removed and its deadline cancelled when
+// the actor ends, so no long-lived actor or timer keeps the dead actor's
+// memory (tests/actors/request_lifecycle_test.cpp).
 
 #include <atomic>
 #include <chrono>

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "actors/scoped_monitors.hpp"
+
 namespace metronome::net {
 
 // -- port_registry --------------------------------------------------------------
@@ -48,6 +50,11 @@ namespace {
 struct sink_state {
   /// The engine's actor that answers (the request actor), once known.
   caf::actor_addr source;
+  /// The frontend and the source, watched while the sink lives; removed
+  /// when the state is destroyed, on every way the sink ends, so the
+  /// long-lived frontend keeps no record of finished requests
+  /// (actors/scoped_monitors.hpp).
+  scoped_monitors monitors;
   static inline const char* name = "request-sink";
 };
 
@@ -67,7 +74,7 @@ caf::behavior request_sink(caf::stateful_actor<sink_state>* self, caf::actor fro
     self->state.source = self->current_sender() ? self->current_sender()->address()
                                                 : caf::actor_addr{};
     if (auto src = caf::actor_cast<caf::actor>(self->state.source); src && src != frontend)
-      self->monitor(src);
+      self->state.monitors.add(self, src);
   };
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source == frontend.address())
@@ -75,7 +82,7 @@ caf::behavior request_sink(caf::stateful_actor<sink_state>* self, caf::actor fro
     else if (dm.source == self->state.source)
       fail("the engine's request actor ended without an answer");
   });
-  self->monitor(frontend);
+  self->state.monitors.add(self, frontend);
   self->send(frontend, std::move(req));
   return {
     [=](text_delta& d) {

@@ -3,6 +3,7 @@
 // per-sequence bookkeeping the runners share.
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,8 @@ struct memory_plan_entry {
 /// executor's; implementations may use more threads inside. Steps go either
 /// through execute() or through submit() and collect(); execute() while
 /// submitted steps are uncollected throws std::logic_error (CUDA runner).
+/// A caller of submit() learns that a step has ended without asking: see
+/// set_step_listener().
 class model_runner {
 public:
   virtual ~model_runner() = default;
@@ -70,14 +73,37 @@ public:
   }
 
   /// Waits (bounded by the runner's step timeout) for the oldest submitted
-  /// step and returns its output. Throws std::logic_error when none is in
-  /// flight.
+  /// step and returns its output, at once when ready(). Throws
+  /// std::logic_error when none is in flight.
   virtual step_output collect() {
     if (done_.empty())
       throw std::logic_error("model_runner::collect: no step in flight");
     step_output out = std::move(done_.front());
     done_.pop_front();
     return out;
+  }
+
+  /// Asks for `on_step_done` to be called when submitted steps end on the
+  /// device, so that the caller waits for them without polling ready().
+  /// Called on the executor's thread, as every other member, before the
+  /// first submit(); an empty function stops the calls.
+  ///
+  /// For each submitted step that has not ended when submit() returns, the
+  /// runner calls `on_step_done` at least once after the step has ended, from
+  /// a thread of its own: never the caller's, never from inside one of the
+  /// runner's members. Steps end in submission order, so ready() is then
+  /// true until the steps ended so far are collected. A call may find
+  /// nothing new (collect() or a submit() that had to wait for the step has
+  /// collected or finished it meanwhile): the caller checks ready() and
+  /// ignores the call otherwise. A step that ends within submit() (the
+  /// default submit(), the CPU runner) is ready() when submit() returns, and
+  /// a step with no device work is ready once the steps before it are:
+  /// neither gets a call of its own. No call begins once the runner's
+  /// destructor has begun. `on_step_done` must be quick and thread-safe (the
+  /// executor's sends it a message). The default ignores the listener: its
+  /// submit() ends every step.
+  virtual void set_step_listener(std::function<void()> on_step_done) {
+    (void)on_step_done;
   }
 
   /// The model's configuration.

@@ -136,8 +136,12 @@ private:
   cudaGraphExec_t exec_ = nullptr;
 };
 
-/// Waits for `event` by polling, so a hung device becomes an exception after
-/// `timeout_s` instead of an endless wait. Spins briefly, then yields.
+/// Waits for `event` on the calling thread, so a hung device becomes a
+/// cuda_error naming `what` after `timeout_s` instead of an endless wait.
+/// Queries for about 20 us (a step's tail), then sleeps between queries
+/// (20 us, doubling up to 200 us): it never keeps a core busy. For waits
+/// that need no timeout and no answer on this thread, the CUDA runner's
+/// step notifier sleeps in the driver instead (step_notifier.hpp).
 void wait_event(cudaEvent_t event, double timeout_s, const char* what);
 
 /// Two timing events on one stream: what lies between start() and stop()

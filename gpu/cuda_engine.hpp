@@ -151,6 +151,12 @@ public:
     return options_;
   }
 
+  /// The stream every step runs on, in launch order (the runner records its
+  /// step notifier's events on it).
+  cudaStream_t stream() const {
+    return stream_;
+  }
+
   const std::vector<memory_plan_entry>& memory_plan() const {
     return plan_;
   }

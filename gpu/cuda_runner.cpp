@@ -13,6 +13,10 @@
 // the step's end writes the real id into the table. At most two steps are in
 // the engine; a step that samples for a sequence with penalties first waits
 // for the step in flight (its penalty entries count the earlier tokens).
+//
+// The executor learns of a step's end without polling: once it has set a
+// step listener, every launched step is followed on the engine's stream by
+// an event that the step notifier's thread sleeps on (step_notifier.hpp).
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +32,7 @@
 #include "gpu/cuda_engine.hpp"
 #include "gpu/cuda_runner.hpp"
 #include "gpu/kernels_v1.hpp"
+#include "gpu/step_notifier.hpp"
 #include "model/model_weights.hpp"
 
 namespace metronome {
@@ -62,6 +67,14 @@ public:
     : model_(std::move(model)), engine_(model_, options) {
     for (int32_t s = engine_.max_seqs() - 1; s >= 0; --s)
       free_slots_.push_back(s);
+  }
+
+  ~cuda_runner() override {
+    // No listener call begins from here on (model_runner's contract); the
+    // notifier itself goes after the engine, which waits for the steps in
+    // flight (bounded), so that its thread has nothing left to wait for.
+    if (notifier_)
+      notifier_->set_listener({});
   }
 
   step_output execute(const step_plan& plan) override {
@@ -190,7 +203,23 @@ public:
     }
     if (!p.launched)
       p.output = make_output(p, {});
+    const bool watch = p.launched && notifier_;
     pending_.push_back(std::move(p));
+    // Behind the step on the stream: its end wakes the notifier's thread.
+    if (watch)
+      notifier_->watch(engine_.stream());
+  }
+
+  void set_step_listener(std::function<void()> on_step_done) override {
+    if (!on_step_done) {
+      notifier_.reset();
+      return;
+    }
+    if (notifier_)
+      notifier_->set_listener(std::move(on_step_done));
+    else
+      notifier_ = std::make_unique<gpu::step_notifier>(engine_.options().device,
+                                                       std::move(on_step_done));
   }
 
   size_t in_flight() const override {
@@ -374,6 +403,8 @@ private:
   }
 
   std::shared_ptr<const model_folder> model_;
+  // Destroyed after the engine (members go in reverse): see ~cuda_runner.
+  std::unique_ptr<gpu::step_notifier> notifier_; // once a step listener is set
   gpu::cuda_engine engine_;
   sequence_table table_;
   std::unordered_map<uint64_t, gpu_sequence> seqs_;

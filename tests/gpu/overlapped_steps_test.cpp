@@ -6,11 +6,18 @@
 // path), a sequence released while its last token is in flight, a batch
 // that shrinks and grows across graph sizes, seeded sampling (its position
 // in the random stream counts tokens not yet on the host) and a sequence
-// with penalties (the runner must wait for every earlier token).
+// with penalties (the runner must wait for every earlier token). Driven as
+// the executor drives it, waking only on the step listener's calls, the
+// same schedule gives the same tokens: no step's end goes unreported.
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "model/model_weights.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
@@ -159,6 +166,75 @@ step_tokens run(model_runner& r, uint64_t first_id, bool overlap, int32_t* overl
   return out;
 }
 
+/// Counts step listener calls; the test waits for them.
+struct listener_probe {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int64_t calls = 0;
+
+  void call() {
+    {
+      std::lock_guard lock(mutex);
+      ++calls;
+    }
+    cv.notify_all();
+  }
+
+  int64_t count() {
+    std::lock_guard lock(mutex);
+    return calls;
+  }
+
+  bool wait_beyond(int64_t seen) {
+    std::unique_lock lock(mutex);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return calls > seen; });
+  }
+};
+
+/// Runs the schedule as the executor does: each plan submitted at once,
+/// steps collected only when ready(), and the thread waiting only for a
+/// listener call (never polling). Like the scheduler, it keeps at most two
+/// plans outstanding. False when a step ended without a call.
+bool run_listened(model_runner& r, uint64_t first_id, step_tokens& out, int32_t* overlapped) {
+  planner p(schedule(r.config().vocab_size), first_id, r.page_size());
+  auto probe = std::make_shared<listener_probe>();
+  r.set_step_listener([probe] { probe->call(); });
+  auto keep = [&](const step_output& o) {
+    std::vector<sampled_token> t = o.tokens;
+    for (auto& s : t)
+      s.id -= first_id;
+    out.push_back(t);
+  };
+  // Until at least one step more has been collected.
+  auto await_one = [&] {
+    for (;;) {
+      const int64_t seen = probe->count();
+      if (r.ready()) {
+        while (r.ready())
+          keep(r.collect());
+        return true;
+      }
+      if (!probe->wait_beyond(seen))
+        return false;
+    }
+  };
+  bool heard = true;
+  for (int32_t guard = 0; heard && !p.done() && guard < 1000; ++guard) {
+    r.submit(p.next());
+    while (r.ready())
+      keep(r.collect());
+    if (r.in_flight() > 1)
+      ++*overlapped;
+    while (heard && r.in_flight() > 1)
+      heard = await_one();
+  }
+  while (heard && r.in_flight() > 0)
+    heard = await_one();
+  r.set_step_listener({});
+  EXPECT_TRUE(p.done());
+  return heard;
+}
+
 class overlapped_steps : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(overlapped_steps, give_the_ids_and_logprobs_of_steps_run_one_at_a_time) {
@@ -182,6 +258,51 @@ TEST_P(overlapped_steps, give_the_ids_and_logprobs_of_steps_run_one_at_a_time) {
       EXPECT_EQ(a.logprob, b.logprob) << "step " << s << " sequence " << a.id;
     }
   }
+}
+
+TEST_P(overlapped_steps, driven_by_the_step_listener_give_the_same_ids_and_logprobs) {
+  METRONOME_REQUIRE_GPU();
+  const auto& [preset, graphs] = GetParam();
+  auto model = model_folder::open(test::tiny_model(preset, 11));
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
+  ASSERT_TRUE(set_cuda_graphs(*gpu, graphs));
+  int32_t overlapped = 0;
+  const auto one_at_a_time = run(*gpu, 0, false, &overlapped);
+  step_tokens listened;
+  ASSERT_TRUE(run_listened(*gpu, 100, listened, &overlapped))
+    << "a step ended and the listener was not called within 10 s";
+  EXPECT_GT(overlapped, 20) << "steps were not overlapped";
+  ASSERT_EQ(one_at_a_time.size(), listened.size());
+  for (size_t s = 0; s < one_at_a_time.size(); ++s) {
+    ASSERT_EQ(one_at_a_time[s].size(), listened[s].size()) << "step " << s;
+    for (size_t i = 0; i < one_at_a_time[s].size(); ++i) {
+      EXPECT_EQ(one_at_a_time[s][i].id, listened[s][i].id) << "step " << s;
+      EXPECT_EQ(one_at_a_time[s][i].token, listened[s][i].token) << "step " << s;
+      EXPECT_EQ(one_at_a_time[s][i].logprob, listened[s][i].logprob) << "step " << s;
+    }
+  }
+}
+
+TEST(overlapped_steps_contract, no_listener_call_begins_once_the_runner_is_being_destroyed) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model("tiny-llama3", 11));
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
+  auto probe = std::make_shared<listener_probe>();
+  auto destroying = std::make_shared<std::atomic<bool>>(false);
+  auto late = std::make_shared<std::atomic<int>>(0);
+  gpu->set_step_listener([probe, destroying, late] {
+    if (*destroying)
+      ++*late;
+    probe->call();
+  });
+  step_plan plan;
+  plan.added.push_back({1, std::vector<int32_t>(40, 3), {}, 0, 0});
+  plan.chunks.push_back({1, 40, {0, 1, 2}});
+  gpu->submit(plan); // in flight while the runner goes
+  *destroying = true;
+  gpu.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(*late, 0) << "the listener was called during or after the runner's destruction";
 }
 
 TEST(overlapped_steps_contract, execute_with_steps_in_flight_and_collect_with_none_throw) {

@@ -1,7 +1,6 @@
 #include "actors/executor.hpp"
 
 #include <deque>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -44,8 +43,15 @@ public:
     } catch (const std::exception& e) {
       quit(caf::make_error(caf::sec::runtime_error, std::string("cannot start the model: ") + e.what()));
       return {[](step_plan&) -> caf::result<step_output> { return step_output{}; },
-              [](tick_atom, uint64_t) {}, [](crash_atom, std::string&) {}};
+              [](step_done_atom) {}, [](crash_atom, std::string&) {}};
     }
+    // The runner says when a step ends, from its own thread: a message wakes
+    // this one, which otherwise sleeps in its mailbox. The listener holds a
+    // weak handle: the runner it lives in belongs to this actor.
+    runner_->set_step_listener([addr = address()] {
+      if (auto self = caf::actor_cast<executor_actor>(addr))
+        caf::anon_send(self, step_done_atom::value);
+    });
     executor_up_msg up;
     up.executor = caf::actor_cast<caf::actor>(this);
     up.num_pages = runner_->num_pages();
@@ -55,27 +61,21 @@ public:
     caf::anon_send(supervisor_, std::move(up)); // typed actors may not send() to untyped ones
     return {
       [this](step_plan& plan) -> caf::result<step_output> {
-        // A plan the runner rejects throws here, before the promise takes
-        // the request: CAF answers it with the error.
+        // Submitted at once, also while earlier steps run: the runner queues
+        // it behind them on the device, which then goes from one step to the
+        // next without waiting for this thread. A plan the runner rejects
+        // throws here, before the promise takes the request: CAF answers it
+        // with the error.
         runner_->submit(plan);
         waiting_.push_back(make_response_promise<step_output>());
         auto rp = waiting_.back();
-        // The step before this one ends now, with this one already queued
-        // behind it on the device; a runner that ran it at once is ready.
-        while (waiting_.size() > 1 || (!waiting_.empty() && runner_->ready()))
-          deliver_oldest();
-        poll();
+        deliver_ready(); // a runner that ran the step at once is ready now
         return rp;
       },
-      [this](tick_atom, uint64_t n) {
-        if (n != polls_)
-          return; // not this executor's current poll
-        polling_ = false;
-        if (!waiting_.empty() && runner_->ready())
-          deliver_oldest();
-        else
-          std::this_thread::yield();
-        poll();
+      [this](step_done_atom) {
+        // From the runner's listener: a step ended (or one already
+        // collected did: then nothing is ready, and nothing happens).
+        deliver_ready();
       },
       [this](crash_atom, std::string& why) {
         quit(caf::make_error(caf::sec::runtime_error, std::move(why)));
@@ -93,26 +93,19 @@ public:
   }
 
 private:
-  void deliver_oldest() {
-    auto out = runner_->collect();
-    auto rp = std::move(waiting_.front());
-    waiting_.pop_front();
-    rp.deliver(std::move(out));
-  }
-
-  /// While a step is in flight, the executor polls it with a message to
-  /// itself, so a plan arriving meanwhile is handled first (submitted behind
-  /// the running step) instead of waiting for the step's end.
-  void poll() {
-    if (waiting_.empty() || polling_)
-      return;
-    polling_ = true;
-    caf::anon_send(caf::actor_cast<executor_actor>(this), tick_atom::value, ++polls_);
+  /// Answers, oldest first, every step that has ended: collect() returns
+  /// without waiting. A step still running stops the loop (replies keep plan
+  /// order); its end brings step_done_atom.
+  void deliver_ready() {
+    while (!waiting_.empty() && runner_->ready()) {
+      auto out = runner_->collect();
+      auto rp = std::move(waiting_.front());
+      waiting_.pop_front();
+      rp.deliver(std::move(out));
+    }
   }
 
   std::deque<caf::typed_response_promise<step_output>> waiting_; // oldest first
-  bool polling_ = false;
-  uint64_t polls_ = 0; // the current poll's number (ticks from elsewhere are ignored)
   caf::actor supervisor_;
   runner_factory factory_;
   std::unique_ptr<model_runner> runner_;

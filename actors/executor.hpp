@@ -3,11 +3,18 @@
 //
 // The executor runs on its own thread (detached): it builds its model runner
 // there (CUDA state is per thread), then serves step plans in mailbox order.
-// A plan handled while the previous step runs is submitted behind it, then
-// the previous step is collected and answered: the host's work for step
-// n + 1 overlaps step n on the device. With no plan waiting, the executor
-// polls its step with messages to itself, so a plan arriving meanwhile is
-// still taken first. A runner exception ends the actor with that error.
+// It is purely reactive. A plan is submitted when it arrives, also while
+// earlier steps run (the runner queues it behind them): the host's work for
+// step n + 1 overlaps step n on the device, which goes from one step to the
+// next without waiting for the host. A step is answered when the executor
+// finds it ready (model_runner::ready) after handling a plan, or after the
+// step_done_atom that the runner's step listener sends from the runner's own
+// thread when a step ends; answers keep plan order. In between, the thread
+// sleeps in its mailbox: nothing polls, spins or sleeps on a timer, so a
+// plan arriving during a step is taken at once and an idle wait costs no
+// CPU. A step that never ends is never ready: the scheduler's request for
+// it times out and sends crash_atom, which ends the executor. A runner
+// exception ends the actor with that error.
 //
 // The supervisor links to the executor and turns its failures into
 // decisions: it tells the scheduler (which fails the requests whose state

@@ -8,15 +8,18 @@
 namespace metronome {
 
 /// One per device, on its own thread: runs a plan, replies with its tokens,
-/// in plan order. A plan that arrives while the previous step runs is
-/// submitted behind it (model_runner::submit), so the device goes from one
-/// step to the next without waiting for the host. tick_atom + n is its own
-/// poll of the step in flight (a tick whose n is not its current poll's is
-/// ignored). crash_atom makes it fail as if its runner had thrown: fault
-/// injection for tests and drills, and how the scheduler has a hung
-/// executor replaced.
+/// in plan order. A plan is submitted (model_runner::submit) as soon as it
+/// arrives, also while earlier steps run: the runner queues it behind them,
+/// so the device goes from one step to the next without waiting for the
+/// host. Between messages the executor sleeps in its mailbox, never polls:
+/// step_done_atom comes from its runner's step listener
+/// (model_runner::set_step_listener, on a thread of the runner's) when a
+/// step ends, and answers every step that has ended (none, for a late
+/// one). crash_atom makes it fail as if its runner had
+/// thrown: fault injection for tests and drills, and how the scheduler,
+/// whose request for a step timed out, has a hung executor replaced.
 using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>,
-                                        caf::reacts_to<tick_atom, uint64_t>,
+                                        caf::reacts_to<step_done_atom>,
                                         caf::reacts_to<crash_atom, std::string>>;
 
 // Untyped contracts:

@@ -1,11 +1,19 @@
 // The executor actor on its own thread with a runner that overlaps steps
 // like the CUDA runner (a fake device: each step takes a fixed wall time
-// after the one before it): a plan that arrives while a step runs is
-// submitted before that step is collected, replies come in plan order, a
-// lone plan is answered by the executor's own polling, and a runner that
-// fails while collecting ends the executor so its supervisor reports it.
+// after the one before it, and a thread of the fake device calls the step
+// listener at each step's end): a plan that arrives while a step runs is
+// submitted before that step is collected, no step is collected before it
+// has ended, replies come in plan order, a lone plan is answered when the
+// listener reports its end, waiting for a step costs no CPU (nothing polls),
+// and a runner that fails while collecting ends the executor so its
+// supervisor reports it.
+
+#include <time.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -37,14 +45,84 @@ struct call_log {
   }
 };
 
+/// The fake device's thread: calls the step listener at each step's end
+/// time, as the CUDA runner's step notifier does when a step's event fires.
+/// With `extra_calls`, also once as each step starts (a call that finds
+/// nothing ready, which the contract allows).
+class fake_device_thread {
+public:
+  explicit fake_device_thread(std::function<void()> listener, bool extra_calls)
+    : listener_(std::move(listener)), extra_calls_(extra_calls), thread_([this] { run(); }) {
+  }
+
+  ~fake_device_thread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true; // no call begins from here on
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void step_ends_at(clock_type::time_point t) {
+    {
+      std::lock_guard lock(mutex_);
+      ends_.push_back(t);
+      if (extra_calls_)
+        extra_ = true;
+    }
+    wake_.notify_all();
+  }
+
+private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (extra_) {
+        extra_ = false;
+        listener_();
+        continue;
+      }
+      if (ends_.empty()) {
+        wake_.wait(lock);
+        continue;
+      }
+      const auto t = ends_.front();
+      if (clock_type::now() < t) {
+        wake_.wait_until(lock, t);
+        continue;
+      }
+      ends_.pop_front();
+      listener_(); // under the lock: the destructor never races a call
+    }
+  }
+
+  std::function<void()> listener_;
+  bool extra_calls_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<clock_type::time_point> ends_;
+  bool extra_ = false;
+  bool stop_ = false;
+  std::thread thread_; // last: starts once the rest exists
+};
+
 /// A runner whose steps each take `device_time` on a fake device, one after
 /// another, starting when submitted: what the CUDA runner's stream does.
+/// A collect() before the step's end is logged as "collect n early" (and
+/// waits): the executor should only collect what is ready.
 class fake_device_runner : public model_runner {
 public:
   fake_device_runner(std::shared_ptr<call_log> log, clock_type::duration device_time,
-                     uint64_t fail_at = UINT64_MAX, uint64_t reject_at = UINT64_MAX)
-    : log_(std::move(log)), device_time_(device_time), fail_at_(fail_at), reject_at_(reject_at) {
+                     uint64_t fail_at = UINT64_MAX, uint64_t reject_at = UINT64_MAX,
+                     bool extra_calls = false)
+    : log_(std::move(log)), device_time_(device_time), fail_at_(fail_at), reject_at_(reject_at),
+      extra_calls_(extra_calls) {
     config_.vocab_size = 100;
+  }
+
+  ~fake_device_runner() override {
+    device_.reset(); // no listener call from here on
   }
 
   step_output execute(const step_plan& plan) override {
@@ -59,6 +137,14 @@ public:
     const auto start = std::max(clock_type::now(), device_free_);
     device_free_ = start + device_time_;
     flight_.push_back({plan.step, device_free_});
+    if (device_)
+      device_->step_ends_at(device_free_);
+  }
+
+  void set_step_listener(std::function<void()> on_step_done) override {
+    device_.reset();
+    if (on_step_done)
+      device_ = std::make_unique<fake_device_thread>(std::move(on_step_done), extra_calls_);
   }
 
   size_t in_flight() const override {
@@ -74,10 +160,11 @@ public:
       throw std::logic_error("no step in flight");
     const auto f = flight_.front();
     flight_.erase(flight_.begin());
+    const bool early = clock_type::now() < f.done;
     std::this_thread::sleep_until(f.done);
     if (f.step == fail_at_)
       throw std::runtime_error("device fault in step " + std::to_string(f.step));
-    log_->add("collect " + std::to_string(f.step));
+    log_->add("collect " + std::to_string(f.step) + (early ? " early" : ""));
     step_output out;
     out.step = f.step;
     out.tokens.push_back({f.step, int32_t(f.step) + 7, 0.0f});
@@ -105,10 +192,19 @@ private:
   std::shared_ptr<call_log> log_;
   clock_type::duration device_time_;
   uint64_t fail_at_, reject_at_;
+  bool extra_calls_;
   clock_type::time_point device_free_{};
   std::vector<flight> flight_;
   model_config config_;
+  std::unique_ptr<fake_device_thread> device_; // last: its thread reads nothing above
 };
+
+/// CPU time of the whole process (every thread), in seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
 
 step_plan plan_of(uint64_t step) {
   step_plan p;
@@ -132,12 +228,13 @@ protected:
   /// Starts the supervisor with `self` as its scheduler; the executor's
   /// handle from its executor_up_msg.
   executor_actor start(clock_type::duration device_time, uint64_t fail_at = UINT64_MAX,
-                       uint64_t reject_at = UINT64_MAX) {
+                       uint64_t reject_at = UINT64_MAX, bool extra_calls = false) {
     auto l = log;
     supervisor = spawn_executor_supervisor(
       sys, caf::actor_cast<caf::actor>(self),
-      [l, device_time, fail_at, reject_at] {
-        return std::make_unique<fake_device_runner>(l, device_time, fail_at, reject_at);
+      [l, device_time, fail_at, reject_at, extra_calls] {
+        return std::make_unique<fake_device_runner>(l, device_time, fail_at, reject_at,
+                                                    extra_calls);
       },
       executor_supervision{0, std::chrono::seconds(60)}, nullptr);
     executor_actor exec;
@@ -154,9 +251,11 @@ protected:
 };
 
 TEST_F(executor_test, a_plan_arriving_during_a_step_is_submitted_before_that_step_is_collected) {
-  auto exec = start(50ms);
+  auto exec = start(200ms);
   ASSERT_TRUE(exec);
-  // Three plans at once, as the scheduler keeps plans in flight.
+  // Three plans at once, as the scheduler keeps plans in flight: each is
+  // queued behind the running step at once, and each step is collected
+  // once it has ended, not before.
   auto r1 = self->request(exec, 10s, plan(1));
   auto r2 = self->request(exec, 10s, plan(2));
   auto r3 = self->request(exec, 10s, plan(3));
@@ -171,8 +270,28 @@ TEST_F(executor_test, a_plan_arriving_during_a_step_is_submitted_before_that_ste
   r2.receive(on_reply, on_error);
   r3.receive(on_reply, on_error);
   EXPECT_EQ(replies, (std::vector<uint64_t>{1, 2, 3}));
-  EXPECT_EQ(log->get(), (std::vector<std::string>{"submit 1", "submit 2", "collect 1", "submit 3",
+  EXPECT_EQ(log->get(), (std::vector<std::string>{"submit 1", "submit 2", "submit 3", "collect 1",
                                                    "collect 2", "collect 3"}));
+}
+
+TEST_F(executor_test, a_plan_arriving_mid_step_is_submitted_at_once_and_the_step_answered_at_its_end) {
+  auto exec = start(300ms);
+  ASSERT_TRUE(exec);
+  const auto t0 = clock_type::now();
+  auto r1 = self->request(exec, 10s, plan(1));
+  std::this_thread::sleep_for(100ms); // step 1 is on the fake device
+  auto r2 = self->request(exec, 10s, plan(2));
+  r1.receive([&](step_output& out) { EXPECT_EQ(out.step, 1u); },
+             [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  // Answered at its end (300 ms), not at step 2's (600 ms).
+  const auto t1 = clock_type::now() - t0;
+  EXPECT_GE(t1, 300ms);
+  EXPECT_LT(t1, 550ms);
+  r2.receive([&](step_output& out) { EXPECT_EQ(out.step, 2u); },
+             [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  EXPECT_GE(clock_type::now() - t0, 600ms);
+  EXPECT_EQ(log->get(),
+            (std::vector<std::string>{"submit 1", "submit 2", "collect 1", "collect 2"}));
 }
 
 TEST_F(executor_test, a_lone_plan_is_answered_when_its_step_ends) {
@@ -184,6 +303,42 @@ TEST_F(executor_test, a_lone_plan_is_answered_when_its_step_ends) {
              [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
   EXPECT_GE(clock_type::now() - t0, 20ms);
   EXPECT_EQ(log->get(), (std::vector<std::string>{"submit 41", "collect 41"}));
+}
+
+TEST_F(executor_test, waiting_for_a_long_step_costs_no_cpu) {
+  // Nothing polls the step: the executor's thread sleeps in its mailbox
+  // until the runner's listener reports the end. The whole process uses a
+  // small fraction of a core over the wait (a polling executor: all of one).
+  auto exec = start(300ms);
+  ASSERT_TRUE(exec);
+  const auto t0 = clock_type::now();
+  const double cpu0 = process_cpu_seconds();
+  self->request(exec, 10s, plan(1))
+    .receive([&](step_output& out) { EXPECT_EQ(out.step, 1u); },
+             [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  const double cpu = process_cpu_seconds() - cpu0;
+  const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
+  EXPECT_GE(wall, 0.3);
+  EXPECT_LT(cpu, 0.2 * wall) << "the process used " << cpu << " s of CPU in " << wall
+                             << " s waiting for one step";
+  EXPECT_EQ(log->get(), (std::vector<std::string>{"submit 1", "collect 1"}));
+}
+
+TEST_F(executor_test, a_listener_call_that_finds_no_step_ready_changes_nothing) {
+  // The runner also calls the listener as each step starts: the executor
+  // finds nothing ready then, and collects each step at its end.
+  auto exec = start(100ms, UINT64_MAX, UINT64_MAX, true);
+  ASSERT_TRUE(exec);
+  auto r1 = self->request(exec, 10s, plan(1));
+  auto r2 = self->request(exec, 10s, plan(2));
+  std::vector<uint64_t> replies;
+  auto on_reply = [&](step_output& out) { replies.push_back(out.step); };
+  auto on_error = [&](caf::error& e) { ADD_FAILURE() << sys.render(e); };
+  r1.receive(on_reply, on_error);
+  r2.receive(on_reply, on_error);
+  EXPECT_EQ(replies, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(log->get(),
+            (std::vector<std::string>{"submit 1", "submit 2", "collect 1", "collect 2"}));
 }
 
 TEST_F(executor_test, a_runner_failing_while_collecting_ends_the_executor_and_is_reported) {

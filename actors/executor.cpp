@@ -113,7 +113,7 @@ private:
 
 struct supervisor_state {
   caf::actor child;
-  std::deque<std::chrono::steady_clock::time_point> restarts;
+  std::deque<caf::actor_clock::time_point> restarts; // on the actor clock
   bool degraded = false;
   static inline const char* name = "executor-supervisor";
 };
@@ -123,9 +123,13 @@ caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
                                   executor_supervision policy,
                                   std::shared_ptr<engine_status> status) {
   auto start_child = [=] {
-    self->state.child
-      = caf::actor_cast<caf::actor>(self->spawn<executor_impl, caf::linked + caf::detached>(
-        caf::actor_cast<caf::actor>(self), factory));
+    auto sup = caf::actor_cast<caf::actor>(self);
+    if (policy.own_thread)
+      self->state.child = caf::actor_cast<caf::actor>(
+        self->spawn<executor_impl, caf::linked + caf::detached>(sup, factory));
+    else
+      self->state.child
+        = caf::actor_cast<caf::actor>(self->spawn<executor_impl, caf::linked>(sup, factory));
   };
   self->set_exit_handler([=](caf::exit_msg& msg) {
     auto& st = self->state;
@@ -137,7 +141,8 @@ caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
     if (!msg.reason || msg.reason == caf::exit_reason::user_shutdown)
       return;
     const auto reason = self->system().render(msg.reason);
-    const auto now = std::chrono::steady_clock::now();
+    // The actor clock: CAF's test coordinator drives it in virtual time.
+    const auto now = self->clock().now();
     while (!st.restarts.empty() && now - st.restarts.front() > policy.restart_window)
       st.restarts.pop_front();
     if (int32_t(st.restarts.size()) < policy.max_restarts) {

@@ -38,7 +38,14 @@ using runner_factory = std::function<std::unique_ptr<model_runner>()>;
 /// Settings of the executor supervisor.
 struct executor_supervision {
   int32_t max_restarts = 3;
+  /// Failures count against max_restarts for this long, on the actor clock
+  /// (CAF's test coordinator drives it in virtual time).
   std::chrono::seconds restart_window{60};
+  /// The executor gets a thread of its own (what a real runner needs: CUDA
+  /// state is per thread, and submit() may block). False runs it on CAF's
+  /// scheduler: for tests under the deterministic test coordinator, with
+  /// runners that never block.
+  bool own_thread = true;
 };
 
 /// Spawns the supervisor, which spawns the executor and reports each

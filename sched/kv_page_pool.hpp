@@ -20,7 +20,6 @@
 // changes when the page is evicted), and both must agree.
 
 #include <cstdint>
-#include <list>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -82,7 +81,7 @@ public:
   }
   /// Pages grow() can hand out: free, or cached with no table holding them.
   int32_t free_pages() const {
-    return int32_t(free_.size() + lru_.size());
+    return int32_t(free_.size()) + lru_size_;
   }
   /// Pages some table holds.
   int32_t used_pages() const {
@@ -90,7 +89,7 @@ public:
   }
   /// Named pages (held or not).
   int32_t cached_pages() const {
-    return int32_t(by_hash_.size());
+    return named_;
   }
   /// Cached pages grow() evicted.
   int64_t evictions() const {
@@ -108,23 +107,34 @@ public:
   }
 
 private:
+  // Everything is sized at reset(): a long-running server's heap does not
+  // grow as the cache fills (the soak test holds it to bytes a request).
   struct page_info {
     uint64_t hash = 0;         // 0: not named
     uint64_t generation = 0;   // +1 each time it leaves the cache
     int32_t parent = -1;       // the page before it when named
     uint64_t parent_generation = 0;
-    std::vector<int32_t> tokens;
+    int32_t lru_prev = -1, lru_next = -1; // in the eviction list when named and unreferenced
+    bool in_lru = false;
   };
   void unname(int32_t page);
+  void lru_push_back(int32_t page);
+  void lru_remove(int32_t page);
+  /// by_hash_: open addressing, linear probing; -1 empty.
+  int32_t find_hash(uint64_t hash) const;
+  void insert_hash(int32_t page);
+  void erase_hash(int32_t page);
 
   int32_t num_pages_ = 0;
   int32_t page_size_ = 16;
   std::vector<int32_t> free_; // unnamed, unreferenced; LIFO
-  std::list<int32_t> lru_;    // named, unreferenced; front: evicted first
-  std::vector<std::list<int32_t>::iterator> lru_pos_;
+  int32_t lru_head_ = -1, lru_tail_ = -1; // head: evicted first
+  int32_t lru_size_ = 0;
   std::vector<int32_t> refs_;
   std::vector<page_info> info_;
-  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::vector<int32_t> tokens_; // [page][page_size]: a named page's tokens
+  std::vector<int32_t> by_hash_;
+  int32_t named_ = 0;
   std::unordered_map<uint64_t, std::vector<int32_t>> tables_;
   int64_t unmatched_frees_ = 0;
   int64_t evictions_ = 0;

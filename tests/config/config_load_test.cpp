@@ -261,6 +261,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"engine.kv_cache_tokens", "65536"},
     {"engine.gpu_memory_fraction", "0.55"},
     {"engine.cuda_graphs", "false"},
+    {"engine.prefix_caching", "false"},
     {"engine.kv_cache_dtype", "fp8"},
     {"engine.policy", "ladb-literal"},
     {"engine.step_timeout_ms", "1234"},

@@ -79,6 +79,13 @@ engine_metrics::engine_metrics()
       "metronome:step_time_model_scale",
       "Measured step time over the step-time model's prior, by part (decode, prefill).",
       {"part"})),
+    prefix_queries_(registry_.add_counter(
+      "metronome:prefix_cache_queries_total",
+      "Prompt tokens looked up in the prefix cache at admissions.")),
+    prefix_hits_(registry_.add_counter("metronome:prefix_cache_hits_total",
+                                       "Prompt tokens found in the prefix cache (not computed).")),
+    prefix_pages_(registry_.add_gauge("metronome:prefix_cache_pages",
+                                      "KV pages the prefix cache names (in use or kept).")),
     kv_usage_(registry_.add_gauge("metronome:kv_cache_usage_perc",
                                   "Fraction of KV cache pages in use (0 to 1).")),
     running_(registry_.add_gauge("metronome:num_requests_running",
@@ -142,6 +149,14 @@ void engine_metrics::on_scheduling_event(const std::string& kind, int64_t n) {
 void engine_metrics::on_step_model(double decode_scale, double prefill_scale) {
   step_model_.with({"decode"}).set(decode_scale);
   step_model_.with({"prefill"}).set(prefill_scale);
+}
+
+void engine_metrics::on_prefix_cache(int64_t queried, int64_t hit, int32_t cached_pages) {
+  if (queried > 0)
+    prefix_queries_.inc(double(queried));
+  if (hit > 0)
+    prefix_hits_.inc(double(hit));
+  prefix_pages_.set(double(cached_pages));
 }
 
 void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {

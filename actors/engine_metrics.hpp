@@ -47,6 +47,10 @@ public:
   /// "timeout_dispatch" (ladb-literal). Scheduler thread.
   void on_scheduling_event(const std::string& kind, int64_t n);
 
+  /// Prefix cache: prompt tokens looked up and found cached since the last
+  /// call, and the pages named now (held or kept). Scheduler thread.
+  void on_prefix_cache(int64_t queried, int64_t hit, int32_t cached_pages);
+
   /// The step-time model's learned factors (decode and prompt parts).
   void on_step_model(double decode_scale, double prefill_scale);
 
@@ -76,6 +80,9 @@ private:
   prometheus::family<prometheus::counter>& policy_switches_;
   prometheus::family<prometheus::counter>& scheduling_events_;
   prometheus::family<prometheus::gauge>& step_model_;
+  prometheus::counter& prefix_queries_;
+  prometheus::counter& prefix_hits_;
+  prometheus::gauge& prefix_pages_;
   prometheus::gauge& kv_usage_;
   prometheus::gauge& running_;
   prometheus::gauge& waiting_;

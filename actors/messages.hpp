@@ -136,6 +136,9 @@ struct generation_done {
   /// context), "cancelled" (client or caller cancelled).
   std::string finish_reason;
   int32_t prompt_tokens = 0;
+  /// Of prompt_tokens, those the prefix cache held (OpenAI's
+  /// usage.prompt_tokens_details.cached_tokens).
+  int32_t cached_tokens = 0;
   int32_t completion_tokens = 0;
   /// Arrival to first scheduled step.
   double queue_s = 0;
@@ -203,6 +206,9 @@ struct token_msg {
   /// When the request was first scheduled (engine clock, ns); on the first
   /// token_msg only.
   int64_t first_scheduled_ns = 0;
+  /// Prompt tokens the prefix cache held (their KV was not computed); on the
+  /// first token_msg only.
+  int32_t cached_tokens = 0;
 };
 
 /// Executor supervisor -> scheduler: a (re)started executor is ready.
@@ -334,7 +340,7 @@ typename Inspector::result_type inspect(Inspector& f, text_delta& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_done& x) {
   return f(caf::meta::type_name("generation_done"), x.request_id, x.finish_reason,
-           x.prompt_tokens, x.completion_tokens, x.queue_s, x.ttft_s, x.e2e_s,
+           x.prompt_tokens, x.cached_tokens, x.completion_tokens, x.queue_s, x.ttft_s, x.e2e_s,
            x.first_token_batch_size);
 }
 
@@ -352,7 +358,7 @@ typename Inspector::result_type inspect(Inspector& f, admit_msg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
   return f(caf::meta::type_name("token_msg"), x.seq_id, x.tokens, x.logprobs, x.batch_size,
-           x.finish_reason, x.first_scheduled_ns);
+           x.finish_reason, x.first_scheduled_ns, x.cached_tokens);
 }
 
 template <class Inspector>

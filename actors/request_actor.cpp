@@ -99,6 +99,7 @@ struct request_state {
   sched_time last_token{0};
   double queue_s = 0;
   int32_t first_batch = 0;
+  int32_t cached_tokens = 0; // prompt tokens the prefix cache held
   bool sent_first = false;
   bool admitted = false;
   /// The sink and the scheduler, watched while the request lives. The state
@@ -154,6 +155,7 @@ void finish(self_ptr self, const std::string& reason) {
   done.request_id = st.req.request_id;
   done.finish_reason = reason;
   done.prompt_tokens = st.prompt_tokens;
+  done.cached_tokens = st.cached_tokens;
   done.completion_tokens = st.completion_tokens;
   done.queue_s = st.queue_s;
   done.ttft_s = st.completion_tokens > 0 ? seconds(st.first_token - st.arrival) : 0.0;
@@ -204,6 +206,7 @@ void on_tokens(self_ptr self, const token_msg& m) {
   if (st.completion_tokens == 0) {
     st.first_token = now;
     st.first_batch = m.batch_size;
+    st.cached_tokens = m.cached_tokens;
     st.queue_s = m.first_scheduled_ns > 0 ? std::max(0.0, seconds(sched_time{m.first_scheduled_ns} - st.arrival)) : 0.0;
     if (st.ctx->metrics)
       st.ctx->metrics->on_first_token(st.queue_s, seconds(now - st.arrival));

@@ -33,6 +33,7 @@ struct scheduler_actor_state {
   int64_t cancelled = 0;
   int64_t reported_preemptions = 0;
   int64_t reported_limited = 0;
+  int64_t reported_prefix_queries = 0, reported_prefix_hits = 0;
   latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
   caf::actor drift_watcher;
@@ -55,6 +56,11 @@ void publish(self_ptr self) {
     st.metrics->on_scheduling_event("limited_step",
                                     st.core->limited_steps() - st.reported_limited);
     st.reported_limited = st.core->limited_steps();
+    st.metrics->on_prefix_cache(st.core->prefix_queries() - st.reported_prefix_queries,
+                                st.core->prefix_hits() - st.reported_prefix_hits,
+                                st.core->pages().cached_pages());
+    st.reported_prefix_queries = st.core->prefix_queries();
+    st.reported_prefix_hits = st.core->prefix_hits();
     if (st.config.policies && st.config.policies->state.stats) {
       const auto& now = *st.config.policies->state.stats;
       auto& was = st.reported_stats;
@@ -129,6 +135,7 @@ void on_output(self_ptr self, const step_output& out) {
     m.finish_reason = ev.finish_reason;
     if (ev.first_scheduled)
       m.first_scheduled_ns = ev.first_scheduled->count();
+    m.cached_tokens = ev.cached_tokens;
     self->send(i->second, std::move(m));
   }
   for (auto id : u.finished) {

@@ -108,7 +108,8 @@ json logprobs_json(api_kind kind, const std::vector<position_logprobs>& position
 json usage_json(const generation_done& done) {
   return {{"prompt_tokens", done.prompt_tokens},
           {"completion_tokens", done.completion_tokens},
-          {"total_tokens", int64_t{done.prompt_tokens} + done.completion_tokens}};
+          {"total_tokens", int64_t{done.prompt_tokens} + done.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", done.cached_tokens}}}};
 }
 
 json completion_body(const response_meta& meta, const std::string& text,

@@ -292,6 +292,14 @@ void cuda_engine::allocate_activations() {
     METRONOME_CUDA(cudaMemset(skinny_counters_.get(), 0, skinny_counters_.bytes()));
   }
 
+  // The prefill attention's split-key scratch (tile rows: 128 or fewer).
+  {
+    const size_t cells = size_t(prefill_split_parts) * size_t(c.num_heads) * 128;
+    prefill_part_o_ = device_buffer(cells * size_t(c.head_dim) * 4);
+    prefill_part_ml_ = device_buffer(cells * 2 * 4);
+    prefill_counters_ = device_buffer(size_t(prefill_split_parts) * size_t(c.num_heads) * 4);
+    METRONOME_CUDA(cudaMemset(prefill_counters_.get(), 0, prefill_counters_.bytes()));
+  }
   update_capacity_ = max_tokens_ + 4 * max_batch_ + 64;
   item_capacity_ = max_tokens_ / prefill_min_tile + max_batch_ + 1;
   // Sequences: a mixed graph's padding adds one (mixed_layout).
@@ -442,13 +450,33 @@ void cuda_engine::plan_kv_and_capture() {
 
 // -- graphs ------------------------------------------------------------------------------
 
+prefill_split cuda_engine::prefill_split_of(int32_t items, int32_t busy) const {
+  prefill_split s;
+  const int32_t heads = model_->config.num_heads;
+  if (items <= 0 || busy <= 0 || active_kernels().prefill_attention == 1)
+    return s;
+  const int32_t blocks = busy * heads;
+  // Two blocks of the kernel fit an SM: splits until the grid fills it.
+  int32_t splits = (2 * num_sms_ + blocks - 1) / blocks;
+  splits = std::min({splits, prefill_max_splits, prefill_split_parts / items});
+  if (splits <= 1)
+    return s;
+  s.o = prefill_part_o_.get<float>();
+  s.ml = prefill_part_ml_.get<float>();
+  s.counters = prefill_counters_.get<int32_t>();
+  s.splits = splits;
+  return s;
+}
+
 cuda_engine::layout cuda_engine::mixed_layout(int32_t singles, int32_t prompt) const {
   const int32_t tile = prefill_tile_rows();
   const int32_t items = (prompt + tile - 1) / tile + mixed_max_chunks;
   // New pages: at most one per decode, and a chunk's own plus one.
   const int32_t updates = singles + prompt / options_.page_size + 2 * mixed_max_chunks + 16;
-  return make_layout(singles + prompt, singles + mixed_max_chunks + 1, updates, 0, items,
-                     singles);
+  layout l = make_layout(singles + prompt, singles + mixed_max_chunks + 1, updates, 0, items,
+                         singles);
+  l.busy_items = (prompt + tile - 1) / tile;
+  return l;
 }
 
 int32_t cuda_engine::mixed_index(int32_t singles, int32_t chunks, int32_t prompt,

@@ -216,6 +216,9 @@ private:
   /// Offsets (bytes) of the per-step arrays for given capacities.
   struct layout {
     int32_t tokens = 0, seqs = 0, updates = 0, penalties = 0, items = 0;
+    /// Of items, those a step is expected to fill (a mixed graph's capacity
+    /// has room for more; its padding items return at once).
+    int32_t busy_items = 0;
     /// One-token chunks of a step with prompt chunks (0 otherwise): their
     /// attention runs in the decode kernel over the `single_*` arrays.
     int32_t singles = 0;
@@ -307,6 +310,11 @@ private:
                      bool all_single, bool decode, bool any_logprobs);
   /// Enqueues page-table updates from big_updates_ (none in flight).
   void apply_page_updates(std::span<const page_update> updates);
+  /// How the prefill attention of `items` tiles (`busy` of them real; the
+  /// rest a mixed graph's padding) splits its keys: over enough blocks for
+  /// the busy tiles to fill the device (at most prefill_max_splits, items x
+  /// splits within the scratch), or not at all.
+  prefill_split prefill_split_of(int32_t items, int32_t busy) const;
   /// Enqueues the general forward (prefill, mixed) for the layout's tokens.
   void enqueue_general(const layout& l, int32_t sampled, bool all_single, int32_t penalties);
   void enqueue_sampling(const layout& l, int32_t rows, int32_t penalties);
@@ -378,6 +386,10 @@ private:
   device_buffer skinny_partials_, skinny_counters_;
   // [max_gemm_splits][max_batch_][max(hidden, qkv width)] fp32
   device_buffer split_partials_;
+  // The prefill attention's split-key partials (prefill_split): tiles x
+  // splits <= prefill_split_parts, per head.
+  static constexpr int32_t prefill_split_parts = 64;
+  device_buffer prefill_part_o_, prefill_part_ml_, prefill_counters_;
   // fp8 cache, GEMV and skinny paths: rotated k, v rows [max_batch][2][kv_size] fp32.
   device_buffer kv_stage_;
   std::map<int32_t, split_choice> splits_;

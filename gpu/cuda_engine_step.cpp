@@ -35,6 +35,7 @@ cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32
   l.updates = updates;
   l.penalties = penalties;
   l.items = items;
+  l.busy_items = items;
   size_t off = 0;
   auto take = [&](size_t bytes) {
     off = align16(off);
@@ -512,7 +513,8 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
                            c.num_heads, q_.get<bf16>(), stream_);
       if (l.items > 0)
         launch_prefill_attention(sh, q_.get<bf16>(), kv, sv.batch, sv.items, l.items,
-                                 attn_.get<bf16>(), stream_);
+                                 attn_.get<bf16>(), stream_,
+                                 prefill_split_of(l.items, l.busy_items));
       if (l.singles > 0)
         attend(sh, kv, sv.singles, l.singles, false, nullptr);
     }

@@ -289,13 +289,30 @@ int32_t prefill_tile_rows();
 /// The smallest tile any prefill kernel uses (sizes the item arrays).
 constexpr int32_t prefill_min_tile = 64;
 
+/// Splitting each tile's keys over `splits` blocks (the second generation):
+/// when few tiles (a short chunk) attend to a long context, one block per
+/// tile and head would leave most of the device idle. Scratch for
+/// num_items x heads x splits partial tiles: o (tile rows x head_dim fp32),
+/// ml (tile rows x 2 fp32), counters (num_items x heads int32, zero before
+/// the first launch; each launch leaves them zero).
+struct prefill_split {
+  float* o = nullptr;
+  float* ml = nullptr;
+  int32_t* counters = nullptr;
+  int32_t splits = 1;
+};
+
+/// The most splits a tile's keys are cut into.
+constexpr int32_t prefill_max_splits = 8;
+
 /// Flash-style causal attention of every token of the step over its
 /// sequence's cached keys (chunked prefill continues from cached pages), from
 /// the bf16 cache or its fp8 form (kv.k8; head_dim <= 128, the second
 /// generation).
 void launch_prefill_attention(const attention_shape& shape, const bf16* q, const kv_view& kv,
                               const batch_view& batch, const prefill_item* items,
-                              int32_t num_items, bf16* out, cudaStream_t stream);
+                              int32_t num_items, bf16* out, cudaStream_t stream,
+                              const prefill_split& split = {});
 
 /// Whether the attention kernels support this head_dim.
 bool attention_supports_head_dim(int32_t head_dim);

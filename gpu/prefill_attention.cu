@@ -109,7 +109,7 @@ template <int D, bool KV8>
 __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_blocks)
   prefill_attention_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
                            batch_view batch, const prefill_item* __restrict__ items,
-                           bf16* __restrict__ out) {
+                           bf16* __restrict__ out, prefill_split split) {
   using C = prefill_cfg<D>;
   constexpr int MT = C::mt, BM = C::bm, BN = C::bn, RS = C::rs, T = C::threads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -145,6 +145,17 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   const int32_t kv_end = last_pos + 1;
   const int32_t* pt = kv.page_table + int64_t(batch.seq_slot[seq]) * kv.page_table_stride;
   const int32_t ps = kv.page_size;
+  // Split over keys (blockIdx.z): each of `used` blocks takes a run of at
+  // least two key tiles; the last to finish combines their partial outputs.
+  const int32_t kt_first = lo / BN * BN;
+  const int32_t tiles = (kv_end - kt_first + BN - 1) / BN;
+  int32_t used = min(int32_t(gridDim.z), max(1, tiles / 2));
+  const int32_t per = (tiles + used - 1) / used;
+  used = (tiles + per - 1) / per;
+  if (int32_t(blockIdx.z) >= used)
+    return;
+  const int32_t k_begin = kt_first + int32_t(blockIdx.z) * per * BN;
+  const int32_t k_stop = min(kv_end, k_begin + per * BN);
   const int32_t ps_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
   const int64_t q_stride = int64_t(sh.num_heads) * D;
 
@@ -207,8 +218,7 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
       }
     }
   };
-  const int32_t kt_first = lo / BN * BN;
-  load_kv(kt_first, 0);
+  load_kv(k_begin, 0);
   cp_async_commit();
 
   // This warp's rows, and each thread's rows g and g + 8 of each m16 tile.
@@ -242,15 +252,15 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
     }
 
   int buf = 0;
-  for (int32_t kt = kt_first; kt < kv_end; kt += BN, buf ^= 1) {
-    if (kt + BN < kv_end)
+  for (int32_t kt = k_begin; kt < k_stop; kt += BN, buf ^= 1) {
+    if (kt + BN < k_stop)
       load_kv(kt + BN, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
     if constexpr (KV8) {
       // Q to f16 once (it landed with the first tile).
-      if (kt == kt_first)
+      if (kt == k_begin)
         for (int c = tid; c < BM * cpr; c += T) {
           uint4* at = reinterpret_cast<uint4*>(qs + (c / cpr) * RS + (c % cpr) * 8);
           uint4 x = *at;
@@ -392,6 +402,77 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   }
   cp_async_wait<0>();
 
+  if (used > 1) {
+    // Partial output (unnormalised, against this block's row maxima), the
+    // row maxima and sums; the last block of the item's head combines them.
+    const int64_t cell = int64_t(blockIdx.y) * gridDim.x + head;
+    float* po = split.o + (cell * gridDim.z + blockIdx.z) * BM * D;
+    float* pml = split.ml + (cell * gridDim.z + blockIdx.z) * BM * 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float l = l_r[mt][i];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = wrow0 + mt * 16 + g + i * 8;
+        if (r >= rows_valid)
+          continue;
+        if (t4 == 0) {
+          pml[2 * r] = m_r[mt][i];
+          pml[2 * r + 1] = l;
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<float2*>(po + r * D + j * 8 + 2 * t4) =
+            make_float2(o[mt][j][2 * i], o[mt][j][2 * i + 1]);
+      }
+    __threadfence();
+    __syncthreads();
+    __shared__ bool last;
+    if (tid == 0)
+      last = atomicAdd(split.counters + cell, 1) == used - 1;
+    __syncthreads();
+    if (!last)
+      return;
+    __threadfence();
+    // Per row: each split's weight exp2(m_s - M) / L, in the K tile's
+    // shared memory (no longer read).
+    float* w = reinterpret_cast<float*>(ks);
+    const float* ml0 = split.ml + cell * gridDim.z * BM * 2;
+    for (int r = tid; r < rows_valid; r += T) {
+      float mx = -INFINITY;
+      for (int z = 0; z < used; ++z)
+        mx = fmaxf(mx, __ldcg(ml0 + (z * BM + r) * 2));
+      float sum = 0.0f;
+      for (int z = 0; z < used; ++z) {
+        const float m = __ldcg(ml0 + (z * BM + r) * 2);
+        const float e = m == -INFINITY ? 0.0f : fast_exp2(m - mx);
+        w[z * BM + r] = e;
+        sum += e * __ldcg(ml0 + (z * BM + r) * 2 + 1);
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      for (int z = 0; z < used; ++z)
+        w[z * BM + r] *= inv;
+    }
+    __syncthreads();
+    const float* o0 = split.o + cell * gridDim.z * BM * D;
+    for (int e = tid * 2; e < rows_valid * D; e += T * 2) {
+      const int r = e / D, d = e % D;
+      float a = 0.0f, b = 0.0f;
+      for (int z = 0; z < used; ++z) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(o0 + (z * BM + r) * D + d));
+        a = fmaf(w[z * BM + r], v.x, a);
+        b = fmaf(w[z * BM + r], v.y, b);
+      }
+      *reinterpret_cast<uint32_t*>(out + int64_t(row0 + item.row + r) * q_stride + head * D + d) =
+        pack_bf16x2(a, b);
+    }
+    if (tid == 0)
+      split.counters[cell] = 0; // for the next launch, after this one on the stream
+    return;
+  }
+
   // Normalise and write.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -415,7 +496,7 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
 template <int D, bool KV8>
 void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
                     const batch_view& batch, const prefill_item* items, int32_t num_items,
-                    bf16* out, cudaStream_t stream) {
+                    bf16* out, const prefill_split& split, cudaStream_t stream) {
   using C = prefill_cfg<D>;
   constexpr size_t smem = KV8 ? C::smem8 : C::smem;
   static const bool configured = [] {
@@ -424,23 +505,23 @@ void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
     return true;
   }();
   (void)configured;
-  const dim3 grid(unsigned(sh.num_heads), unsigned(num_items));
+  const dim3 grid(unsigned(sh.num_heads), unsigned(num_items), unsigned(split.splits));
   launch_kernel("prefill_attention_kernel", prefill_attention_kernel<D, KV8>, grid,
-                dim3(C::threads), smem, stream, sh, q, kv, batch, items, out);
+                dim3(C::threads), smem, stream, sh, q, kv, batch, items, out, split);
 }
 
 template <int D>
 void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
                     const batch_view& batch, const prefill_item* items, int32_t num_items,
-                    bf16* out, cudaStream_t stream) {
+                    bf16* out, const prefill_split& split, cudaStream_t stream) {
   if constexpr (D <= 128) {
     if (kv.k8)
-      return launch_prefill<D, true>(sh, q, kv, batch, items, num_items, out, stream);
+      return launch_prefill<D, true>(sh, q, kv, batch, items, num_items, out, split, stream);
   } else {
     if (kv.k8)
       throw cuda_error("launch_prefill_attention: the fp8 cache needs head_dim <= 128");
   }
-  launch_prefill<D, false>(sh, q, kv, batch, items, num_items, out, stream);
+  launch_prefill<D, false>(sh, q, kv, batch, items, num_items, out, split, stream);
 }
 
 } // namespace
@@ -451,9 +532,14 @@ int32_t prefill_tile_rows() {
 
 void launch_prefill_attention(const attention_shape& sh, const bf16* q, const kv_view& kv,
                               const batch_view& batch, const prefill_item* items,
-                              int32_t num_items, bf16* out, cudaStream_t stream) {
+                              int32_t num_items, bf16* out, cudaStream_t stream,
+                              const prefill_split& split) {
   if (num_items <= 0)
     return;
+  if (split.splits < 1 || split.splits > prefill_max_splits
+      || (split.splits > 1 && (!split.o || !split.ml || !split.counters)))
+    throw cuda_error("launch_prefill_attention: splits must lie in 1.."
+                     + std::to_string(prefill_max_splits) + ", with scratch beyond 1");
   if (kv.k8 && (!kv.v8 || !kv.k_scale || !kv.v_scale))
     throw cuda_error("launch_prefill_attention: an fp8 cache needs k8, v8 and both scales");
   if (active_kernels().prefill_attention == 1) {
@@ -467,11 +553,11 @@ void launch_prefill_attention(const attention_shape& sh, const bf16* q, const kv
   if (sh.num_heads % sh.kv_heads != 0 || sh.head_dim != kv.head_dim)
     throw cuda_error("launch_prefill_attention: inconsistent head counts or head_dim");
   switch (sh.head_dim) {
-    case 16: return launch_prefill<16>(sh, q, kv, batch, items, num_items, out, stream);
-    case 32: return launch_prefill<32>(sh, q, kv, batch, items, num_items, out, stream);
-    case 64: return launch_prefill<64>(sh, q, kv, batch, items, num_items, out, stream);
-    case 128: return launch_prefill<128>(sh, q, kv, batch, items, num_items, out, stream);
-    case 256: return launch_prefill<256>(sh, q, kv, batch, items, num_items, out, stream);
+    case 16: return launch_prefill<16>(sh, q, kv, batch, items, num_items, out, split, stream);
+    case 32: return launch_prefill<32>(sh, q, kv, batch, items, num_items, out, split, stream);
+    case 64: return launch_prefill<64>(sh, q, kv, batch, items, num_items, out, split, stream);
+    case 128: return launch_prefill<128>(sh, q, kv, batch, items, num_items, out, split, stream);
+    case 256: return launch_prefill<256>(sh, q, kv, batch, items, num_items, out, split, stream);
     default:
       throw cuda_error("launch_prefill_attention: head_dim " + std::to_string(sh.head_dim)
                        + " is not supported (16, 32, 64, 128, 256)");

@@ -526,9 +526,11 @@ TEST(gpu_attention, decode_with_fused_rope_writes_and_reads_the_fp8_cache) {
 }
 
 // The prefill kernel over `view` (kv's bf16 or fp8 pools): every tile of
-// every sequence's new rows, in reverse order, and its output.
+// every sequence's new rows, in reverse order, and its output; with splits
+// > 1 each tile's keys split over that many blocks (its scratch's counters
+// must come back to zero).
 std::vector<float> run_prefill(const attn_case& c, test::paged_kv& kv, const gpu::kv_view& view,
-                               const dev_array<bf16>& d_q, size_t qn) {
+                               const dev_array<bf16>& d_q, size_t qn, int32_t splits = 1) {
   std::vector<gpu::prefill_item> items;
   for (int32_t s = 0; s < kv.num_seqs(); ++s)
     for (int32_t r = 0; r < c.seqs[size_t(s)].second; r += gpu::prefill_tile_rows())
@@ -538,9 +540,18 @@ std::vector<float> run_prefill(const attn_case& c, test::paged_kv& kv, const gpu
   dev_array<bf16> out(qn);
   gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
                           1.0f / std::sqrt(float(c.head_dim))};
+  const size_t cells = items.size() * size_t(c.heads);
+  dev_array<float> po(cells * size_t(splits) * 128 * size_t(c.head_dim));
+  dev_array<float> pml(cells * size_t(splits) * 128 * 2);
+  dev_array<int32_t> counters(std::vector<int32_t>(cells, 0));
+  gpu::prefill_split split;
+  if (splits > 1)
+    split = {po.get(), pml.get(), counters.get(), splits};
   gpu::launch_prefill_attention(sh, d_q.get(), view, kv.batch(), d_items.get(),
-                                int32_t(items.size()), out.get(), nullptr);
+                                int32_t(items.size()), out.get(), nullptr, split);
   test::sync_check();
+  for (auto v : counters.download())
+    EXPECT_EQ(v, 0) << "a split counter was left set";
   return test::download_bf16(out);
 }
 
@@ -696,6 +707,48 @@ TEST(gpu_attention, prefill_matches_reference_for_chunks_over_cached_pages) {
       SCOPED_TRACE("generation " + std::to_string(gen));
       EXPECT_LT(test::relative_error(run_prefill(c, kv, kv.view(), d_q, qn), want), 1e-2);
     }
+    // Keys split over blocks (the second generation), as a short chunk over
+    // a long context runs.
+    test::kernel_generation_scope scope(2);
+    for (int32_t splits : {2, 3, gpu::prefill_max_splits}) {
+      SCOPED_TRACE("splits " + std::to_string(splits));
+      EXPECT_LT(test::relative_error(run_prefill(c, kv, kv.view(), d_q, qn, splits), want), 1e-2);
+    }
+  }
+}
+
+// A short chunk after a long cached context (a prefix-cache hit, a
+// stall-free step's chunk): keys split over up to 8 blocks, against the
+// reference and against the kernel unsplit.
+TEST(gpu_attention, prefill_splits_long_contexts_over_blocks) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("prefill_attention_split");
+  std::vector<attn_case> cases = {
+    {32, 8, 128, 16, 0, {{4000, 100}}},
+    {32, 8, 128, 16, 0, {{2000, 130}, {700, 1}}},
+    {16, 4, 64, 16, 300, {{3000, 64}}},
+    {8, 2, 256, 16, 0, {{1500, 20}}},
+  };
+  test::kernel_generation_scope scope(2);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 2, true);
+    const size_t qn = size_t(kv.num_tokens()) * c.heads * c.head_dim;
+    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
+    auto d_q = test::upload_bf16(q);
+    const auto want = reference(c, kv, q);
+    const auto whole = run_prefill(c, kv, kv.view(), d_q, qn);
+    EXPECT_LT(test::relative_error(whole, want), 1e-2);
+    for (int32_t splits : {2, 5, gpu::prefill_max_splits}) {
+      SCOPED_TRACE("splits " + std::to_string(splits));
+      const auto got = run_prefill(c, kv, kv.view(), d_q, qn, splits);
+      EXPECT_LT(test::relative_error(got, want), 1e-2);
+      EXPECT_LT(test::relative_error(got, whole), 1e-2);
+    }
+    kv.make_fp8();
+    const auto want8 = reference(c, kv, q, true);
+    if (c.head_dim <= 128)
+      EXPECT_LT(test::relative_error(run_prefill(c, kv, kv.view8(), d_q, qn, 4), want8), 1e-2);
   }
 }
 
@@ -725,6 +778,7 @@ TEST(gpu_attention, prefill_reads_the_fp8_cache) {
     auto d_q = test::upload_bf16(q);
     const auto want = reference(c, kv, q, true);
     const auto got = run_prefill(c, kv, kv.view8(), d_q, qn);
+    EXPECT_LT(test::relative_error(run_prefill(c, kv, kv.view8(), d_q, qn, 3), want), 1e-2);
     EXPECT_LT(test::relative_error(got, want), 1e-2);
     EXPECT_GT(test::relative_error(got, reference(c, kv, q, false)), 1e-3);
   }

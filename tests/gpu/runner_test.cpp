@@ -133,12 +133,24 @@ public:
     pending_.push_back({id, std::move(prompt), p, seed, num_output});
   }
 
+  /// A sequence that starts on the first `pages` pages of sequence `from`
+  /// (prefix caching: their tokens must be `prompt`'s first ones).
+  void add_shared(uint64_t id, std::vector<int32_t> prompt, sampling_params p, uint64_t seed,
+                  uint64_t from, int32_t pages) {
+    new_sequence n{id, std::move(prompt), p, seed, 0};
+    const auto& f = seqs_.at(from).page_ids;
+    n.cached_pages.assign(f.begin(), f.begin() + pages);
+    n.num_cached = pages * runner_.page_size();
+    pending_.push_back(std::move(n));
+  }
+
   /// One step; returns the ids sampled, by sequence.
   std::map<uint64_t, int32_t> step() {
     step_plan plan;
     plan.step = step_++;
     for (auto& n : pending_) {
-      seqs_[n.id] = {int32_t(n.prompt.size()), 0, 0};
+      seqs_[n.id] = {int32_t(n.prompt.size()), n.num_cached, int32_t(n.cached_pages.size())};
+      seqs_[n.id].page_ids = n.cached_pages;
       plan.added.push_back(std::move(n));
     }
     pending_.clear();
@@ -149,6 +161,7 @@ public:
       scheduled_chunk c{id, n, {}};
       while (s.pages * runner_.page_size() < s.computed + n) {
         c.new_pages.push_back(next_page());
+        s.page_ids.push_back(c.new_pages.back());
         ++s.pages;
       }
       plan.chunks.push_back(c);
@@ -194,6 +207,7 @@ private:
   struct seq {
     int32_t known, computed, pages;
     bool done = false;
+    std::vector<int32_t> page_ids;
   };
   model_runner& runner_;
   int32_t chunk_;
@@ -236,6 +250,43 @@ std::vector<std::vector<int32_t>> generate(model_runner& r, const std::vector<st
     for (const auto& o : out)
       all_done = all_done && int32_t(o.size()) >= steps;
     if (all_done)
+      break;
+  }
+  d.release_all();
+  return out;
+}
+
+/// Greedy generation of `steps` tokens for `system` + each tail, every one
+/// starting on the system prompt's full pages as another sequence computed
+/// them (prefix caching): that sequence runs first and stays, so its pages
+/// are shared while it lives.
+std::vector<std::vector<int32_t>> generate_on_shared_prefix(
+  model_runner& r, const std::vector<int32_t>& system,
+  const std::vector<std::vector<int32_t>>& tails, int32_t steps) {
+  const int32_t pages = int32_t(system.size()) / r.page_size();
+  driver d(r, 1 << 20);
+  const uint64_t owner = 1000;
+  d.add(owner, system, greedy(), 0);
+  d.step();
+  d.finish(owner);
+  std::vector<std::vector<int32_t>> out(tails.size());
+  for (size_t i = 0; i < tails.size(); ++i) {
+    std::vector<int32_t> p(system.begin(), system.begin() + pages * r.page_size());
+    p.insert(p.end(), tails[i].begin(), tails[i].end());
+    d.add_shared(i, p, greedy(), 0, owner, pages);
+  }
+  for (int32_t step = 0; step < 2 * steps + 8; ++step) {
+    for (auto [id, t] : d.step()) {
+      if (id == owner)
+        continue;
+      out[id].push_back(t);
+      if (int32_t(out[id].size()) == steps)
+        d.finish(id);
+    }
+    bool all = true;
+    for (const auto& o : out)
+      all = all && int32_t(o.size()) >= steps;
+    if (all)
       break;
   }
   d.release_all();
@@ -572,6 +623,23 @@ void expect_every_decode_path_follows_the_cpu_engine(
       }
       // Near-ties are rare: most steps pick the CPU's own argmax.
       EXPECT_GE(exact, steps * 8 / 10) << label << " path " << path;
+      // Prefix caching: sequences starting on another's pages (two full
+      // pages of a 40-token system prompt), decoding beside each other.
+      std::vector<int32_t> system;
+      for (int32_t i = 0; i < 40; ++i)
+        system.push_back((i * 104729 + 7) % model->config.vocab_size);
+      std::vector<std::vector<int32_t>> tails;
+      for (int32_t i = 0; i < 5; ++i)
+        tails.push_back(std::vector<int32_t>(size_t(1 + 3 * i), (i * 31 + 5) % model->config.vocab_size));
+      auto shared = generate_on_shared_prefix(*gpu, system, tails, 10);
+      for (size_t i = 0; i < tails.size(); ++i) {
+        std::vector<int32_t> p(system.begin(), system.begin() + 2 * gpu->page_size());
+        p.insert(p.end(), tails[i].begin(), tails[i].end());
+        expect_greedy_matches_cpu(model, p, shared[i],
+                                  label + " path " + path + (graphs ? "" : " eager")
+                                    + " shared prefix, prompt " + std::to_string(i),
+                                  kv_dtype == "fp8");
+      }
     }
   }
 }

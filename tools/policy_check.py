@@ -156,7 +156,9 @@ def read_mooncake(path):
             if not line.strip():
                 continue
             j = json.loads(line)
-            out.append((j["timestamp"] / 1e3, int(j["input_length"]), int(j["output_length"])))
+            # hash_ids ride along (the prefix cache shares their blocks).
+            out.append((j["timestamp"] / 1e3, int(j["input_length"]), int(j["output_length"]),
+                        tuple(j.get("hash_ids", ()))))
     return out
 
 
@@ -166,14 +168,22 @@ def normalise(reqs):
     if not reqs:
         return reqs
     t0 = reqs[0][0]
-    return [(a - t0, p, o) for a, p, o in reqs]
+    return [(r[0] - t0,) + tuple(r[1:]) for r in reqs]
 
 
 def write_csv(path, reqs):
     with open(path, "w") as f:
         f.write("arrival_s,prompt_tokens,output_tokens\n")
-        for a, p, o in reqs:
-            f.write(f"{a:.6f},{p},{o}\n")
+        for r in reqs:
+            f.write(f"{r[0]:.6f},{r[1]},{r[2]}\n")
+
+
+def write_mooncake(path, reqs):
+    """Mooncake JSON lines, hash_ids kept (arrivals in ms)."""
+    with open(path, "w") as f:
+        for r in reqs:
+            f.write(json.dumps({"timestamp": round(r[0] * 1e3, 3), "input_length": r[1],
+                                "output_length": r[2], "hash_ids": list(r[3])}) + "\n")
 
 
 def halves(reqs):
@@ -306,11 +316,16 @@ def build_workloads(names, traces_dir, tmp, max_requests, seed):
             if name.endswith("-1st-half") or name.endswith("-2nd-half"):
                 first, second = halves(reqs)
                 reqs = first if name.endswith("-1st-half") else second
-                path, fmt = os.path.join(tmp, name + ".csv"), "csv"
-                write_csv(path, reqs)
+                if kind == "mooncake":
+                    path, fmt = os.path.join(tmp, name + ".jsonl"), "mooncake"
+                    write_mooncake(path, reqs)
+                else:
+                    path, fmt = os.path.join(tmp, name + ".csv"), "csv"
+                    write_csv(path, reqs)
             elif truncated:
-                path, fmt = os.path.join(tmp, name + ".csv"), "csv"
-                write_csv(path, reqs)
+                ext = ".jsonl" if kind == "mooncake" else ".csv"
+                path, fmt = os.path.join(tmp, name + ext), ("mooncake" if kind == "mooncake" else "csv")
+                (write_mooncake if kind == "mooncake" else write_csv)(path, reqs)
             else:
                 # The file itself, so the figures equal docs/scheduling.md's.
                 path, fmt = orig, ("azure" if kind == "azure" else "mooncake")
@@ -331,7 +346,7 @@ def initial_guess(reqs, duration, cost_model_path):
         return 1.0
     g = lambda k: float(c.get(k, 0.0))
     work_ms = 0.0
-    for _, p, o in reqs:
+    for _, p, o, *_ in reqs:
         work_ms += p * g("per_prefill_token") + 0.5 * p * p * g("per_prefill_attention_pair")
         work_ms += o * (g("base") / 32 + g("per_decode_seq") + g("per_kv_token") * (p + o / 2))
     if work_ms <= 0 or duration <= 0:

@@ -471,8 +471,12 @@ prefill_split cuda_engine::prefill_split_of(int32_t items, int32_t busy) const {
 cuda_engine::layout cuda_engine::mixed_layout(int32_t singles, int32_t prompt) const {
   const int32_t tile = prefill_tile_rows();
   const int32_t items = (prompt + tile - 1) / tile + mixed_max_chunks;
-  // New pages: at most one per decode, and a chunk's own plus one.
-  const int32_t updates = singles + prompt / options_.page_size + 2 * mixed_max_chunks + 16;
+  // New pages: at most one per decode, a chunk's own plus one, and the
+  // cached pages a newly admitted sequence starts on (a prefix of up to
+  // 1,024 pages; 12 bytes each in the step's copy).
+  const int32_t base = singles + prompt / options_.page_size + 2 * mixed_max_chunks + 16;
+  const int32_t updates =
+    base + std::max(0, std::min({page_stride_, 1024, update_capacity_ - base}));
   layout l = make_layout(singles + prompt, singles + mixed_max_chunks + 1, updates, 0, items,
                          singles);
   l.busy_items = (prompt + tile - 1) / tile;

@@ -37,6 +37,11 @@ std::optional<int64_t> parse_integer(std::string_view text) {
     text.remove_prefix(1);
   if (text.empty())
     return std::nullopt;
+  // A leading zero (`080`, `-07`) is refused: YAML 1.1 readers take `010` as
+  // octal 8, so the value would depend on who reads the file.
+  const std::string_view digits = text.front() == '-' ? text.substr(1) : text;
+  if (digits.size() > 1 && digits.front() == '0')
+    return std::nullopt;
   int64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || end != text.data() + text.size())

@@ -78,8 +78,13 @@ config_key integer_key(std::string path, Access access, int64_t lo, int64_t hi,
   k.set = [access, lo, hi, allowed = k.allowed](server_config& c,
                                                 std::string_view text) -> std::string {
     auto v = parse_integer(text);
-    if (!v)
+    if (!v) {
+      const auto digits = text.starts_with('-') || text.starts_with('+') ? text.substr(1) : text;
+      if (digits.size() > 1 && digits.front() == '0'
+          && digits.find_first_not_of("0123456789") == std::string_view::npos)
+        return quoted(text) + " has a leading zero (octal to some YAML readers): write it without";
       return type_problem(allowed, text);
+    }
     if (*v < lo || *v > hi)
       return range_problem(allowed, text);
     auto& field = access(c);

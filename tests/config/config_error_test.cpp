@@ -88,6 +88,8 @@ TEST(config_wrong_type, scalars_of_each_kind) {
          {"server.port", "http", R"(expected an integer in [0, 65535], got "http")"},
          {"server.port", "80.5", R"(expected an integer in [0, 65535], got "80.5")"},
          {"server.port", "0x50", R"(expected an integer in [0, 65535], got "0x50")"},
+         {"server.port", "080",
+          R"("080" has a leading zero (octal to some YAML readers): write it without)"},
          {"server.port", "true", R"(expected an integer in [0, 65535], got "true")"},
          {"engine.gpu_memory_fraction", "most",
           R"(expected a number in (0, 1], got "most")"},

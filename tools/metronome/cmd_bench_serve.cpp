@@ -6,15 +6,17 @@
 // (docs/bench-serve.md).
 
 #include <algorithm>
-#include <atomic>
-#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <pthread.h>
+#include <signal.h>
+#include <thread>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -158,13 +160,64 @@ void print_summary(const nlohmann::json& r) {
     std::printf("  %lld x %s\n", (long long)count.get<int64_t>(), text.c_str());
 }
 
-/// Set by SIGINT / SIGTERM before the load client takes the signals over
-/// (while prompts are made): the run then sends nothing and still reports.
-std::atomic<bool> early_stop{false};
+/// Ctrl-C and SIGTERM for the whole command, from before the prompts are
+/// made until the report is written: both are blocked in every thread the
+/// command starts, and a thread of this object waits for them. A signal
+/// before the run makes it send nothing; one during the run stops it (the
+/// load client aborts what is in flight); either way the report is written.
+/// One owner for the whole span leaves no moment without a handler (two
+/// handlers in turn had one: a signal lost, or the process killed before
+/// its report).
+class signal_watch {
+public:
+  signal_watch() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+    thread_ = std::thread([this] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set_, &sig) != 0)
+          continue;
+        std::lock_guard lock(mu_);
+        if (done_)
+          return;
+        signalled_ = true;
+        if (client_)
+          client_->stop();
+      }
+    });
+  }
+  ~signal_watch() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      client_ = nullptr;
+    }
+    pthread_kill(thread_.native_handle(), SIGTERM); // wakes the sigwait
+    thread_.join();
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  signal_watch(const signal_watch&) = delete;
+  signal_watch& operator=(const signal_watch&) = delete;
 
-void on_early_signal(int) {
-  early_stop = true;
-}
+  /// From now on a signal stops `c` (null: none); at once if one came
+  /// already. Any thread.
+  void watch(bench::load_client* c) {
+    std::lock_guard lock(mu_);
+    client_ = c;
+    if (c && signalled_)
+      c->stop();
+  }
+
+private:
+  sigset_t set_{}, old_{};
+  std::mutex mu_;
+  bool done_ = false, signalled_ = false;
+  bench::load_client* client_ = nullptr;
+  std::thread thread_;
+};
 
 void run(const bench_serve_args& a) {
   // -- options ------------------------------------------------------------------
@@ -211,8 +264,7 @@ void run(const bench_serve_args& a) {
   if (!fs::exists(corpus))
     throw command_error("--corpus: " + corpus.string() + ": no such file", usage_error);
 
-  std::signal(SIGINT, on_early_signal);
-  std::signal(SIGTERM, on_early_signal);
+  signal_watch signals;
 
   // -- the requests -------------------------------------------------------------
   sim::trace t = load_requests(a);
@@ -291,16 +343,18 @@ void run(const bench_serve_args& a) {
     std::fprintf(stderr, "bench-serve: %zu requests to %s (%s, model %s) over %.1f s\n",
                  requests.size(), a.url.c_str(), a.endpoint.c_str(), model.c_str(),
                  requests.back().arrival_s);
+  o.stop_on_signals = false; // signal_watch owns them
   bench::load_client client(o);
-  if (early_stop)
-    client.stop();
+  signals.watch(&client);
   const auto start = std::chrono::steady_clock::now();
   std::vector<bench::request_result> results;
   try {
     results = client.run(requests);
   } catch (const std::exception& e) {
+    signals.watch(nullptr);
     throw command_error(std::string("--url: ") + e.what());
   }
+  signals.watch(nullptr);
   if (show_progress)
     std::fprintf(stderr, "\n");
 

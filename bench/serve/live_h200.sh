@@ -8,7 +8,8 @@
 #   bench/serve/live_h200.sh BIN_DIR TOKENIZER_DIR OUT_DIR [POLICY...]
 #
 # BIN_DIR holds metronome and lib/ (its non-CUDA shared libraries). POLICY
-# is NAME or NAME:FACTOR (with batching.step_time_factor). Workloads
+# is NAME, NAME:FACTOR (with batching.step_time_factor) or
+# NAME:FACTOR:SHARE (and batching.long_step_share). Workloads
 # (METRONOME_LIVE_WORKLOADS, NAME=SPEC in sim/workload.hpp's grammar) by
 # default: issue 33's chat mix (prompts of 130-900 tokens cut from a corpus,
 # outputs of 64-448 with ignore_eos, Poisson) at 21 and 27 requests/s, and a
@@ -39,14 +40,18 @@ if [ ! -e "$model/config.json" ]; then
 fi
 
 port=18090
-# A policy is NAME or NAME:FACTOR (ladb with batching.step_time_factor).
+# A policy is NAME, NAME:FACTOR or NAME:FACTOR:SHARE (ladb with
+# batching.step_time_factor and batching.long_step_share).
 settings() {
-  local name=${1%%:*} factor=${1#*:}
+  local name factor share
+  IFS=: read -r name factor share <<< "$1"
   echo "--set engine.policy=$name"
-  [ "$factor" != "$1" ] && echo "--set batching.step_time_factor=$factor"
+  [ -n "$factor" ] && echo "--set batching.step_time_factor=$factor"
+  [ -n "$share" ] && echo "--set batching.long_step_share=$share"
 }
 for spec in "${policies[@]}"; do
   policy=${spec/:/-f}
+  policy=${policy/:/-s}
   port=$((port + 1))
   stamp "serve $policy"
   "$m" serve --model "$model" --device cuda:0 --port $port $(settings "$spec") \
@@ -67,10 +72,15 @@ for spec in "${policies[@]}"; do
   "$m" bench-serve --url "http://127.0.0.1:$port" --tokenizer "$tok/llama3" --corpus "$corpus" \
     --workload "poisson:rate=10,prompt=uniform:130:900,output=uniform:16:64,n=40,seed=99" \
     --quiet --report "$work/warmup.json" >/dev/null 2>&1
+  # Each workload from its own stretch of the corpus: the server's prefix
+  # cache would otherwise serve a workload the prompts an earlier one sent.
+  wi=0
   for w in "${workloads[@]}"; do
     wname=${w%%=*} spec=${w#*=}
+    wi=$((wi + 1))
     stamp "bench-serve $policy, $wname"
     "$m" bench-serve --url "http://127.0.0.1:$port" --tokenizer "$tok/llama3" --corpus "$corpus" \
+      --corpus-offset $((wi * 100003)) \
       --workload "$spec" --label "$policy" --slo-ttft-ms 500 --slo-tpot-ms 50 --quiet \
       --report "$out/live-$policy-$wname.json" 2>&1 | tail -3
     curl -s "localhost:$port/metrics" > "$out/metrics-$policy-$wname.txt"
@@ -88,9 +98,11 @@ done
 stamp "replay of the same workloads"
 for pspec in "${policies[@]}"; do
   policy=${pspec/:/-f}
-  name=${pspec%%:*}
+  policy=${policy/:/-s}
+  IFS=: read -r name factor share <<< "$pspec"
   extra=()
-  [ "$name" != "$pspec" ] && extra=(--set "batching.step_time_factor=${pspec#*:}")
+  [ -n "$factor" ] && extra+=(--set "batching.step_time_factor=$factor")
+  [ -n "$share" ] && extra+=(--set "batching.long_step_share=$share")
   for w in "${workloads[@]}"; do
     wname=${w%%=*} spec=${w#*=}
     "$m" replay --workload "$spec" --policy "$name" "${extra[@]}" --report "$out/sim-$policy-$wname.json" \

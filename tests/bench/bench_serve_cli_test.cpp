@@ -229,6 +229,23 @@ TEST_F(bench_serve_cli, a_synthetic_workload_runs_and_reports_every_key) {
   EXPECT_NE(text.find("TTFT CDF"), std::string::npos);
 }
 
+TEST_F(bench_serve_cli, a_corpus_offset_keeps_a_repeated_workload_out_of_the_prefix_cache) {
+  // The same workload three times: at a fresh offset, again at that offset
+  // (the server's prefix cache serves the repeated prompts), and at another
+  // offset (nothing of it is cached).
+  const std::string w = "--workload constant:rate=50,prompt=fixed:96,output=fixed:2,n=6 "
+                        "--quiet --corpus-offset ";
+  auto hits_of = [&](const std::string& offset) {
+    const double before = counter_sum(metrics(), "metronome:prefix_cache_hits_total");
+    const auto r = bench(w + offset);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return counter_sum(metrics(), "metronome:prefix_cache_hits_total") - before;
+  };
+  hits_of("7000");
+  EXPECT_GE(hits_of("7000"), 6 * 80) << "the same prompts again: their full pages are cached";
+  EXPECT_LT(hits_of("23000"), 6 * 16) << "another stretch of the corpus shares no prefix";
+}
+
 TEST_F(bench_serve_cli, a_csv_trace_with_one_request_too_long_records_the_failure) {
   const auto dir = test::scratch_dir("bench-serve-trace-" + std::to_string(::getpid()));
   {
@@ -342,6 +359,8 @@ TEST(bench_serve_errors, malformed_options_exit_2_naming_the_option) {
   const std::vector<bad> cases = {
     {"--max-concurrency abc --workload poisson:rate=1,n=1 --tokenizer " + tok,
      "--max-concurrency: 'abc' is not a whole number >= 1"},
+    {"--corpus-offset -5 --workload poisson:rate=1,n=1 --tokenizer " + tok,
+     "--corpus-offset: '-5' is not a whole number >= 0"},
     {"--rate-scale 0 --workload poisson:rate=1,n=1 --tokenizer " + tok,
      "--rate-scale: '0' is not a number > 0"},
     {"--timeout-s -3 --workload poisson:rate=1,n=1 --tokenizer " + tok,

@@ -59,6 +59,7 @@ struct bench_serve_args {
   std::string max_concurrency;
   std::string timeout_s = "600";
   std::string drain_timeout_s;
+  std::string corpus_offset;
   std::string slo_ttft_ms;
   std::string slo_tpot_ms;
   std::string report;
@@ -293,7 +294,19 @@ void run(const bench_serve_args& a) {
   }
   // Only as much corpus as the prompts need (about 4 bytes a token, twice
   // over): encoding all of a large corpus would take longer than the run.
-  int64_t needed = 0;
+  int64_t first_offset = 0;
+  if (!a.corpus_offset.empty()) {
+    size_t used = 0;
+    try {
+      first_offset = std::stoll(a.corpus_offset, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != a.corpus_offset.size() || first_offset < 0)
+      throw command_error("--corpus-offset: '" + a.corpus_offset + "' is not a whole number >= 0",
+                          usage_error);
+  }
+  int64_t needed = first_offset;
   for (const auto& q : requests)
     needed += q.prompt_tokens;
   const size_t max_bytes = size_t(std::min<int64_t>(needed, int64_t(1) << 26)) * 8 + (1 << 16);
@@ -304,7 +317,7 @@ void run(const bench_serve_args& a) {
   } catch (const std::exception& e) {
     throw command_error(std::string("--corpus: ") + e.what(), usage_error);
   }
-  int64_t offset = 0;
+  int64_t offset = first_offset;
   for (auto& q : requests) {
     try {
       auto p = builder->make(q.prompt_tokens, offset);
@@ -420,6 +433,9 @@ void setup(CLI::App& app) {
   cmd->add_option("--workload", a->workload,
                   "Synthetic workload instead of --trace, e.g. "
                   "poisson:rate=20,prompt=uniform:130:900,output=uniform:64:448,n=500,seed=1");
+  cmd->add_option("--corpus-offset", a->corpus_offset,
+                  "Token of the corpus the first prompt starts at (default 0); runs against "
+                  "one server with different offsets share no prompt prefix");
   cmd->add_option("--rate-scale", a->rate_scale, "Arrival rate multiplier: arrivals at trace "
                                                  "time / scale (default 1)");
   cmd->add_option("--max-requests", a->max_requests, "Send at most N requests");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -257,8 +258,13 @@ void cuda_engine::allocate_activations() {
   METRONOME_CUDA(cudaMemset(split_counters_.get(), 0, split_counters_.bytes()));
   if (kv_fp8_)
     kv_stage_ = device_buffer(b * 2 * kv * 4);
+  // Rows: a decode batch, or a mixed graph's singles and prompt rows (at most
+  // max_batch_size + 256, mixed_sizes), whose o and down projections may
+  // split the same way.
+  split_rows_ = int32_t(std::min<size_t>(t, b + 256));
   if (residual_rms_norm_supports(c.hidden_size))
-    split_partials_ = device_buffer(size_t(max_gemm_splits) * b * std::max(h, q + 2 * kv) * 4);
+    split_partials_ =
+      device_buffer(size_t(max_gemm_splits) * size_t(split_rows_) * std::max(h, q + 2 * kv) * 4);
   sample_ws_ = device_buffer(sample_workspace_bytes(max_batch_));
   cublas_ws_ = device_buffer(cublas_workspace_bytes);
   METRONOME_CUBLAS(cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.bytes()));
@@ -522,51 +528,21 @@ std::vector<std::pair<int32_t, int32_t>> cuda_engine::mixed_sizes() const {
 
 size_t cuda_engine::capture_mixed(const mixed_graph& m, graph_exec& out, int32_t slot) {
   const layout l = mixed_layout(m.singles, m.prompt);
+  return capture(l, slot, out, [&] {
+    // As the eager steps with prompt tokens launch (enqueue_eager).
+    const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
+    enqueue_general(l, l.seqs - 1, false, 0);
+  });
+}
+
+size_t cuda_engine::capture(const layout& l, int32_t slot, graph_exec& out,
+                            const std::function<void()>& enqueue) {
   METRONOME_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   try {
     METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
                                    cudaMemcpyHostToDevice, stream_));
-    {
-      // As the eager steps with prompt tokens launch (enqueue_eager).
-      const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
-      enqueue_general(l, l.seqs - 1, false, 0);
-    }
-    METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
-                                   cudaMemcpyDeviceToHost, stream_));
-  } catch (...) {
-    cudaStreamEndCapture(stream_, &graph);
-    if (graph)
-      cudaGraphDestroy(graph);
-    throw;
-  }
-  METRONOME_CUDA(cudaStreamEndCapture(stream_, &graph));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
-  size_t nodes = 0;
-  cudaGraphGetNodes(graph, nullptr, &nodes);
-  cudaGraphDestroy(graph);
-  METRONOME_CUDA(st);
-  out = graph_exec(exec);
-  METRONOME_CUDA(cudaGraphUpload(out.get(), stream_));
-  return nodes;
-}
-
-int32_t cuda_engine::graph_index(int32_t batch) const {
-  for (size_t i = 0; i < graphs_.size(); ++i)
-    if (graphs_[i].size >= batch && graphs_[i].captured())
-      return int32_t(i);
-  return -1;
-}
-
-size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot) {
-  const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
-  METRONOME_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  cudaGraph_t graph = nullptr;
-  try {
-    METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
-                                   cudaMemcpyHostToDevice, stream_));
-    enqueue_decode(l, batch, path, 0);
+    enqueue();
     METRONOME_CUDA(cudaMemcpyAsync(results_[slot].get(), outputs_.get(), outputs_.bytes(),
                                    cudaMemcpyDeviceToHost, stream_));
   } catch (...) {
@@ -587,6 +563,18 @@ size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out
   // half a millisecond at batch 64 on the H200), on a serving step.
   METRONOME_CUDA(cudaGraphUpload(out.get(), stream_));
   return nodes;
+}
+
+int32_t cuda_engine::graph_index(int32_t batch) const {
+  for (size_t i = 0; i < graphs_.size(); ++i)
+    if (graphs_[i].size >= batch && graphs_[i].captured())
+      return int32_t(i);
+  return -1;
+}
+
+size_t cuda_engine::capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot) {
+  const layout l = make_layout(batch, batch, updates_capacity(batch), 0, 0);
+  return capture(l, slot, out, [&] { enqueue_decode(l, batch, path, 0); });
 }
 
 double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
@@ -651,8 +639,9 @@ void cuda_engine::tune_gemms(int32_t m) {
   const double o_ms = tuner_->tune(attn_.get<bf16>(), m, L.o, h, q, x_.get(), true, 1.0f);
   tuner_->tune(xn_.get<bf16>(), m, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
   const double down_ms = tuner_->tune(act_.get<bf16>(), m, L.down, h, f, x_.get(), true, 1.0f);
-  if (m <= max_batch_) {
+  if (m <= max_batch_)
     tuner_->tune(xn_.get<bf16>(), m, lm_head_, c.vocab_size, h, logits_.get(), true, 0.0f);
+  if (m <= split_rows_) {
     if (split_partials_.bytes() > 0 && !splits_.contains(m)) {
       // Each projection whole or as split-K partials, by timing. A split
       // must win by 2%, or the simpler launch stays.
@@ -709,7 +698,7 @@ void cuda_engine::tune_gemms(int32_t m) {
 
 cuda_engine::split_choice cuda_engine::splits_of(int32_t m) const {
   const int mode = active_kernels().gemm_splits;
-  if (mode == 1 || split_partials_.bytes() == 0)
+  if (mode == 1 || split_partials_.bytes() == 0 || m > split_rows_)
     return {};
   split_choice r;
   if (mode == 3) {
@@ -849,6 +838,9 @@ void cuda_engine::capture_graphs() {
     mixed_graph& m = mixed_graphs_.emplace_back();
     m.singles = singles;
     m.prompt = prompt;
+    // Its projections' algorithms and splits, timed for its rows as the
+    // decode sizes' are (a shape already tuned is not timed again).
+    tune_gemms(singles + prompt);
     for (int32_t slot = 0; slot < 2; ++slot)
       capture_mixed(m, m.exec[slot], slot);
   }

@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -258,6 +259,11 @@ private:
   void allocate_activations();
   void plan_kv_and_capture();
   void capture_graphs();
+  /// Captures what `enqueue` launches (a step of layout l) into `out`,
+  /// between the copy of its inputs from staging block `slot` and of its
+  /// results to result block `slot`, and uploads it. Returns its node count.
+  size_t capture(const layout& l, int32_t slot, graph_exec& out,
+                 const std::function<void()>& enqueue);
   /// Captures the decode step of `batch` sequences copying its inputs from
   /// staging block `slot` and its ids to result block `slot`.
   size_t capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot = 0);
@@ -321,8 +327,8 @@ private:
   void gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y, bool y_f32,
             float beta);
   /// Tunes the five projection shapes for m tokens (before capturing); for a
-  /// decode batch, also chooses how the cuBLAS path splits its projections
-  /// (splits_of).
+  /// decode batch or a mixed graph's rows, also chooses how the cuBLAS path
+  /// splits its projections (splits_of).
   void tune_gemms(int32_t m);
   /// How the cuBLAS decode path of m tokens runs three projections, each
   /// either whole (0) or as s >= 1 split-K partials (gemm_tuner::run_split)
@@ -335,7 +341,7 @@ private:
     int32_t qkv = 0, o = 0, down = 0;
   };
   split_choice splits_of(int32_t m) const;
-  /// Ends a projection of the cuBLAS decode path whose input is in_x (k
+  /// Ends a projection of the cuBLAS paths whose input is in_x (k
   /// wide): x += in_x W^T (+ bias), then xn_ = RMSNorm(x) * norm.
   void project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
                         const bf16* bias, int32_t splits, const bf16* norm);
@@ -384,8 +390,9 @@ private:
   device_buffer x_, xn_, qkv_, q_, attn_, gate_up_, act_, logits_;
   device_buffer part_o_, part_ml_, split_counters_, sample_ws_, cublas_ws_;
   device_buffer skinny_partials_, skinny_counters_;
-  // [max_gemm_splits][max_batch_][max(hidden, qkv width)] fp32
+  // [max_gemm_splits][split_rows_][max(hidden, qkv width)] fp32
   device_buffer split_partials_;
+  int32_t split_rows_ = 0;
   // The prefill attention's split-key partials (prefill_split): tiles x
   // splits <= prefill_split_parts, per head.
   static constexpr int32_t prefill_split_parts = 64;

@@ -496,11 +496,17 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
   launch_page_updates(page_table_.get<int32_t>(), page_stride_, sv.updates, sv.header, l.updates,
                       stream_);
   launch_embed(embed_, sv.ids, outputs_.get<int32_t>(), t, h, x, stream_);
+  // As the cuBLAS decode path: o and down end by adding into the residual
+  // and normalising it for the next projection, as split-K partials reduced
+  // in that norm where the tuner chose so for t rows (the mixed graphs'
+  // sizes; other sizes run whole). The last down projection stays whole:
+  // the LM head normalises only the sampled rows.
+  const split_choice rc = splits_of(t);
+  launch_rms_norm(x, nullptr, layers_.front().attn_norm, eps, t, h, xn, stream_);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const layer& L = layers_[size_t(i)];
     const kv_view kv = kv_of(i);
     const attention_shape sh = attention_of(i);
-    launch_rms_norm(x, nullptr, L.attn_norm, eps, t, h, xn, stream_);
     gemm(xn, t, L.qkv, qkv, h, qkv_.get(), false, 0.0f);
     if (all_single) {
       attend(sh, kv, sv.batch, l.seqs, true, L.qkv_bias);
@@ -518,13 +524,14 @@ void cuda_engine::enqueue_general(const layout& l, int32_t sampled, bool all_sin
       if (l.singles > 0)
         attend(sh, kv, sv.singles, l.singles, false, nullptr);
     }
-    gemm(attn_.get<bf16>(), t, L.o, h, q, x, true, 1.0f);
-    if (L.o_bias)
-      launch_add_bias(x, L.o_bias, t, h, stream_);
-    launch_rms_norm(x, nullptr, L.mlp_norm, eps, t, h, xn, stream_);
+    project_residual(attn_.get<bf16>(), t, L.o, q, L.o_bias, rc.o, L.mlp_norm);
     gemm(xn, t, L.gate_up, 2 * f, h, gate_up_.get(), false, 0.0f);
     launch_swiglu(gate_up_.get<bf16>(), t, f, act_.get<bf16>(), stream_);
-    gemm(act_.get<bf16>(), t, L.down, h, f, x, true, 1.0f);
+    if (i + 1 < c.num_layers)
+      project_residual(act_.get<bf16>(), t, L.down, f, nullptr, rc.down,
+                       layers_[size_t(i) + 1].attn_norm);
+    else
+      gemm(act_.get<bf16>(), t, L.down, h, f, x, true, 1.0f);
   }
   if (sampled > 0) {
     // LM head on the last position of each sampled sequence only.

@@ -41,7 +41,7 @@ double step_cost::prefill_ms(const step_shape& s) const {
     return 0.0;
   return per_prefill_token_ms * double(s.prefill_tokens)
          + per_prefill_attention_pair_ms * s.prefill_attention_pairs
-         + per_mixed_kv_token_ms * double(s.decode_kv_tokens);
+         + per_mixed_kv_token_ms * double(s.decode_kv_tokens) + per_prompt_step_ms;
 }
 
 int32_t step_time_estimator::prefill_tokens_within(const step_shape& s, int64_t context,

@@ -10,6 +10,12 @@
 //           + per_prefill_token * prefill_tokens
 //           + per_prefill_attention_pair * prefill_attention_pairs
 //           + per_mixed_kv_token * decode_kv_tokens   (only with prefill_tokens > 0)
+//           + per_prompt_step                          (only with prefill_tokens > 0)
+//
+// The last term is what carrying any prompt chunk costs a step, whatever its
+// length: the chunk's attention and KV-write launches, and projections on
+// the general GEMM path in place of the decode path's fused kernels. It is
+// why the smallest chunk a step-time limit lets in is not free.
 //
 // The live engine runs any model on any device, so a fitted prior is only a
 // shape: the estimator scales its decode part (base, sequences, KV) and its
@@ -41,16 +47,18 @@ struct step_shape {
 /// The defaults are the Llama-3-8B shape in bf16 on an H200
 /// (sim/cost_models/h200-llama3-8b.json, rounded).
 struct step_cost {
-  double base_ms = 4.34;
-  double per_decode_seq_ms = 0.0084;
+  double base_ms = 4.35;
+  double per_decode_seq_ms = 0.0082;
   double per_kv_token_ms = 3.0e-5;
-  double per_prefill_token_ms = 0.0171;
-  double per_prefill_attention_pair_ms = 3.7e-6;
-  double per_mixed_kv_token_ms = 3.3e-5;
+  double per_prefill_token_ms = 0.0196;
+  double per_prefill_attention_pair_ms = 2.5e-6;
+  double per_mixed_kv_token_ms = 1.7e-5;
+  double per_prompt_step_ms = 0.084;
 
   /// The decode part: base, sequences and the KV they read.
   double decode_ms(const step_shape& s) const;
-  /// The prompt part: tokens, attention pairs, and the mixed term.
+  /// The prompt part: tokens, attention pairs, the mixed term and the
+  /// prompt step's fixed cost.
   double prefill_ms(const step_shape& s) const;
   /// decode_ms + prefill_ms.
   double step_ms(const step_shape& s) const {

@@ -28,7 +28,8 @@ cost_model cost_model::from_json(const nlohmann::json& doc, const std::string& s
   auto step = doc.find("step_ms");
   if (step == doc.end() || !step->is_object())
     throw fail("step_ms", "missing (an object with base, per_decode_seq, per_kv_token, "
-                          "per_prefill_token, per_prefill_attention_pair, per_mixed_kv_token)");
+                          "per_prefill_token, per_prefill_attention_pair, per_mixed_kv_token, "
+                          "per_prompt_step)");
   auto coef = [&](const char* key, double& out, bool required) {
     auto i = step->find(key);
     if (i == step->end()) {
@@ -47,6 +48,7 @@ cost_model cost_model::from_json(const nlohmann::json& doc, const std::string& s
   coef("per_prefill_token", m.step.per_prefill_token_ms, true);
   coef("per_prefill_attention_pair", m.step.per_prefill_attention_pair_ms, false);
   coef("per_mixed_kv_token", m.step.per_mixed_kv_token_ms, false);
+  coef("per_prompt_step", m.step.per_prompt_step_ms, false);
   if (m.step.base_ms <= 0)
     throw fail("step_ms.base", "must be > 0 (a step that takes no time never ends)");
   auto count = [&](const char* key, auto& out) {
@@ -84,7 +86,8 @@ nlohmann::json cost_model::to_json() const {
             {"per_kv_token", step.per_kv_token_ms},
             {"per_prefill_token", step.per_prefill_token_ms},
             {"per_prefill_attention_pair", step.per_prefill_attention_pair_ms},
-            {"per_mixed_kv_token", step.per_mixed_kv_token_ms}}},
+            {"per_mixed_kv_token", step.per_mixed_kv_token_ms},
+            {"per_prompt_step", step.per_prompt_step_ms}}},
           {"kv_cache_tokens", kv_cache_tokens},
           {"max_model_len", max_model_len}};
 }

@@ -7,12 +7,14 @@
 //                  + per_prefill_token * prefill_tokens
 //                  + per_prefill_attention_pair * prefill_attention_pairs
 //                  + per_mixed_kv_token * decode_kv_tokens   (if prefill_tokens > 0)
+//                  + per_prompt_step                          (if prefill_tokens > 0)
 //
 // base is reading the weights once; decode KV tokens are the context each
 // decoding sequence's attention reads; prefill attention pairs are the
 // (query, key) pairs of the causal attention of prompt chunks, which make long
 // prompts cost more than linearly; the mixed term is what decodes cost beyond
-// a pure decode step when they share the step with a prompt chunk.
+// a pure decode step when they share the step with a prompt chunk, and the
+// prompt step term what any chunk costs a step beyond its tokens.
 
 #include <cstdint>
 #include <filesystem>

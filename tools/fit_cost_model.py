@@ -5,11 +5,15 @@
                    + per_prefill_token * prefill_tokens
                    + per_prefill_attention_pair * prefill_attention_pairs
                    + per_mixed_kv_token * (decode_kv_tokens if the step also has a prompt chunk)
+                   + per_prompt_step (if the step has a prompt chunk)
 
 The last term is what a decode costs beyond a pure decode step when it shares
 the step with a prompt chunk (the runner then attends for it in the prefill
 path): on the H200 grid it is several times the pure decode's KV cost, and
-most steps of a loaded engine are mixed.
+most steps of a loaded engine are mixed. The prompt step term is the fixed
+cost of carrying any chunk (its attention launches, the general GEMM path in
+place of the decode path's fused kernels): what makes the smallest chunk a
+step-time limit admits cost more than its tokens.
 
 Input: the step-time grid of bench/gpu/gpu_bench (--grid), rows
 {"kind": "decode"|"prefill"|"mixed", "num_seqs", "kv_tokens", "prefill_tokens", "ms"},
@@ -50,7 +54,7 @@ import re
 import sys
 
 FEATURES = ["base", "per_decode_seq", "per_kv_token", "per_prefill_token",
-            "per_prefill_attention_pair", "per_mixed_kv_token"]
+            "per_prefill_attention_pair", "per_mixed_kv_token", "per_prompt_step"]
 
 # The llama3-8b shape (Llama-3.1-8B) and the H200, for the provisional model
 # and for the notes.
@@ -83,16 +87,16 @@ def features(row, where):
     if ms <= 0:
         fail(f"{where}: ms: must be > 0")
     if kind == "decode":
-        return [1.0, b, kv + b, 0.0, 0.0, 0.0], ms
+        return [1.0, b, kv + b, 0.0, 0.0, 0.0, 0.0], ms
     if kind == "prefill":
         seqs = max(b, 1)
         per = n / seqs
         ctx = max(kv - n, 0) / seqs
-        return [1.0, 0.0, 0.0, n, seqs * per * (ctx + (per + 1) / 2), 0.0], ms
+        return [1.0, 0.0, 0.0, n, seqs * per * (ctx + (per + 1) / 2), 0.0, 1.0], ms
     if kind == "mixed":
         decodes = max(b - 1, 0)
         dkv = max(kv - 3 * n, 0) + decodes
-        return [1.0, decodes, dkv, n, n * (n + (n + 1) / 2), dkv], ms
+        return [1.0, decodes, dkv, n, n * (n + (n + 1) / 2), dkv, 1.0], ms
     fail(f"{where}: kind: expected decode, prefill or mixed, got {kind!r}")
 
 
@@ -204,7 +208,7 @@ def provisional():
     kv_bytes = DEVICE_BYTES * MEMORY_FRACTION - WEIGHT_BYTES - WORKSPACE_BYTES
     kv_tokens = int(kv_bytes / KV_BYTES_PER_TOKEN) // 16 * 16
     # Mixed steps: no first-principles estimate (an implementation property).
-    coef = [base, per_decode, per_kv, per_token, per_pair, 0.0]
+    coef = [base, per_decode, per_kv, per_token, per_pair, 0.0, 0.0]
     note = ("PROVISIONAL: derived from first principles, not measured. llama3-8b shape "
             "(8.03e9 parameters, bf16, 32 layers, 8 KV heads x 128) on an H200: base = 16.06 GB "
             "of weights read once per step at ~4 TB/s + 0.3 ms launch and sampling; prompt "

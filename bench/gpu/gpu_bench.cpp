@@ -587,9 +587,10 @@ int run(const options& o) {
       grid.push_back({{"kind", "prefill"}, {"num_seqs", 1}, {"kv_tokens", n},
                       {"prefill_tokens", n}, {"ms", median(ms)}});
     }
-    // Chunks continuing a cached prompt (chunked prefill).
-    for (int32_t cached : {1024, 4096})
-      for (int32_t n : {256, 1024, 2048}) {
+    // Chunks continuing a cached prompt (chunked prefill), up to the 8k
+    // prompts of long-prompt workloads.
+    for (int32_t cached : {1024, 4096, 7168})
+      for (int32_t n : {64, 256, 1024, 2048}) {
         std::vector<double> ms;
         for (int rep = 0; rep < 3; ++rep) {
           auto ids = d.add(1, cached + n);
@@ -602,11 +603,11 @@ int run(const options& o) {
       }
     // Mixed steps: decodes at context 1024 next to one prompt chunk, from
     // the small chunks of stall-free steps to a whole budget's.
-    for (int32_t b : {8, 32, 64}) {
+    for (int32_t b : {8, 32, 64, 96}) {
       if (b > o.max_batch - 1)
         continue;
       auto all = d.prefill(b, 1024);
-      for (int32_t n : {32, 128, 256, 1024}) {
+      for (int32_t n : {16, 32, 64, 128, 256, 512, 1024}) {
         auto extra = d.add(1, 3 * n);
         std::vector<double> ms;
         double kv = 0;

@@ -18,9 +18,10 @@ step_shape decodes(int32_t n, int64_t context) {
   return s;
 }
 
-TEST(step_cost, parts_add_up_and_the_mixed_term_needs_a_prompt) {
+TEST(step_cost, parts_add_up_and_the_mixed_terms_need_a_prompt) {
   step_cost c;
   c.per_mixed_kv_token_ms = 1e-4;
+  c.per_prompt_step_ms = 0.5;
   auto s = decodes(4, 99); // 4 x 100 keys
   EXPECT_EQ(s.decode_kv_tokens, 400);
   EXPECT_DOUBLE_EQ(c.decode_ms(s), c.base_ms + 4 * c.per_decode_seq_ms + 400 * c.per_kv_token_ms);
@@ -28,7 +29,7 @@ TEST(step_cost, parts_add_up_and_the_mixed_term_needs_a_prompt) {
   s.add_chunk(100, 10, false); // 10 queries over 100 + 1..10 keys
   EXPECT_DOUBLE_EQ(s.prefill_attention_pairs, 10 * 100 + 55);
   EXPECT_DOUBLE_EQ(c.prefill_ms(s), 10 * c.per_prefill_token_ms + 1055 * c.per_prefill_attention_pair_ms
-                                      + 400 * c.per_mixed_kv_token_ms);
+                                      + 400 * c.per_mixed_kv_token_ms + 0.5);
   EXPECT_DOUBLE_EQ(c.step_ms(s), c.decode_ms(s) + c.prefill_ms(s));
 }
 

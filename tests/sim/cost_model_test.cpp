@@ -33,6 +33,21 @@ TEST(cost_model, a_step_costs_the_sum_of_its_terms) {
   EXPECT_DOUBLE_EQ(simple().step_ms(s), 4 + 2 * 0.5 + 150 * 0.01 + 4 * 0.1 + 50 * 0.001);
 }
 
+TEST(cost_model, the_prompt_step_term_is_paid_once_by_a_step_with_a_prompt) {
+  auto m = simple();
+  m.step.per_prompt_step_ms = 0.75;
+  step_shape decode_only;
+  decode_only.add_chunk(99, 1, true);
+  EXPECT_DOUBLE_EQ(m.step_ms(decode_only), simple().step_ms(decode_only));
+  step_shape mixed = decode_only;
+  mixed.add_chunk(0, 8, false);
+  mixed.add_chunk(0, 8, false); // a second chunk pays no second fixed cost
+  EXPECT_DOUBLE_EQ(m.step_ms(mixed), simple().step_ms(mixed) + 0.75);
+  // It survives the file format.
+  const auto back = cost_model::from_json(m.to_json(), "cm.json");
+  EXPECT_DOUBLE_EQ(back.step.per_prompt_step_ms, 0.75);
+}
+
 TEST(cost_model, unloaded_latency_is_chunked_prefill_then_one_decode_per_token) {
   const auto m = simple();
   // 10 prompt tokens in chunks of 4: (0,4) (4,4) (8,2); then 2 decodes.

@@ -278,6 +278,25 @@ std::vector<config_key> make_keys() {
   add(integer_key("server.max_concurrent_streams_per_connection",
                   METRONOME_FIELD(server.max_concurrent_streams_per_connection), 1, 4096,
                   "Requests in flight at once on one WebSocket connection."));
+  add(integer_key("server.max_connections", METRONOME_FIELD(server.max_connections), 0,
+                  10'000'000,
+                  "Open client connections at once; more get 503 with Retry-After. 0 sizes it "
+                  "from the file descriptor limit.",
+                  "0 = from RLIMIT_NOFILE"));
+  add(real_key("server.idle_timeout_s", METRONOME_FIELD(server.idle_timeout_s),
+               {0, max_s, true, false},
+               "A keep-alive connection idle this long is closed; also the WebSocket ping "
+               "timeout."));
+  add(real_key("server.header_timeout_s", METRONOME_FIELD(server.header_timeout_s),
+               {0, max_s, true, false},
+               "Seconds a client has to send a whole request once its first byte arrived."));
+  add(real_key("server.write_timeout_s", METRONOME_FIELD(server.write_timeout_s),
+               {0, max_s, true, false},
+               "An HTTP response write (an SSE stream, say) making no progress this long closes "
+               "the connection."));
+  add(real_key("server.drain_timeout_s", METRONOME_FIELD(server.drain_timeout_s), {0, max_s},
+               "On SIGTERM/SIGINT, how long running requests may finish before they are ended "
+               "with an error."));
 
   // model
   add(text_key("model.path", METRONOME_FIELD(model.path),

@@ -95,6 +95,22 @@ struct server_section {
   int32_t io_threads = 2;
   /// Requests in flight at once on one WebSocket connection.
   int32_t max_concurrent_streams_per_connection = 64;
+  /// Open client connections (HTTP and WebSocket) at once; more get 503
+  /// with Retry-After. 0 sizes it from the file descriptor limit
+  /// (RLIMIT_NOFILE), leaving headroom for the process's other files.
+  int32_t max_connections = 0;
+  /// A keep-alive connection that starts no new request for this long is
+  /// closed; a WebSocket that answers no ping for this long is dropped.
+  double idle_timeout_s = 120.0;
+  /// A request's headers and body must arrive within this many seconds of
+  /// its first byte (slow, trickling clients are closed).
+  double header_timeout_s = 30.0;
+  /// An HTTP response write that makes no progress for this long closes
+  /// the connection (a client that stopped reading its SSE stream).
+  double write_timeout_s = 60.0;
+  /// On SIGTERM/SIGINT, running requests get this long to finish before
+  /// they are ended with an error.
+  double drain_timeout_s = 30.0;
 
   bool operator==(const server_section&) const = default;
 };

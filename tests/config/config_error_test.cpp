@@ -189,6 +189,15 @@ TEST(config_range, integers_numbers_and_bytes) {
           R"(with a unit: KiB, MiB, GiB, KB, MB, GB))"},
          {"model.device", "cuda:64",
           R"(expected cpu or cuda:N (N a GPU ordinal in [0, 63]), got "cuda:64")"},
+         {"server.max_connections", "-1",
+          R"("-1" is out of range, expected an integer in [0, 10000000] (0 = from RLIMIT_NOFILE))"},
+         {"server.header_timeout_s", "0",
+          R"("0" is out of range, expected a number in (0, 604800])"},
+         {"server.idle_timeout_s", "-5",
+          R"("-5" is out of range, expected a number in (0, 604800])"},
+         {"server.write_timeout_s", "0", R"("0" is out of range, expected a number in (0, 604800])"},
+         {"server.drain_timeout_s", "-1",
+          R"("-1" is out of range, expected a number in [0, 604800])"},
        }) {
     auto e = load_error(nested_yaml(b.path, b.value));
     EXPECT_EQ(e.key_path(), b.path);
@@ -203,6 +212,9 @@ TEST(config_range, boundaries_are_inclusive_where_documented) {
   EXPECT_NO_THROW(load_config_string(nested_yaml("server.port", "65535"), "t"));
   EXPECT_NO_THROW(load_config_string(nested_yaml("engine.page_size", "1"), "t"));
   EXPECT_NO_THROW(load_config_string(nested_yaml("engine.page_size", "1024"), "t"));
+  // No drain: SIGTERM ends running requests with an error at once.
+  EXPECT_NO_THROW(load_config_string(nested_yaml("server.drain_timeout_s", "0"), "t"));
+  EXPECT_NO_THROW(load_config_string(nested_yaml("server.max_connections", "0"), "t"));
 }
 
 TEST(config_range, every_numeric_key_names_its_path) {

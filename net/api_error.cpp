@@ -55,6 +55,20 @@ api_error api_error::from(const generation_error& err) {
   return result;
 }
 
+api_error api_error::shutting_down(std::string message) {
+  return {503, std::move(message), "service_unavailable_error", {}, "shutting_down"};
+}
+
+api_error api_error::too_many_connections(size_t limit) {
+  return {503,
+          fmt::format("the server has {} connections open, its limit; try again later", limit),
+          "service_unavailable_error", {}, "too_many_connections"};
+}
+
+bool api_error::retry_later() const {
+  return status == 429 || (status == 503 && (code == "shutting_down" || code == "too_many_connections"));
+}
+
 std::string error_code_string(request_errc code) {
   switch (code) {
     case request_errc::invalid_request:

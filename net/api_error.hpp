@@ -48,6 +48,18 @@ struct api_error {
 
   /// The engine's error, mapped by http_status() / error_type().
   static api_error from(const generation_error& err);
+
+  /// 503 shutting_down: the server drains (a new request), or its drain
+  /// timed out (a request still running). Answered with Retry-After.
+  static api_error shutting_down(std::string message);
+
+  /// 503 too_many_connections: a connection over server.max_connections.
+  /// Answered with Retry-After.
+  static api_error too_many_connections(size_t limit);
+
+  /// The answer carries Retry-After: 429, and the 503s above (the client
+  /// may try again, here or elsewhere; an engine failure is not that).
+  bool retry_later() const;
 };
 
 /// The `code` string the edge reports for an engine error code.

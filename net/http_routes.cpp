@@ -99,8 +99,13 @@ info_response answer_info_route(route r, std::string_view path, unsigned version
                                       status ? status->max_model_len : 0));
     }
     case route::health: {
-      bool ok = ctx.ready();
-      const char* state = ok ? "ok" : (status && status->degraded.load()) ? "degraded" : "loading";
+      // Draining first: a load balancer must stop sending here even while
+      // the engine is still healthy.
+      bool ok = ctx.ready() && !ctx.draining.load();
+      const char* state = ctx.draining.load()                   ? "draining"
+                          : ok                                  ? "ok"
+                          : (status && status->degraded.load()) ? "degraded"
+                                                                : "loading";
       return json_response(ok ? http::status::ok : http::status::service_unavailable, version,
                            {{"status", state}});
     }

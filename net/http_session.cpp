@@ -28,6 +28,10 @@ constexpr auto linger_time = std::chrono::seconds(2);
 /// Writes gathered into one async_write.
 constexpr size_t max_gather = 64;
 
+/// How long a connection over max_connections may take to send the request
+/// it gets answered (it holds one of the few overflow slots meanwhile).
+constexpr auto over_limit_read_timeout = std::chrono::seconds(5);
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
            std::chrono::system_clock::now().time_since_epoch())
@@ -50,10 +54,13 @@ bool expects_continue(const http_session::request_type& req) {
 // -- construction -------------------------------------------------------------------
 
 http_session::http_session(asio::ip::tcp::socket socket, strand_type strand,
-                           std::shared_ptr<server_context> ctx)
+                           std::shared_ptr<server_context> ctx, gauge_slot slot,
+                           bool over_limit)
   : socket_(std::move(socket)),
     strand_(std::move(strand)),
     ctx_(std::move(ctx)),
+    slot_(std::move(slot)),
+    over_limit_(over_limit),
     idle_timer_(strand_),
     write_timer_(strand_),
     outbox_(ctx_->opts.max_pending_write_bytes) {}
@@ -82,8 +89,38 @@ void http_session::read_header() {
   parser_.emplace();
   parser_->header_limit(uint32_t(std::min<size_t>(ctx_->opts.max_header_bytes, UINT32_MAX)));
   parser_->body_limit(ctx_->opts.max_body_bytes);
+  if (buffer_.size() > 0) {
+    read_request(); // a pipelined request has begun
+    return;
+  }
+  awaiting_first_byte_ = true;
   if (!busy_)
-    arm_idle_timer();
+    arm_read_timer();
+  socket_.async_wait(asio::ip::tcp::socket::wait_read,
+                     [self = shared_from_this()](error_code ec) { self->on_readable(ec); });
+}
+
+void http_session::on_readable(error_code ec) {
+  if (closed_)
+    return;
+  if (ec) {
+    on_read_error(ec);
+    return;
+  }
+  if (lingering_) {
+    reading_ = false;
+    drain();
+    return;
+  }
+  // Readable: a first byte, or an end of stream or reset the header read
+  // reports.
+  read_request();
+}
+
+void http_session::read_request() {
+  awaiting_first_byte_ = false;
+  if (!busy_ && !lingering_)
+    arm_read_timer();
   http::async_read_header(socket_, buffer_, *parser_,
                           [self = shared_from_this()](error_code ec, size_t) {
                             self->on_header(ec);
@@ -180,7 +217,9 @@ void http_session::dispatch(request_type req) {
   bool keep_alive = req.keep_alive();
   bool upgraded = false;
 
-  if (r == route::unknown) {
+  if (over_limit_ || ctx_->draining.load()) {
+    refuse(r, req.method(), path, version);
+  } else if (r == route::unknown) {
     send_error(api_error::not_found(fmt::format("no route for {}", path)), version, keep_alive);
   } else if (req.method() != method_of(r)) {
     auto res = method_not_allowed_response(r, req.method_string(), path, version);
@@ -231,6 +270,7 @@ void http_session::start_generation(api_kind kind, request_type& req) {
   a.version = version;
   a.chunked = version >= 11;
   a.keep_alive = keep_alive && version >= 11;
+  a.in_flight = gauge_slot(ctx_->requests_in_flight);
   spdlog::debug("{} {} stream={} max_tokens={}", a.meta.id, std::string_view(req.target()), a.stream,
                p.request.params.max_tokens);
   active_ = std::move(a);
@@ -239,6 +279,20 @@ void http_session::start_generation(api_kind kind, request_type& req) {
   self_ = shared_from_this();
   active_->sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(p.request), port_,
                                      active_->tag);
+}
+
+void http_session::refuse(route r, http::verb method, std::string_view path, unsigned version) {
+  if (r == route::health && method == http::verb::get) {
+    // Answered even over the limit: a health check must not fail only
+    // because clients hold every connection.
+    send_response(answer_info_route(r, path, version, *ctx_), true);
+    return;
+  }
+  if (ctx_->draining.load())
+    send_error(api_error::shutting_down("the server is shutting down and takes no new requests"),
+               version, false, true);
+  else
+    send_error(api_error::too_many_connections(ctx_->opts.max_connections), version, false, true);
 }
 
 void http_session::upgrade(request_type req) {
@@ -256,7 +310,7 @@ void http_session::upgrade(request_type req) {
   write_timer_.cancel();
   if (port_)
     port_->close();
-  auto ws = std::make_shared<ws_session>(std::move(socket_), strand_, ctx_);
+  auto ws = std::make_shared<ws_session>(std::move(socket_), strand_, ctx_, std::move(slot_));
   ws->start(std::move(req));
 }
 
@@ -325,6 +379,32 @@ void http_session::close_now() {
   close();
 }
 
+void http_session::finish_drain() {
+  if (closed_ || lingering_)
+    return;
+  if (!busy_) {
+    close(); // idle, or a request still arriving
+    return;
+  }
+  // Close once the response in progress is out.
+  close_after_ = true;
+  if (!active_ || !active_->sink)
+    return; // its last bytes are queued already
+  auto& a = *active_;
+  cancel_request_sink(a.sink);
+  a.sink = nullptr;
+  auto err = api_error::shutting_down(
+    fmt::format("the server shut down before the request finished (drain timeout {} ms)",
+                ctx_->opts.drain_timeout.count()));
+  spdlog::debug("{} ended by the drain timeout", a.meta.id);
+  if (a.stream && a.headers_sent) {
+    // As on_error: an error event, then [DONE], so clients see a clean end.
+    send_stream_event(sse_event(err.to_json()) + std::string(sse_done), true);
+    return;
+  }
+  send_error(err, a.version, false, true);
+}
+
 // -- answers ------------------------------------------------------------------------
 
 template <class Message>
@@ -355,7 +435,7 @@ void http_session::send_error(const api_error& err, unsigned version, bool keep_
                               bool close_after) {
   response_type res{static_cast<http::status>(err.status), version};
   res.set(http::field::content_type, "application/json");
-  if (err.status == 429)
+  if (err.retry_later())
     res.set(http::field::retry_after, std::to_string(ctx_->opts.retry_after.count()));
   if (active_)
     add_generation_headers(res, 0);
@@ -423,7 +503,7 @@ void http_session::write_next() {
   write_timer_.expires_after(ctx_->opts.write_timeout);
   write_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
     if (!ec && gen == self->write_generation_ && !self->closed_) {
-      spdlog::warn("closing a connection: a write made no progress for {}s",
+      spdlog::warn("closing a connection: a write made no progress for {} ms",
                    self->ctx_->opts.write_timeout.count());
       self->close();
     }
@@ -473,7 +553,7 @@ void http_session::on_response_complete() {
     return;
   }
   if (reading_)
-    arm_idle_timer();
+    arm_read_timer();
   else
     read_header();
 }
@@ -538,12 +618,20 @@ void http_session::drain() {
                           });
 }
 
-void http_session::arm_idle_timer() {
+void http_session::arm_read_timer() {
+  const auto& o = ctx_->opts;
+  std::chrono::milliseconds limit = awaiting_first_byte_ ? o.idle_timeout : o.header_timeout;
+  if (over_limit_)
+    limit = std::min<std::chrono::milliseconds>(limit, over_limit_read_timeout);
   auto gen = ++idle_generation_;
-  idle_timer_.expires_after(ctx_->opts.idle_timeout);
+  idle_timer_.expires_after(limit);
   idle_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
-    if (!ec && gen == self->idle_generation_ && !self->busy_ && !self->closed_)
-      self->close();
+    if (ec || gen != self->idle_generation_ || self->busy_ || self->closed_)
+      return;
+    if (!self->awaiting_first_byte_)
+      spdlog::debug("closing a connection: its request took longer than {} ms to arrive",
+                    self->ctx_->opts.header_timeout.count());
+    self->close();
   });
 }
 

@@ -16,6 +16,19 @@
 // Output goes through one queue with one write in flight; a write that makes
 // no progress for write_timeout, or a queue above max_pending_write_bytes,
 // closes the connection.
+//
+// Timeouts of the read side: a connection waits for the first byte of its
+// next request for idle_timeout, then has header_timeout to deliver the
+// whole request (headers and body), so a client that trickles its headers
+// cannot hold the connection for the idle timeout again and again.
+//
+// Limits and shutdown: a connection accepted over max_connections
+// (`over_limit`) and every request while the server drains get one answer
+// and a close: GET /health its usual answer (503 "draining" while
+// draining), anything else 503 with Retry-After. When the drain times out,
+// finish_drain() ends a generation still running with a shutting_down
+// error (an SSE error event and [DONE] once the stream has started, a 503
+// body otherwise) and closes.
 
 #include <cstdint>
 #include <deque>
@@ -30,6 +43,7 @@
 
 #include "net/write_queue.hpp"
 #include "net/api_error.hpp"
+#include "net/http_routes.hpp"
 #include "net/openai_response.hpp"
 #include "net/request_sink.hpp"
 #include "net/server_context.hpp"
@@ -41,9 +55,11 @@ public:
   using request_type = boost::beast::http::request<boost::beast::http::string_body>;
   using response_type = boost::beast::http::response<boost::beast::http::string_body>;
 
-  /// `socket` must use `strand` as its executor.
+  /// `socket` must use `strand` as its executor. `slot` counts the
+  /// connection (in connections, or overflow_connections when `over_limit`)
+  /// until the session, or the WebSocket session it becomes, ends.
   http_session(boost::asio::ip::tcp::socket socket, strand_type strand,
-               std::shared_ptr<server_context> ctx);
+               std::shared_ptr<server_context> ctx, gauge_slot slot, bool over_limit = false);
 
   ~http_session() override;
 
@@ -59,6 +75,8 @@ public:
   void on_error(uint64_t tag, generation_error& error) override;
 
   void close_now() override;
+
+  void finish_drain() override;
 
 private:
   /// The generation request in progress.
@@ -80,6 +98,8 @@ private:
     int32_t first_token_batch_size = 0;
     unsigned version = 11;
     bool keep_alive = true;
+    /// Counts the request in requests_in_flight while it lives.
+    gauge_slot in_flight;
   };
 
   /// One queued write.
@@ -91,7 +111,12 @@ private:
 
   // -- reading ---------------------------------------------------------------------
 
+  /// Waits for the next request's first byte (idle_timeout), unless the
+  /// buffer already holds it, then reads its header.
   void read_header();
+  void on_readable(boost::system::error_code ec);
+  /// Reads the header of a request whose first byte is here (header_timeout).
+  void read_request();
   void on_header(boost::system::error_code ec);
   void on_body(boost::system::error_code ec);
   void finish_read();
@@ -101,6 +126,8 @@ private:
 
   void dispatch(request_type req);
   void start_generation(api_kind kind, request_type& req);
+  /// Over the limit or draining: one answer (see the top), then close.
+  void refuse(route r, boost::beast::http::verb method, std::string_view path, unsigned version);
   void upgrade(request_type req);
 
   // -- answers ---------------------------------------------------------------------
@@ -131,11 +158,15 @@ private:
   /// instead of a reset), then close.
   void linger_close();
   void drain();
-  void arm_idle_timer();
+  /// Arms the read timer for the phase the read is in (idle or request).
+  void arm_read_timer();
 
   boost::asio::ip::tcp::socket socket_;
   strand_type strand_;
   std::shared_ptr<server_context> ctx_;
+  /// Declared after ctx_: given back before the context may go.
+  gauge_slot slot_;
+  const bool over_limit_;
   std::shared_ptr<strand_port> port_;
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
@@ -148,6 +179,9 @@ private:
   write_queue<out_entry> outbox_;
   bool writing_ = false;
   bool reading_ = false;
+  /// The read in progress waits for a request's first byte (idle), or
+  /// reads a request that has begun.
+  bool awaiting_first_byte_ = true;
   /// A response is in progress (from dispatch until its last byte is out).
   bool busy_ = false;
   /// Close once the response in progress is written.

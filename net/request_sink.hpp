@@ -50,6 +50,16 @@ public:
 
   /// The server stops: cancel every request, close the socket.
   virtual void close_now() = 0;
+
+  /// The server's drain timed out (http_server::drain()): end every request
+  /// still running with a shutting_down error its client can read (an SSE
+  /// error event and [DONE]; a 503 body; a WebSocket error event), then
+  /// close: idle connections at once, the others once their last bytes are
+  /// written (WebSocket: with close code 1001, going away). The default
+  /// closes at once.
+  virtual void finish_drain() {
+    close_now();
+  }
 };
 
 /// A connection's mailbox slot for its sinks: posts to the connection's

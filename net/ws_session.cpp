@@ -14,10 +14,11 @@ namespace websocket = beast::websocket;
 using error_code = boost::system::error_code;
 
 ws_session::ws_session(asio::ip::tcp::socket socket, strand_type strand,
-                       std::shared_ptr<server_context> ctx)
+                       std::shared_ptr<server_context> ctx, gauge_slot slot)
   : ws_(std::move(socket)),
     strand_(std::move(strand)),
     ctx_(std::move(ctx)),
+    slot_(std::move(slot)),
     outbox_(ctx_->opts.max_pending_write_bytes) {}
 
 ws_session::~ws_session() {
@@ -36,7 +37,7 @@ void ws_session::start(request_type upgrade) {
   // Idle clients are pinged; one that answers nothing for idle_timeout is
   // dropped (and its requests cancelled).
   websocket::stream_base::timeout timeouts;
-  timeouts.handshake_timeout = std::chrono::seconds(30);
+  timeouts.handshake_timeout = ctx_->opts.header_timeout;
   timeouts.idle_timeout = ctx_->opts.idle_timeout;
   timeouts.keep_alive_pings = true;
   ws_.set_option(timeouts);
@@ -52,6 +53,7 @@ void ws_session::start(request_type upgrade) {
       return;
     }
     self->upgrade_ = {};
+    self->accepted_ = true;
     self->read();
   });
 }
@@ -89,6 +91,8 @@ void ws_session::on_read(error_code ec, size_t) {
 }
 
 void ws_session::handle(std::string_view text) {
+  if (going_away_)
+    return;
   auto msg = parse_ws_message(text, ctx_->defaults());
   if (auto* chat = std::get_if<ws_chat>(&msg)) {
     start_chat(*chat);
@@ -117,6 +121,11 @@ void ws_session::start_chat(ws_chat& chat) {
                          "rate_limit_error", "", "too_many_requests"}));
     return;
   }
+  if (ctx_->draining.load()) {
+    send(ws_error_event(chat.id, api_error::shutting_down(
+                                   "the server is shutting down and takes no new requests")));
+    return;
+  }
   if (!ctx_->eng.frontend) {
     send(ws_error_event(chat.id, api_error{503, "no engine is running",
                                            "service_unavailable_error", "", "unavailable"}));
@@ -130,7 +139,8 @@ void ws_session::start_chat(ws_chat& chat) {
   const bool logprobs = req.params.logprobs >= 0;
   auto sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(req), port_, tag);
   ids_.emplace(tag, chat.id);
-  live_.emplace(std::move(chat.id), live_request{tag, std::move(sink), logprobs});
+  live_.emplace(std::move(chat.id), live_request{tag, std::move(sink), logprobs,
+                                                gauge_slot(ctx_->requests_in_flight)});
 }
 
 void ws_session::cancel(const std::string& id) {
@@ -193,10 +203,36 @@ void ws_session::close_now() {
   close();
 }
 
+void ws_session::finish_drain() {
+  if (closed_ || going_away_)
+    return;
+  auto err = api_error::shutting_down(
+    fmt::format("the server shut down before the request finished (drain timeout {} ms)",
+                ctx_->opts.drain_timeout.count()));
+  for (auto& [id, req] : live_) {
+    cancel_request_sink(req.sink);
+    send(ws_error_event(id, err));
+  }
+  live_.clear();
+  ids_.clear();
+  going_away_ = true;
+  if (!accepted_)
+    close(); // mid-handshake: nothing to say goodbye on
+  else if (!writing_)
+    close_going_away();
+}
+
+void ws_session::close_going_away() {
+  if (closed_)
+    return;
+  ws_.async_close(websocket::close_reason(websocket::close_code::going_away, "server shutdown"),
+                  [self = shared_from_this()](error_code) { self->close(); });
+}
+
 // -- writing ------------------------------------------------------------------------
 
 void ws_session::send(std::string event) {
-  if (closed_ || outbox_.overflowed())
+  if (closed_ || going_away_ || outbox_.overflowed())
     return;
   const size_t bytes = event.size();
   if (!outbox_.push(std::move(event), bytes)) {
@@ -224,6 +260,8 @@ void ws_session::write_next() {
                     self->outbox_.pop();
                     if (!self->outbox_.empty())
                       self->write_next();
+                    else if (self->going_away_)
+                      self->close_going_away();
                   });
 }
 

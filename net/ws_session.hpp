@@ -12,7 +12,10 @@
 // request has a tag, and ids can be reused right after their done). Closing
 // the socket, a protocol error, an oversized message (1009), a client that
 // stops reading, or the server's stop cancel every request of the
-// connection.
+// connection. While the server drains, a new chat gets an error event
+// (503 shutting_down); when the drain times out, finish_drain() ends every
+// request still running with that error and closes with 1001 (going away)
+// once the queued events are written.
 
 #include <cstdint>
 #include <deque>
@@ -37,9 +40,10 @@ class ws_session : public sink_listener, public std::enable_shared_from_this<ws_
 public:
   using request_type = boost::beast::http::request<boost::beast::http::string_body>;
 
-  /// `socket` must use `strand` as its executor.
+  /// `socket` must use `strand` as its executor; `slot` is the
+  /// connection's count, taken over from its HTTP session.
   ws_session(boost::asio::ip::tcp::socket socket, strand_type strand,
-             std::shared_ptr<server_context> ctx);
+             std::shared_ptr<server_context> ctx, gauge_slot slot);
 
   ~ws_session() override;
 
@@ -56,12 +60,16 @@ public:
 
   void close_now() override;
 
+  void finish_drain() override;
+
 private:
   struct live_request {
     uint64_t tag = 0;
     caf::actor sink;
     /// It asked for logprobs: every delta carries a logprobs object.
     bool logprobs = false;
+    /// Counts the request in requests_in_flight while it lives.
+    gauge_slot in_flight;
   };
 
   void read();
@@ -77,12 +85,17 @@ private:
   const std::string* id_of(uint64_t tag) const;
   void forget(uint64_t tag);
 
+  /// Sends a close frame with 1001 (going away), then close().
+  void close_going_away();
+
   /// Cancels every request and closes the socket.
   void close();
 
   boost::beast::websocket::stream<boost::asio::ip::tcp::socket> ws_;
   strand_type strand_;
   std::shared_ptr<server_context> ctx_;
+  /// Declared after ctx_: given back before the context may go.
+  gauge_slot slot_;
   std::shared_ptr<strand_port> port_;
   request_type upgrade_;
   boost::beast::flat_buffer buffer_;
@@ -90,6 +103,11 @@ private:
   /// send() drops events.
   write_queue<std::string> outbox_;
   bool writing_ = false;
+  /// The handshake is done (a close frame may be sent).
+  bool accepted_ = false;
+  /// finish_drain(): close with 1001 once the outbox is written; events
+  /// and messages after that are dropped.
+  bool going_away_ = false;
   bool closed_ = false;
   std::unordered_map<std::string, live_request> live_;
   std::unordered_map<uint64_t, std::string> ids_;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <poll.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -117,6 +119,12 @@ public:
     http::read_some(socket_, buffer_, *parser_);
   }
 
+  /// Reads the rest of the response started by read_header().
+  response read_rest() {
+    http::read(socket_, buffer_, *parser_);
+    return parser_->release();
+  }
+
   /// True when the server closed the connection (reads EOF).
   bool closed_by_server() {
     beast::error_code ec;
@@ -125,6 +133,17 @@ public:
       return false;
     socket_.read_some(asio::buffer(&c, 1), ec);
     return ec == asio::error::eof || ec == asio::error::connection_reset;
+  }
+
+  /// Like closed_by_server(), but gives up after `limit`: false when the
+  /// server has neither sent anything nor closed by then.
+  bool closed_by_server_within(std::chrono::milliseconds limit) {
+    if (buffer_.size() > 0)
+      return false;
+    pollfd p{socket_.native_handle(), POLLIN, 0};
+    if (::poll(&p, 1, int(limit.count())) <= 0)
+      return false;
+    return closed_by_server();
   }
 
   void close() {

@@ -1,11 +1,21 @@
 // metronome serve: the server. Configuration comes from defaults, then a
 // YAML file (--config), then flags (--port, --model, ... and --set k=v), in
 // that order.
+//
+// Signals: the first SIGTERM or SIGINT drains the server (http_server::
+// drain(): no new connections or requests, running ones get
+// server.drain_timeout_s to finish) and exits 0; a second one during the
+// drain exits at once with 128 + the signal's number (143 for SIGTERM, 130
+// for SIGINT), as a shell reports a process killed by it.
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -135,8 +145,29 @@ void run(serve_args& a) {
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);
-  spdlog::info("signal {}: shutting down", sig);
-  server.stop();
+  spdlog::info("signal {} ({}): draining; a second signal exits at once", sig, strsignal(sig));
+  // A second signal must act while the drain blocks this thread.
+  std::atomic<bool> drained{false};
+  std::thread second_signal([&] {
+    const timespec poll{0, 100'000'000};
+    while (!drained.load()) {
+      int again = sigtimedwait(&signals, nullptr, &poll);
+      if (again > 0) {
+        spdlog::warn("signal {} ({}) while draining: exiting now", again, strsignal(again));
+        spdlog::default_logger()->flush();
+        std::_Exit(128 + again);
+      }
+    }
+  });
+  struct stop_watching {
+    std::atomic<bool>& drained;
+    std::thread& watcher;
+    ~stop_watching() {
+      drained.store(true);
+      watcher.join();
+    }
+  } guard{drained, second_signal};
+  server.drain();
   eng.shutdown();
 }
 

@@ -58,14 +58,20 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /// Starts `metronome serve` on the tiny model; resolves once /health says
 /// 200. `args` are extra command-line arguments (flags, --set key=value).
-export async function startServer(args = [], { readyTimeoutMs = 90_000 } = {}) {
+/// `fdLimit` runs it under `ulimit -n fdLimit`. The result's `exited`
+/// resolves to { code, signal } when the process ends.
+export async function startServer(args = [], { readyTimeoutMs = 90_000, fdLimit } = {}) {
   const model = tinyModel();
   let lastError;
   for (let attempt = 0; attempt < 3; ++attempt) {
     const port = await freePort();
     const argv = ['serve', '--model', model, '--host', '127.0.0.1', '--port', String(port),
                   '--served-model-name', MODEL_NAME, ...args];
-    const proc = spawn(BIN, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = fdLimit === undefined
+      ? spawn(BIN, argv, { stdio: ['ignore', 'pipe', 'pipe'] })
+      // exec: the pid is the server's, so signals reach it.
+      : spawn('/bin/sh', ['-c', `ulimit -n ${Number(fdLimit)} && exec "$0" "$@"`, BIN, ...argv],
+              { stdio: ['ignore', 'pipe', 'pipe'] });
     let log = '';
     const keep = (chunk) => {
       log += chunk.toString();
@@ -75,7 +81,10 @@ export async function startServer(args = [], { readyTimeoutMs = 90_000 } = {}) {
     proc.stdout.on('data', keep);
     proc.stderr.on('data', keep);
     let exited = null;
-    proc.on('exit', (code, signal) => { exited = { code, signal }; });
+    const exitedPromise = new Promise((resolve) => proc.on('exit', (code, signal) => {
+      exited = { code, signal };
+      resolve(exited);
+    }));
     const url = `http://127.0.0.1:${port}`;
     const deadline = Date.now() + readyTimeoutMs;
     while (Date.now() < deadline && !exited) {
@@ -84,7 +93,7 @@ export async function startServer(args = [], { readyTimeoutMs = 90_000 } = {}) {
         await res.arrayBuffer();
         if (res.status === 200) {
           return {
-            port, url, baseURL: `${url}/v1`, proc,
+            port, url, baseURL: `${url}/v1`, proc, exited: exitedPromise,
             log: () => log,
             async stop() { await stopProcess(proc); },
           };

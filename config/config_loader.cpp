@@ -96,7 +96,17 @@ std::string node_kind(const YAML::Node& node) {
 void set_leaf(server_config& cfg, const config_key& key, const YAML::Node& key_node,
               const YAML::Node& value, const std::string& source) {
   std::string problem;
-  if (value.IsScalar()) {
+  if (key.kind == value_kind::list && (value.IsSequence() || value.IsNull())) {
+    std::vector<std::string> items;
+    for (const auto& item : value) {
+      if (!item.IsScalar())
+        throw config_error(source, key.path,
+                           "expected " + key.allowed + ", got " + node_kind(item) + " in the list"
+                             + line_of(item));
+      items.push_back(item.Scalar());
+    }
+    problem = key.set_list(cfg, items);
+  } else if (value.IsScalar()) {
     problem = key.set(cfg, value.Scalar());
   } else if (value.IsNull() && (key.kind == value_kind::text || key.kind == value_kind::choice)) {
     // `path:` with nothing after it means the empty string, where one is allowed.
@@ -153,7 +163,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 // -- shorthand flags -------------------------------------------------------------
 
-constexpr std::array<config_flag, 16> flags = {{
+constexpr std::array<config_flag, 17> flags = {{
   {"--host", "server.host", "Address to listen on"},
   {"--port", "server.port", "TCP port (0 = any free port)"},
   {"--model", "model.path", "Hugging Face model folder"},
@@ -170,6 +180,9 @@ constexpr std::array<config_flag, 16> flags = {{
   {"--policy", "engine.policy", "fcfs, ladb or srpt"},
   {"--io-threads", "server.io_threads", "Network threads"},
   {"--log-level", "logging.level", "trace, debug, info, warn or error"},
+  {"--api-key", "server.api_keys",
+   "API key(s) clients must send, comma-separated (visible to ps: prefer METRONOME_API_KEY or "
+   "server.api_keys_file)"},
 }};
 
 } // namespace

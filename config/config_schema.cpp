@@ -243,6 +243,96 @@ config_key device_key(std::string path, Access access, std::string doc) {
   return k;
 }
 
+/// A list of strings; `check` refuses a bad item. The command line's text is
+/// split at commas; an empty text is the empty list.
+template <class Access>
+config_key list_key(std::string path, Access access, std::string doc, std::string allowed,
+                    bool (*check)(std::string_view)) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::list;
+  k.allowed = "a list of " + allowed;
+  k.doc = std::move(doc);
+  k.set_list = [access, check, allowed](server_config& c,
+                                        const std::vector<std::string>& items) -> std::string {
+    for (const auto& item : items)
+      if (!check(item))
+        return "expected " + allowed + ", got " + quoted(item);
+    access(c) = items;
+    return {};
+  };
+  k.set = [set_list = k.set_list](server_config& c, std::string_view text) -> std::string {
+    std::vector<std::string> items;
+    while (!text.empty()) {
+      auto comma = text.find(',');
+      items.emplace_back(text.substr(0, comma));
+      text.remove_prefix(comma == std::string_view::npos ? text.size() : comma + 1);
+    }
+    return set_list(c, items);
+  };
+  k.get = [access](const server_config& c) {
+    std::string out = "[";
+    for (const auto& item : access(c)) {
+      if (out.size() > 1)
+        out += ", ";
+      out += yaml_quote(item);
+    }
+    return out + "]";
+  };
+  return k;
+}
+
+// -- item syntax of the access keys ---------------------------------------------------
+
+/// Visible ASCII without commas (the list separator of the command line):
+/// what fits in an Authorization header, a subprotocol or a query string.
+bool valid_api_key(std::string_view key) {
+  if (key.empty() || key.size() > 512)
+    return false;
+  return std::all_of(key.begin(), key.end(), [](char c) { return c > ' ' && c < 0x7f && c != ','; });
+}
+
+/// "*", or scheme://host[:port] with scheme http or https and nothing after.
+bool valid_origin(std::string_view origin) {
+  if (origin == "*")
+    return true;
+  std::string_view rest;
+  if (origin.starts_with("http://"))
+    rest = origin.substr(7);
+  else if (origin.starts_with("https://"))
+    rest = origin.substr(8);
+  else
+    return false;
+  std::string_view host = rest;
+  if (rest.starts_with('[')) { // [IPv6]
+    auto close = rest.find(']');
+    if (close == std::string_view::npos)
+      return false;
+    host = rest.substr(1, close - 1);
+    rest.remove_prefix(close + 1);
+  } else {
+    auto colon = rest.find(':');
+    host = rest.substr(0, colon);
+    rest.remove_prefix(colon == std::string_view::npos ? rest.size() : colon);
+  }
+  if (!rest.empty()) {
+    if (rest.front() != ':' || rest.size() < 2 || rest.size() > 6)
+      return false;
+    if (rest.substr(1).find_first_not_of("0123456789") != std::string_view::npos)
+      return false;
+  }
+  return valid_host(host);
+}
+
+/// "*", a host name or address, or ".domain" (the domain and its subdomains).
+bool valid_allowed_host(std::string_view host) {
+  if (host == "*")
+    return true;
+  if (host.starts_with('.'))
+    host.remove_prefix(1);
+  return valid_host(host);
+}
+
 // Binds a key to `cfg.<member path>`; works on const and mutable configs.
 #define METRONOME_FIELD(member) [](auto& cfg) -> auto& { return cfg.member; }
 
@@ -297,6 +387,25 @@ std::vector<config_key> make_keys() {
   add(real_key("server.drain_timeout_s", METRONOME_FIELD(server.drain_timeout_s), {0, max_s},
                "On SIGTERM/SIGINT, how long running requests may finish before they are ended "
                "with an error."));
+  add(list_key("server.api_keys", METRONOME_FIELD(server.api_keys),
+               "Keys clients must send as Authorization: Bearer KEY (every route but /health); "
+               "empty and no other key source: no key needed.",
+               "API keys (visible ASCII, no spaces or commas)", &valid_api_key));
+  add(text_key("server.api_keys_file", METRONOME_FIELD(server.api_keys_file),
+               "File with more API keys, one per line ('#' comments); empty: none."));
+  add(boolean_key("server.metrics_without_key", METRONOME_FIELD(server.metrics_without_key),
+                  "GET /metrics answers without an API key."));
+  add(list_key("server.allowed_origins", METRONOME_FIELD(server.allowed_origins),
+               "Browser origins allowed besides the server's own (CORS and /v1/ws); \"*\" = any.",
+               "origins (http[s]://host[:port], or \"*\")", &valid_origin));
+  add(list_key("server.allowed_hosts", METRONOME_FIELD(server.allowed_hosts),
+               "Host header names accepted besides the bound address and localhost; "
+               "\".example.com\" = the domain and its subdomains, \"*\" = any.",
+               "host names (a name, .domain, or \"*\")", &valid_allowed_host));
+  add(text_key("server.tls.cert_file", METRONOME_FIELD(server.tls.cert_file),
+               "PEM certificate chain: serve HTTPS and wss:// (with server.tls.key_file)."));
+  add(text_key("server.tls.key_file", METRONOME_FIELD(server.tls.key_file),
+               "PEM private key of server.tls.cert_file."));
 
   // model
   add(text_key("model.path", METRONOME_FIELD(model.path),

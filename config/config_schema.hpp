@@ -30,6 +30,9 @@ enum class value_kind : uint8_t {
   /// A byte count: an integer, or an integer with a unit (KiB, MiB, GiB,
   /// KB, MB, GB, B).
   bytes,
+  /// A list of strings: a YAML sequence, or one comma-separated scalar (the
+  /// command line's form).
+  list,
 };
 
 /// One leaf key of metronome.yaml.
@@ -45,6 +48,9 @@ struct config_key {
   /// the field and checks its type and range. Returns the problem, empty on
   /// success; on failure the field is left unchanged.
   std::function<std::string(server_config&, std::string_view text)> set;
+  /// value_kind::list only: sets the field from a YAML sequence's items, with
+  /// the same checks as `set` (which splits its text at commas).
+  std::function<std::string(server_config&, const std::vector<std::string>& items)> set_list;
   /// The field as a YAML scalar that `set` reads back to the same value.
   std::function<std::string(const server_config&)> get;
 };

@@ -165,6 +165,11 @@ void validate(const server_config& cfg, const std::string& source) {
     literal_only("batching.min_hold_ms", b.min_hold_ms != d.min_hold_ms);
     literal_only("batching.max_hold_ms", b.max_hold_ms != d.max_hold_ms);
   }
+  const auto& tls = cfg.server.tls;
+  if (tls.cert_file.empty() != tls.key_file.empty())
+    fail(source, tls.cert_file.empty() ? "server.tls.cert_file" : "server.tls.key_file",
+         "TLS needs both server.tls.cert_file and server.tls.key_file (or neither, for plain "
+         "HTTP)");
   if (!cfg.predictor.model_path.empty())
     fail(source, "predictor.model_path",
          "saved predictor state is not supported: the predictor starts from the cold-start rule "

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace metronome {
 
@@ -111,6 +112,36 @@ struct server_section {
   /// On SIGTERM/SIGINT, running requests get this long to finish before
   /// they are ended with an error.
   double drain_timeout_s = 30.0;
+
+  // -- access (docs/reliability.md, "Security") ----------------------------------
+
+  /// Keys clients must present (Authorization: Bearer KEY) on every route
+  /// but /health; empty together with api_keys_file and METRONOME_API_KEY:
+  /// no key is needed.
+  std::vector<std::string> api_keys;
+  /// A file holding more keys, one per line ('#' starts a comment); read at
+  /// start. Empty: none.
+  std::string api_keys_file;
+  /// GET /metrics answers without a key (a scraper on a trusted network).
+  bool metrics_without_key = false;
+  /// Browser origins ("https://app.example.com", or "*" for any) allowed to
+  /// call the API and open /v1/ws besides the server's own; empty: none.
+  std::vector<std::string> allowed_origins;
+  /// Host header values accepted besides the bound address and localhost
+  /// names: exact names, ".example.com" for a domain and its subdomains, or
+  /// "*" (no check).
+  std::vector<std::string> allowed_hosts;
+
+  /// `server.tls`: HTTPS and wss:// when both files are set.
+  struct tls_section {
+    /// PEM certificate chain (the server's certificate first).
+    std::string cert_file;
+    /// PEM private key of the certificate.
+    std::string key_file;
+
+    bool operator==(const tls_section&) const = default;
+  };
+  tls_section tls;
 
   bool operator==(const server_section&) const = default;
 };

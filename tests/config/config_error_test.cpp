@@ -149,11 +149,16 @@ TEST(config_wrong_type, sections_must_be_mappings) {
 }
 
 TEST(config_wrong_type, every_key_names_its_path) {
-  // A list is the wrong type for every key; the error must name the key.
+  // A mapping is the wrong type for every key, and a list for every key but
+  // the list keys; the error must name the key.
   for (const auto& key : config_keys()) {
-    auto e = load_error(nested_yaml(key.path, "[1, 2]"));
-    EXPECT_EQ(e.key_path(), key.path) << e.what();
-    EXPECT_NE(e.problem().find("expected " + key.allowed), std::string::npos) << e.what();
+    for (auto value : {"[1, 2]", "{a: 1}"}) {
+      if (key.kind == value_kind::list && value[0] == '[')
+        continue;
+      auto e = load_error(nested_yaml(key.path, value));
+      EXPECT_EQ(e.key_path(), key.path) << e.what();
+      EXPECT_NE(e.problem().find("expected " + key.allowed), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -217,6 +217,58 @@ TEST(config_values, hosts) {
   EXPECT_TRUE(valid_host(std::string(63, 'a')));
 }
 
+TEST(config_values, access_lists) {
+  // A YAML sequence, a flow sequence, a comma-separated scalar (the command
+  // line's form) and an empty value.
+  auto cfg = load_config_string(R"(
+server:
+  api_keys:
+    - sk-first
+    - "sk-second"
+  allowed_origins: ["https://chat.example.com", "http://localhost:3000"]
+  allowed_hosts: llm.example.com,.internal
+  metrics_without_key: true
+  tls:
+    cert_file: /c.pem
+    key_file: /k.pem
+)",
+                                "access.yaml");
+  EXPECT_EQ(cfg.server.api_keys, (std::vector<std::string>{"sk-first", "sk-second"}));
+  EXPECT_EQ(cfg.server.allowed_origins,
+            (std::vector<std::string>{"https://chat.example.com", "http://localhost:3000"}));
+  EXPECT_EQ(cfg.server.allowed_hosts, (std::vector<std::string>{"llm.example.com", ".internal"}));
+  EXPECT_TRUE(cfg.server.metrics_without_key);
+  EXPECT_EQ(cfg.server.tls.cert_file, "/c.pem");
+  EXPECT_TRUE(load_config_string("server:\n  api_keys:\n", "e.yaml").server.api_keys.empty());
+  apply_override(cfg, "server.api_keys", "");
+  EXPECT_TRUE(cfg.server.api_keys.empty());
+  apply_override(cfg, "server.api_keys", "a,b");
+  EXPECT_EQ(cfg.server.api_keys, (std::vector<std::string>{"a", "b"}));
+
+  // Bad items name the file and the key.
+  auto refused = [](const std::string& yaml, const std::string& key, const std::string& what) {
+    auto e = test::catch_config_error([&] { load_config_string(yaml, "bad.yaml"); });
+    EXPECT_EQ(e.source(), "bad.yaml") << yaml;
+    EXPECT_EQ(e.key_path(), key) << yaml;
+    EXPECT_NE(e.problem().find(what), std::string::npos) << e.what();
+  };
+  refused("server:\n  api_keys: [\"has space\"]\n", "server.api_keys", "\"has space\"");
+  refused("server:\n  api_keys: [\"\"]\n", "server.api_keys", "API keys");
+  refused("server:\n  api_keys:\n    - {a: 1}\n", "server.api_keys", "a mapping in the list");
+  refused("server:\n  allowed_origins: [\"https://x.com/path\"]\n", "server.allowed_origins",
+          "https://x.com/path");
+  refused("server:\n  allowed_origins: [\"ftp://x.com\"]\n", "server.allowed_origins",
+          "origins");
+  refused("server:\n  allowed_hosts: [\"a b\"]\n", "server.allowed_hosts", "host names");
+  refused("server:\n  tls:\n    cert_file: /c.pem\n", "server.tls.key_file", "both");
+  refused("server:\n  tls:\n    key_fil: /k.pem\n", "server.tls.key_fil", "key_file");
+  for (auto good : {"*", "http://localhost", "https://a.example.com:8443", "http://[::1]:80",
+                    "http://127.0.0.1:8080"})
+    EXPECT_NO_THROW(load_config_string(
+      "server:\n  allowed_origins: [\"" + std::string(good) + "\"]\n", "o.yaml"))
+      << good;
+}
+
 TEST(config_values, strict_scalars) {
   EXPECT_EQ(parse_integer("0"), 0);
   EXPECT_EQ(parse_integer("-7"), -7);
@@ -256,6 +308,13 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"server.header_timeout_s", "0.25"},
     {"server.write_timeout_s", "604800"},
     {"server.drain_timeout_s", "0"},
+    {"server.api_keys", "sk-one,sk-\"two\"#"},
+    {"server.api_keys_file", "/etc/metronome/keys"},
+    {"server.metrics_without_key", "true"},
+    {"server.allowed_origins", "https://chat.example.com,http://[::1]:8080"},
+    {"server.allowed_hosts", ".example.com,llm.internal,*"},
+    {"server.tls.cert_file", "/etc/metronome/cert.pem"},
+    {"server.tls.key_file", "/etc/metronome/key.pem"},
     {"model.path", "/models/\xc3\xbc/Llama 3 # not a comment"},
     {"model.device", "cuda:12"},
     {"model.served_model_name", "a \"quoted\": name\\ with\ttab and \x01 control"},

@@ -124,8 +124,8 @@ struct http_server::impl {
     error_code ignored;
     sock.set_option(tcp::no_delay(true), ignored); // one token, one packet
     if (ctx->connections.load() < o.max_connections) {
-      std::make_shared<http_session>(std::move(sock), strand, ctx,
-                                     gauge_slot(ctx->connections))
+      std::make_shared<http_session>(connection_stream(std::move(sock), ctx->tls.get()), strand,
+                                     ctx, gauge_slot(ctx->connections))
         ->start();
       return;
     }
@@ -135,8 +135,8 @@ struct http_server::impl {
                    "last report)",
                    o.max_connections, answer ? "answering 503 to" : "closing", *held);
     if (answer)
-      std::make_shared<http_session>(std::move(sock), strand, ctx,
-                                     gauge_slot(ctx->overflow_connections), true)
+      std::make_shared<http_session>(connection_stream(std::move(sock), ctx->tls.get()), strand,
+                                     ctx, gauge_slot(ctx->overflow_connections), true)
         ->start();
     else
       sock.close(ignored);
@@ -195,6 +195,8 @@ uint16_t http_server::start() {
   if (ec)
     fail("listen");
   d.port = d.acceptor->local_endpoint().port();
+  d.ctx->access.log_posture(fmt::format("{}:{}", opts.host, d.port),
+                            endpoint.address().is_loopback());
   d.started = true;
   auto fd_limit = file_descriptor_limit();
   spdlog::info("accepting up to {} connections (file descriptor limit {})", opts.max_connections,

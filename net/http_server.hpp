@@ -34,7 +34,9 @@ namespace metronome::net {
 
 class http_server {
 public:
-  /// Keeps `sys` by reference: it must outlive the server.
+  /// Keeps `sys` by reference: it must outlive the server. Loads the TLS
+  /// certificate and key when `opts` names them; throws std::runtime_error
+  /// naming the file that cannot be used.
   http_server(caf::actor_system& sys, engine eng, server_options opts);
 
   /// Calls stop().

@@ -5,10 +5,12 @@
 #include <sstream>
 
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
 #include <spdlog/spdlog.h>
 
 #include "net/http_routes.hpp"
+#include "net/log_text.hpp"
 #include "net/ws_session.hpp"
 
 namespace metronome::net {
@@ -32,6 +34,10 @@ constexpr size_t max_gather = 64;
 /// it gets answered (it holds one of the few overflow slots meanwhile).
 constexpr auto over_limit_read_timeout = std::chrono::seconds(5);
 
+/// The most a TLS connection's first read of a request takes in (the rest
+/// goes through the parser).
+constexpr size_t first_read_bytes = 16 * 1024;
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
            std::chrono::system_clock::now().time_since_epoch())
@@ -53,7 +59,7 @@ bool expects_continue(const http_session::request_type& req) {
 
 // -- construction -------------------------------------------------------------------
 
-http_session::http_session(asio::ip::tcp::socket socket, strand_type strand,
+http_session::http_session(connection_stream socket, strand_type strand,
                            std::shared_ptr<server_context> ctx, gauge_slot slot,
                            bool over_limit)
   : socket_(std::move(socket)),
@@ -76,6 +82,27 @@ void http_session::start() {
   asio::dispatch(strand_, [self = shared_from_this()] {
     self->port_ = std::make_shared<strand_port>(self->strand_, self->weak_from_this());
     self->ctx_->ports.add(self->port_);
+    if (self->socket_.is_tls())
+      self->handshake();
+    else
+      self->read_header();
+  });
+}
+
+void http_session::handshake() {
+  // Bounded like a request that has begun (header_timeout): a client that
+  // trickles its handshake holds the connection no longer than one that
+  // trickles its headers.
+  phase_ = read_phase::handshake;
+  arm_read_timer();
+  socket_.async_handshake([self = shared_from_this()](error_code ec) {
+    if (self->closed_)
+      return;
+    if (ec) {
+      spdlog::debug("TLS handshake failed: {}", ec.message());
+      self->close();
+      return;
+    }
     self->read_header();
   });
 }
@@ -93,11 +120,26 @@ void http_session::read_header() {
     read_request(); // a pipelined request has begun
     return;
   }
-  awaiting_first_byte_ = true;
+  phase_ = read_phase::first_byte;
   if (!busy_)
     arm_read_timer();
-  socket_.async_wait(asio::ip::tcp::socket::wait_read,
-                     [self = shared_from_this()](error_code ec) { self->on_readable(ec); });
+  if (socket_.is_tls()) {
+    // Through the TLS stream, not a wait on the socket: a record that came
+    // in with the handshake or the previous request may already sit
+    // decrypted in the stream, where the socket's readiness cannot show it,
+    // and bytes on the socket may be records that carry no request.
+    auto room = buffer_.prepare(beast::read_size(buffer_, first_read_bytes));
+    socket_.async_read_some(room, [self = shared_from_this()](error_code ec, size_t n) {
+      self->buffer_.commit(n);
+      self->on_readable(ec);
+    });
+    return;
+  }
+  // Plain TCP: an idle connection waits without a read in progress.
+  socket_.socket().async_wait(asio::ip::tcp::socket::wait_read,
+                              [self = shared_from_this()](error_code ec) {
+                                self->on_readable(ec);
+                              });
 }
 
 void http_session::on_readable(error_code ec) {
@@ -112,13 +154,13 @@ void http_session::on_readable(error_code ec) {
     drain();
     return;
   }
-  // Readable: a first byte, or an end of stream or reset the header read
-  // reports.
+  // Readable (TLS: the first bytes are in buffer_): a first byte, or an
+  // end of stream or reset the header read reports.
   read_request();
 }
 
 void http_session::read_request() {
-  awaiting_first_byte_ = false;
+  phase_ = read_phase::request;
   if (!busy_ && !lingering_)
     arm_read_timer();
   http::async_read_header(socket_, buffer_, *parser_,
@@ -133,6 +175,12 @@ void http_session::on_header(error_code ec) {
   if (ec) {
     on_read_error(ec);
     return;
+  }
+  if (!lingering_) {
+    if (auto refused = ctx_->access.check(parser_->get())) {
+      refuse_access(std::move(*refused));
+      return;
+    }
   }
   if (parser_->is_done()) {
     finish_read();
@@ -206,6 +254,25 @@ void http_session::on_read_error(error_code ec) {
   send_error(*answer, 11, false, true);
 }
 
+void http_session::refuse_access(api_error err) {
+  const auto& req = parser_->get();
+  spdlog::debug("refused {} {}: {} {}", std::string_view(req.method_string()),
+                log_text(req.target()), err.status, err.message);
+  reading_ = false;
+  ++idle_generation_;
+  idle_timer_.cancel();
+  if (busy_) {
+    // Answered (and the connection closed) once the response in progress is out.
+    pending_error_ = std::move(err);
+    parser_.reset();
+    return;
+  }
+  allow_origin_ = ctx_->access.allow_origin(req);
+  parser_.reset();
+  busy_ = true;
+  send_error(err, 11, false, true);
+}
+
 // -- routing ------------------------------------------------------------------------
 
 void http_session::dispatch(request_type req) {
@@ -216,9 +283,15 @@ void http_session::dispatch(request_type req) {
   auto version = req.version();
   bool keep_alive = req.keep_alive();
   bool upgraded = false;
+  allow_origin_ = ctx_->access.allow_origin(req);
 
   if (over_limit_ || ctx_->draining.load()) {
     refuse(r, req.method(), path, version);
+  } else if (req.method() == http::verb::options && ctx_->access.is_preflight(req)) {
+    auto res = ctx_->access.preflight_response(req);
+    allow_origin_.clear(); // the preflight answer carries its own
+    res.keep_alive(keep_alive);
+    send_response(std::move(res));
   } else if (r == route::unknown) {
     send_error(api_error::not_found(fmt::format("no route for {}", path)), version, keep_alive);
   } else if (req.method() != method_of(r)) {
@@ -271,8 +344,8 @@ void http_session::start_generation(api_kind kind, request_type& req) {
   a.chunked = version >= 11;
   a.keep_alive = keep_alive && version >= 11;
   a.in_flight = gauge_slot(ctx_->requests_in_flight);
-  spdlog::debug("{} {} stream={} max_tokens={}", a.meta.id, std::string_view(req.target()), a.stream,
-               p.request.params.max_tokens);
+  spdlog::debug("{} {} stream={} max_tokens={}", a.meta.id, log_text(req.target()), a.stream,
+                p.request.params.max_tokens);
   active_ = std::move(a);
   // While the engine works, possibly no I/O is in flight (a pipelined
   // request is parked): the request keeps its session alive.
@@ -366,7 +439,7 @@ void http_session::on_error(uint64_t tag, generation_error& e) {
   auto& a = *active_;
   a.sink = nullptr;
   auto err = api_error::from(e);
-  spdlog::debug("{} failed: {} ({})", a.meta.id, err.message, err.status);
+  spdlog::debug("{} failed: {} ({})", a.meta.id, log_text(err.message), err.status);
   if (a.stream && a.headers_sent) {
     // Too late for a status code: an error event, as OpenAI's streams do.
     send_stream_event(sse_event(err.to_json()) + std::string(sse_done), true);
@@ -425,6 +498,10 @@ void http_session::send_response(response_type res, bool close) {
   if (!res.keep_alive())
     close_after_ = true;
   res.set(http::field::server, server_name);
+  if (!allow_origin_.empty()) {
+    res.set(http::field::access_control_allow_origin, allow_origin_);
+    res.set(http::field::vary, "Origin");
+  }
   res.prepare_payload();
   std::string out = header_text(res.base());
   out += res.body();
@@ -437,6 +514,8 @@ void http_session::send_error(const api_error& err, unsigned version, bool keep_
   res.set(http::field::content_type, "application/json");
   if (err.retry_later())
     res.set(http::field::retry_after, std::to_string(ctx_->opts.retry_after.count()));
+  if (err.status == 401)
+    res.set(http::field::www_authenticate, "Bearer");
   if (active_)
     add_generation_headers(res, 0);
   res.body() = err.body();
@@ -450,6 +529,10 @@ void http_session::send_stream_headers(int32_t batch_size) {
   res.set(http::field::server, server_name);
   res.set(http::field::content_type, "text/event-stream");
   res.set(http::field::cache_control, "no-cache");
+  if (!allow_origin_.empty()) {
+    res.set(http::field::access_control_allow_origin, allow_origin_);
+    res.set(http::field::vary, "Origin");
+  }
   add_generation_headers(res, batch_size);
   if (a.chunked)
     res.chunked(true);
@@ -534,6 +617,7 @@ void http_session::write_next() {
 void http_session::on_response_complete() {
   busy_ = false;
   active_.reset();
+  allow_origin_.clear();
   auto self = std::move(self_);
   if (close_after_) {
     linger_close();
@@ -620,7 +704,8 @@ void http_session::drain() {
 
 void http_session::arm_read_timer() {
   const auto& o = ctx_->opts;
-  std::chrono::milliseconds limit = awaiting_first_byte_ ? o.idle_timeout : o.header_timeout;
+  std::chrono::milliseconds limit =
+    phase_ == read_phase::first_byte ? o.idle_timeout : o.header_timeout;
   if (over_limit_)
     limit = std::min<std::chrono::milliseconds>(limit, over_limit_read_timeout);
   auto gen = ++idle_generation_;
@@ -628,8 +713,11 @@ void http_session::arm_read_timer() {
   idle_timer_.async_wait([self = shared_from_this(), gen](error_code ec) {
     if (ec || gen != self->idle_generation_ || self->busy_ || self->closed_)
       return;
-    if (!self->awaiting_first_byte_)
+    if (self->phase_ == read_phase::request)
       spdlog::debug("closing a connection: its request took longer than {} ms to arrive",
+                    self->ctx_->opts.header_timeout.count());
+    else if (self->phase_ == read_phase::handshake)
+      spdlog::debug("closing a connection: its TLS handshake took longer than {} ms",
                     self->ctx_->opts.header_timeout.count());
     self->close();
   });

@@ -20,7 +20,10 @@
 // Timeouts of the read side: a connection waits for the first byte of its
 // next request for idle_timeout, then has header_timeout to deliver the
 // whole request (headers and body), so a client that trickles its headers
-// cannot hold the connection for the idle timeout again and again.
+// cannot hold the connection for the idle timeout again and again. A TLS
+// connection first has header_timeout for its handshake; it then waits for
+// the first bytes by reading through the TLS stream (a request may already
+// be buffered there), a plain one by waiting for the socket to be readable.
 //
 // Limits and shutdown: a connection accepted over max_connections
 // (`over_limit`) and every request while the server drains get one answer
@@ -43,6 +46,7 @@
 
 #include "net/write_queue.hpp"
 #include "net/api_error.hpp"
+#include "net/connection_stream.hpp"
 #include "net/http_routes.hpp"
 #include "net/openai_response.hpp"
 #include "net/request_sink.hpp"
@@ -55,15 +59,17 @@ public:
   using request_type = boost::beast::http::request<boost::beast::http::string_body>;
   using response_type = boost::beast::http::response<boost::beast::http::string_body>;
 
-  /// `socket` must use `strand` as its executor. `slot` counts the
-  /// connection (in connections, or overflow_connections when `over_limit`)
-  /// until the session, or the WebSocket session it becomes, ends.
-  http_session(boost::asio::ip::tcp::socket socket, strand_type strand,
-               std::shared_ptr<server_context> ctx, gauge_slot slot, bool over_limit = false);
+  /// `socket` must use `strand` as its executor; a TLS stream handshakes
+  /// in start(). `slot` counts the connection (in connections, or
+  /// overflow_connections when `over_limit`) until the session, or the
+  /// WebSocket session it becomes, ends.
+  http_session(connection_stream socket, strand_type strand, std::shared_ptr<server_context> ctx,
+               gauge_slot slot, bool over_limit = false);
 
   ~http_session() override;
 
-  /// Starts reading. Called once, from any thread (hops to the strand).
+  /// Starts reading (after the TLS handshake, on a TLS stream). Called
+  /// once, from any thread (hops to the strand).
   void start();
 
   // -- sink_listener (strand) ------------------------------------------------------
@@ -102,6 +108,9 @@ private:
     gauge_slot in_flight;
   };
 
+  /// See phase_.
+  enum class read_phase { handshake, first_byte, request };
+
   /// One queued write.
   struct out_entry {
     std::string data;
@@ -111,13 +120,20 @@ private:
 
   // -- reading ---------------------------------------------------------------------
 
+  /// The TLS handshake (header_timeout), then read_header().
+  void handshake();
   /// Waits for the next request's first byte (idle_timeout), unless the
-  /// buffer already holds it, then reads its header.
+  /// buffer already holds it, then reads its header. Plain TCP waits for
+  /// the socket to be readable; TLS reads the first bytes through the
+  /// stream, which may hold some already.
   void read_header();
   void on_readable(boost::system::error_code ec);
   /// Reads the header of a request whose first byte is here (header_timeout).
   void read_request();
   void on_header(boost::system::error_code ec);
+  /// Answers a request that access_control refused, from its header alone,
+  /// and closes after the answer (its body is not read).
+  void refuse_access(api_error err);
   void on_body(boost::system::error_code ec);
   void finish_read();
   void on_read_error(boost::system::error_code ec);
@@ -161,7 +177,7 @@ private:
   /// Arms the read timer for the phase the read is in (idle or request).
   void arm_read_timer();
 
-  boost::asio::ip::tcp::socket socket_;
+  connection_stream socket_;
   strand_type strand_;
   std::shared_ptr<server_context> ctx_;
   /// Declared after ctx_: given back before the context may go.
@@ -179,9 +195,10 @@ private:
   write_queue<out_entry> outbox_;
   bool writing_ = false;
   bool reading_ = false;
-  /// The read in progress waits for a request's first byte (idle), or
-  /// reads a request that has begun.
-  bool awaiting_first_byte_ = true;
+  /// What the read in progress waits for: the TLS handshake
+  /// (header_timeout), a request's first byte (idle_timeout), or the rest of
+  /// a request that has begun (header_timeout).
+  read_phase phase_ = read_phase::first_byte;
   /// A response is in progress (from dispatch until its last byte is out).
   bool busy_ = false;
   /// Close once the response in progress is written.
@@ -196,6 +213,8 @@ private:
   std::shared_ptr<http_session> self_;
   uint64_t next_tag_ = 1;
   std::string drain_buffer_;
+  /// Access-Control-Allow-Origin of the response in progress (empty: none).
+  std::string allow_origin_;
 };
 
 } // namespace metronome::net

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "net/connection_stream.hpp"
+
 namespace metronome::net {
 
 namespace {
@@ -42,6 +44,10 @@ server_context::server_context(caf::actor_system& sys, engine eng, server_option
     started(std::chrono::duration_cast<std::chrono::seconds>(
               std::chrono::system_clock::now().time_since_epoch())
               .count()),
+    tls(this->opts.tls_cert_file.empty()
+          ? nullptr
+          : make_tls_context(this->opts.tls_cert_file, this->opts.tls_key_file)),
+    access(this->opts, tls != nullptr),
     salt_(random_salt()) {}
 
 parse_defaults server_context::defaults() const {

@@ -12,7 +12,10 @@
 
 #include "caf/all.hpp"
 
+#include <boost/asio/ssl/context.hpp>
+
 #include "actors/engine.hpp"
+#include "net/access_control.hpp"
 #include "net/openai_request.hpp"
 #include "net/request_sink.hpp"
 #include "net/server_options.hpp"
@@ -60,6 +63,8 @@ private:
 };
 
 struct server_context {
+  /// Loads the TLS certificate and key when opts names them; throws
+  /// std::runtime_error naming the file that cannot be used.
   server_context(caf::actor_system& sys, engine eng, server_options opts);
 
   caf::actor_system& sys;
@@ -70,6 +75,10 @@ struct server_context {
   /// Unix seconds at the server's construction (/v1/models "created").
   const int64_t started;
   port_registry ports;
+  /// The TLS context every connection handshakes with; null: plain TCP.
+  const std::shared_ptr<boost::asio::ssl::context> tls;
+  /// Host, Origin, API key and Content-Type checks of every request.
+  const access_control access;
 
   // -- gauges and the drain (atomics, any thread) ----------------------------------
 

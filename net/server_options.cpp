@@ -35,6 +35,12 @@ server_options server_options_from(const server_section& s) {
   o.header_timeout = to_ms(s.header_timeout_s);
   o.write_timeout = to_ms(s.write_timeout_s);
   o.drain_timeout = to_ms(s.drain_timeout_s);
+  o.api_keys = s.api_keys;
+  o.metrics_without_key = s.metrics_without_key;
+  o.allowed_origins = s.allowed_origins;
+  o.allowed_hosts = s.allowed_hosts;
+  o.tls_cert_file = s.tls.cert_file;
+  o.tls_key_file = s.tls.key_file;
   return o;
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace metronome {
 struct server_section;
@@ -59,6 +60,21 @@ struct server_options {
   size_t max_pending_write_bytes = size_t{16} << 20;
   /// The model name of the API; empty: the engine's status->model_name.
   std::string served_model_name;
+
+  // -- access (net/access_control.hpp) -------------------------------------------
+
+  /// Keys a client must present on every route but /health; empty: none
+  /// needed. Already merged from the file and the environment (cmd_serve).
+  std::vector<std::string> api_keys;
+  /// GET /metrics answers without a key.
+  bool metrics_without_key = false;
+  /// Browser origins allowed besides the server's own ("*": any).
+  std::vector<std::string> allowed_origins;
+  /// Host names accepted besides the bound address and localhost names.
+  std::vector<std::string> allowed_hosts;
+  /// Both set: every connection speaks TLS (PEM files, loaded by start()).
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 /// The `server` section of metronome.yaml as server_options (served model

@@ -5,6 +5,8 @@
 #include <boost/beast/websocket.hpp>
 #include <spdlog/spdlog.h>
 
+#include "net/log_text.hpp"
+
 namespace metronome::net {
 
 namespace asio = boost::asio;
@@ -13,7 +15,7 @@ namespace http = beast::http;
 namespace websocket = beast::websocket;
 using error_code = boost::system::error_code;
 
-ws_session::ws_session(asio::ip::tcp::socket socket, strand_type strand,
+ws_session::ws_session(connection_stream socket, strand_type strand,
                        std::shared_ptr<server_context> ctx, gauge_slot slot)
   : ws_(std::move(socket)),
     strand_(std::move(strand)),
@@ -41,9 +43,12 @@ void ws_session::start(request_type upgrade) {
   timeouts.idle_timeout = ctx_->opts.idle_timeout;
   timeouts.keep_alive_pings = true;
   ws_.set_option(timeouts);
-  ws_.set_option(websocket::stream_base::decorator([](websocket::response_type& res) {
-    res.set(http::field::server, "metronome/" METRONOME_VERSION);
-  }));
+  ws_.set_option(websocket::stream_base::decorator(
+    [subprotocol = ctx_->access.ws_subprotocol(upgrade_)](websocket::response_type& res) {
+      res.set(http::field::server, "metronome/" METRONOME_VERSION);
+      if (!subprotocol.empty())
+        res.set(http::field::sec_websocket_protocol, subprotocol);
+    }));
   ws_.async_accept(upgrade_, [self = shared_from_this()](error_code ec) {
     if (self->closed_)
       return;
@@ -134,8 +139,8 @@ void ws_session::start_chat(ws_chat& chat) {
   auto tag = next_tag_++;
   auto& req = chat.request.request;
   req.request_id = ctx_->new_request_id(api_kind::chat);
-  spdlog::debug("{} websocket id={} max_tokens={}", req.request_id, chat.id,
-               req.params.max_tokens);
+  spdlog::debug("{} websocket id={} max_tokens={}", req.request_id, log_text(chat.id),
+                req.params.max_tokens);
   const bool logprobs = req.params.logprobs >= 0;
   auto sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(req), port_, tag);
   ids_.emplace(tag, chat.id);

@@ -29,6 +29,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket/stream.hpp>
 
+#include "net/connection_stream.hpp"
 #include "net/write_queue.hpp"
 #include "net/request_sink.hpp"
 #include "net/server_context.hpp"
@@ -42,12 +43,14 @@ public:
 
   /// `socket` must use `strand` as its executor; `slot` is the
   /// connection's count, taken over from its HTTP session.
-  ws_session(boost::asio::ip::tcp::socket socket, strand_type strand,
-             std::shared_ptr<server_context> ctx, gauge_slot slot);
+  ws_session(connection_stream socket, strand_type strand, std::shared_ptr<server_context> ctx,
+             gauge_slot slot);
 
   ~ws_session() override;
 
-  /// Answers the upgrade request and starts reading. Strand only.
+  /// Answers the upgrade request (access_control has passed it; the answer
+  /// names the subprotocol access_control::ws_subprotocol picks) and starts
+  /// reading. Strand only.
   void start(request_type upgrade);
 
   // -- sink_listener (strand) ------------------------------------------------------
@@ -91,7 +94,7 @@ private:
   /// Cancels every request and closes the socket.
   void close();
 
-  boost::beast::websocket::stream<boost::asio::ip::tcp::socket> ws_;
+  boost::beast::websocket::stream<connection_stream> ws_;
   strand_type strand_;
   std::shared_ptr<server_context> ctx_;
   /// Declared after ctx_: given back before the context may go.

@@ -10,7 +10,7 @@ build=${METRONOME_BUILD_DIR:-$root/build}
 packages=(
   cmake ninja-build g++ pkg-config git
   libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
-  nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl
   python3 python3-prometheus-client
 )
 missing=()

@@ -139,15 +139,15 @@ TEST_F(FuzzServer, RandomBytesOverTheWire) {
       case 1: {
         // A valid request line and headers, then garbage or a mutated body.
         auto body = mutate(rng, seeds()[rng() % 4]);
-        bytes = fmt::format("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                            "Content-Length: {}\r\n\r\n{}",
+        bytes = fmt::format("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+                            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
                             body.size(), body);
         break;
       }
       default: {
         auto body = seeds()[rng() % 4];
-        auto req = fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                               "Content-Length: {}\r\n\r\n{}",
+        auto req = fmt::format("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                               "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
                                body.size(), body);
         bytes = mutate(rng, req);
         break;

@@ -272,7 +272,8 @@ TEST_F(ServerTest, BodyOverTheLimitIs413) {
   // A chunked body over the limit too.
   http_client d{port_};
   std::string chunked =
-    "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+    "Transfer-Encoding: chunked\r\n\r\n";
   for (int i = 0; i < 20; ++i)
     chunked += "1000\r\n" + std::string(4096, ' ') + "\r\n";
   chunked += "0\r\n\r\n";
@@ -365,7 +366,7 @@ TEST_F(ServerTest, MalformedHttpIs400AndCloses) {
 
 TEST_F(ServerTest, OversizedHeaderIs431) {
   http_client c{port_};
-  c.send_raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(40000, 'a') +
+  c.send_raw("GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + std::string(40000, 'a') +
              "\r\n\r\n");
   expect_error_body(c.read(), 431);
 }
@@ -392,8 +393,9 @@ TEST_F(ServerTest, PipelinedRequestsAreAnsweredInOrder) {
   http_client c{port_};
   std::string batch;
   auto add = [&](std::string_view method, std::string_view target, const std::string& body) {
-    batch += fmt::format("{} {} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{}", method,
-                         target, body.size(), body);
+    batch += fmt::format("{} {} HTTP/1.1\r\nHost: localhost\r\n"
+                         "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+                         method, target, body.size(), body);
   };
   add("POST", "/v1/chat/completions", chat_body("count 3 5", {{"stream", true}}));
   add("GET", "/health", "");
@@ -416,7 +418,8 @@ TEST_F(ServerTest, PipelinedRequestsAreAnsweredInOrder) {
 TEST_F(ServerTest, ExpectContinue) {
   http_client c{port_};
   auto body = completion_body("echo continued");
-  c.send_raw(fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+  c.send_raw(fmt::format("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                         "Expect: 100-continue\r\nContent-Type: application/json\r\n"
                          "Content-Length: {}\r\n\r\n",
                          body.size()));
   std::string interim(25, '\0');
@@ -430,7 +433,8 @@ TEST_F(ServerTest, ExpectContinue) {
 TEST_F(ServerTest, Http10GetsAnAnswerAndAClose) {
   http_client c{port_};
   auto body = completion_body("echo old", {{"stream", true}});
-  c.send_raw(fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{}",
+  c.send_raw(fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                         "Content-Length: {}\r\n\r\n{}",
                          body.size(), body));
   auto res = c.read();
   EXPECT_EQ(res.version(), 10u);

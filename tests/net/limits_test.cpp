@@ -126,7 +126,7 @@ TEST_F(LimitsTest, ATricklingRequestIsCutAtTheHeaderTimeout) {
   opts_.idle_timeout = 30s;
   start();
   http_client c{port_};
-  c.send_raw("GET /health HTTP/1.1\r\nHost: x\r\n");
+  c.send_raw("GET /health HTTP/1.1\r\nHost: localhost\r\n");
   auto t0 = std::chrono::steady_clock::now();
   std::atomic<bool> stop{false};
   std::thread trickle([&] {

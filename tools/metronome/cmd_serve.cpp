@@ -1,6 +1,7 @@
 // metronome serve: the server. Configuration comes from defaults, then a
 // YAML file (--config), then flags (--port, --model, ... and --set k=v), in
-// that order.
+// that order. API keys also come from server.api_keys_file and the
+// METRONOME_API_KEY environment variable (which keeps them out of `ps`).
 //
 // Signals: the first SIGTERM or SIGINT drains the server (http_server::
 // drain(): no new connections or requests, running ones get
@@ -11,10 +12,12 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@
 #include "actors/engine.hpp"
 #include "config/config_error.hpp"
 #include "config/config_loader.hpp"
+#include "net/access_control.hpp"
 #include "net/http_server.hpp"
 #include "sim/settings.hpp"
 #include "tools/metronome/command.hpp"
@@ -85,10 +89,26 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   return o;
 }
 
+/// The environment variable holding one more API key.
+constexpr const char* api_key_env = "METRONOME_API_KEY";
+
+/// Throws std::runtime_error when the key file cannot be read.
 net::server_options server_options_from(const server_config& c) {
   auto o = net::server_options_from(c.server);
   o.served_model_name = c.model.served_model_name;
+  if (!c.server.api_keys_file.empty())
+    for (auto& key : net::read_api_keys_file(c.server.api_keys_file))
+      o.api_keys.push_back(std::move(key));
+  if (const char* key = std::getenv(api_key_env); key && *key)
+    o.api_keys.emplace_back(key);
   return o;
+}
+
+/// The configuration as --dump-config prints it: API keys are secrets.
+server_config redacted(server_config c) {
+  for (auto& key : c.server.api_keys)
+    key = "REDACTED";
+  return c;
 }
 
 void run(serve_args& a) {
@@ -108,7 +128,7 @@ void run(serve_args& a) {
     throw command_error(e.what(), 2);
   }
   if (a.dump_config) {
-    std::printf("%s", to_yaml(cfg, true).c_str());
+    std::printf("%s", to_yaml(redacted(cfg), true).c_str());
     return;
   }
   spdlog::set_level(spdlog::level::from_str(std::string(to_string(cfg.logging.level))));
@@ -130,18 +150,20 @@ void run(serve_args& a) {
   actor_config acfg;
   caf::actor_system sys{acfg};
   engine eng = spawn_engine(sys, engine_options_from(cfg, model_dir));
-  net::http_server server(sys, eng, server_options_from(cfg));
+  std::optional<net::http_server> server;
   uint16_t port = 0;
   try {
-    port = server.start();
+    server.emplace(sys, eng, server_options_from(cfg));
+    port = server->start();
   } catch (const std::exception& e) {
     eng.shutdown();
     throw command_error(e.what());
   }
-  std::printf("Metronome %s serving %s (%s) on http://%s:%u  (OpenAI API /v1, WebSocket /v1/ws, "
+  std::printf("Metronome %s serving %s (%s) on %s://%s:%u  (OpenAI API /v1, WebSocket /v1/ws, "
               "/health, /metrics)\n",
               METRONOME_VERSION, eng.status->model_name.c_str(), eng.status->device.c_str(),
-              cfg.server.host.c_str(), unsigned(port));
+              cfg.server.tls.cert_file.empty() ? "http" : "https", cfg.server.host.c_str(),
+              unsigned(port));
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);
@@ -167,7 +189,7 @@ void run(serve_args& a) {
       watcher.join();
     }
   } guard{drained, second_signal};
-  server.drain();
+  server->drain();
   eng.shutdown();
 }
 

@@ -104,7 +104,7 @@ test('a client trickling its request is cut at server.header_timeout_s', { timeo
     const s = await connect(server.port);
     const closed = new Promise((resolve) => s.once('close', resolve));
     s.on('error', () => {});
-    s.write('GET /health HTTP/1.1\r\nHost: x\r\n');
+    s.write(`GET /health HTTP/1.1\r\nHost: 127.0.0.1:${server.port}\r\n`);
     const t0 = Date.now();
     const timer = setInterval(() => { if (!s.destroyed) s.write('X'); }, 200);
     const outcome = await Promise.race([closed.then(() => 'closed'), sleep(6_000).then(() => 'open')]);

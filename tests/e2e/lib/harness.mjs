@@ -10,6 +10,7 @@
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -57,21 +58,25 @@ export function freePort() {
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /// Starts `metronome serve` on the tiny model; resolves once /health says
-/// 200. `args` are extra command-line arguments (flags, --set key=value).
+/// 200. `args` are extra command-line arguments (flags, --set key=value);
+/// `env` adds environment variables (METRONOME_API_KEY); with `ca` (a PEM
+/// certificate) the server speaks TLS and /health is probed over https.
 /// `fdLimit` runs it under `ulimit -n fdLimit`. The result's `exited`
 /// resolves to { code, signal } when the process ends.
-export async function startServer(args = [], { readyTimeoutMs = 90_000, fdLimit } = {}) {
+export async function startServer(args = [],
+                                  { readyTimeoutMs = 90_000, fdLimit, env = {}, ca } = {}) {
   const model = tinyModel();
   let lastError;
   for (let attempt = 0; attempt < 3; ++attempt) {
     const port = await freePort();
     const argv = ['serve', '--model', model, '--host', '127.0.0.1', '--port', String(port),
                   '--served-model-name', MODEL_NAME, ...args];
+    const options = { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } };
     const proc = fdLimit === undefined
-      ? spawn(BIN, argv, { stdio: ['ignore', 'pipe', 'pipe'] })
+      ? spawn(BIN, argv, options)
       // exec: the pid is the server's, so signals reach it.
       : spawn('/bin/sh', ['-c', `ulimit -n ${Number(fdLimit)} && exec "$0" "$@"`, BIN, ...argv],
-              { stdio: ['ignore', 'pipe', 'pipe'] });
+              options);
     let log = '';
     const keep = (chunk) => {
       log += chunk.toString();
@@ -85,12 +90,14 @@ export async function startServer(args = [], { readyTimeoutMs = 90_000, fdLimit 
       exited = { code, signal };
       resolve(exited);
     }));
-    const url = `http://127.0.0.1:${port}`;
+    const url = `${ca ? 'https' : 'http'}://127.0.0.1:${port}`;
     const deadline = Date.now() + readyTimeoutMs;
     while (Date.now() < deadline && !exited) {
       try {
-        const res = await fetch(`${url}/health`);
-        await res.arrayBuffer();
+        const res = ca ? await tlsRequest({ port, ca, path: '/health' })
+                       : await fetch(`${url}/health`);
+        if (!ca)
+          await res.arrayBuffer();
         if (res.status === 200) {
           return {
             port, url, baseURL: `${url}/v1`, proc, exited: exitedPromise,
@@ -165,6 +172,25 @@ export function rawRequest(server, { method = 'GET', path: p = '/', headers = {}
   return new Promise((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port: server.port, method, path: p,
                                headers, agent: false }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers,
+                                    body: Buffer.concat(chunks).toString('utf8') }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    if (body !== undefined)
+      req.write(body);
+    req.end();
+  });
+}
+
+/// One HTTPS request trusting only `ca` (server name: localhost); same
+/// result shape as rawRequest.
+export function tlsRequest({ port, ca, method = 'GET', path: p = '/', headers = {}, body }) {
+  return new Promise((resolve, reject) => {
+    const req = https.request({ host: '127.0.0.1', servername: 'localhost', port, method,
+                                path: p, headers, ca, agent: false }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode, headers: res.headers,

@@ -17,6 +17,11 @@
 // no progress for write_timeout, or a queue above max_pending_write_bytes,
 // closes the connection.
 //
+// Access: every request's header passes access_control (Host, Origin, API
+// key, Content-Type) before its body is read; a refused one is answered from
+// the header and the connection closes after the answer, so a stranger's body
+// is never read. On a TLS connection the handshake precedes the first read.
+//
 // Timeouts of the read side: a connection waits for the first byte of its
 // next request for idle_timeout, then has header_timeout to deliver the
 // whole request (headers and body), so a client that trickles its headers
@@ -27,8 +32,9 @@
 //
 // Limits and shutdown: a connection accepted over max_connections
 // (`over_limit`) and every request while the server drains get one answer
-// and a close: GET /health its usual answer (503 "draining" while
-// draining), anything else 503 with Retry-After. When the drain times out,
+// and a close, through the same stream (TLS or not) and after the access
+// check: GET /health its usual answer (503 "draining" while draining),
+// anything else 503 with Retry-After. When the drain times out,
 // finish_drain() ends a generation still running with a shutting_down
 // error (an SSE error event and [DONE] once the stream has started, a 503
 // body otherwise) and closes.

@@ -18,6 +18,7 @@ cost_model simple() {
   m.step.per_prefill_token_ms = 0.1;
   m.step.per_prefill_attention_pair_ms = 0.001;
   m.step.per_mixed_kv_token_ms = 0;
+  m.step.per_prompt_step_ms = 0;
   return m;
 }
 

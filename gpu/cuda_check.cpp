@@ -30,9 +30,31 @@ const char* cublas_status_name(int status) {
 
 } // namespace
 
+bool cuda_context_lost(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
   throw cuda_error(where(what, file, line) + ": " + cudaGetErrorName(err) + ": "
-                   + cudaGetErrorString(err));
+                     + cudaGetErrorString(err),
+                   cuda_context_lost(err));
 }
 
 void throw_cublas_error(int status, const char* what, const char* file, int line) {

@@ -8,15 +8,26 @@
 
 #include <cuda_runtime_api.h>
 
+#include "model/device_error.hpp"
+
 namespace metronome::gpu {
 
-/// A failed CUDA runtime or library call.
-class cuda_error : public std::runtime_error {
+/// A failed CUDA runtime or library call. context_lost() for the errors
+/// CUDA calls sticky (cuda_context_lost): the executor then has the
+/// process exit rather than restart a runner on a dead context.
+class cuda_error : public device_error {
 public:
-  using std::runtime_error::runtime_error;
+  using device_error::device_error;
 };
 
-/// Throws cuda_error("<what> failed at <file>:<line>: <error name>: <description>").
+/// True for the errors after which every later CUDA call of the process
+/// fails the same way (an illegal address, a kernel fault or assert, an
+/// uncorrectable ECC error, ...): the CUDA context is lost until the
+/// process exits.
+bool cuda_context_lost(cudaError_t err);
+
+/// Throws cuda_error("<what> failed at <file>:<line>: <error name>: <description>"),
+/// context_lost() as cuda_context_lost(err) says.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 
 /// Throws for a cuBLAS status.

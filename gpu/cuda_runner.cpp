@@ -234,6 +234,12 @@ public:
     return engine_.oldest_done() || engine_.oldest_age_s() > engine_.options().step_timeout_s;
   }
 
+  bool device_stuck() override {
+    // A launched step the device has not finished: its kernels still hold
+    // the context (and freeing device memory would wait for them).
+    return engine_.in_flight() > 0 && !engine_.oldest_done();
+  }
+
   step_output collect() override {
     if (pending_.empty())
       throw std::logic_error("cuda runner: collect() with no step in flight");

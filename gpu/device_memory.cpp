@@ -30,8 +30,10 @@ void wait_event(cudaEvent_t event, double timeout_s, const char* what) {
     if (now - start < spin)
       continue;
     if (now > deadline)
+      // A kernel that never ends holds the device until the process exits.
       throw cuda_error(std::string(what) + ": the device did not finish within "
-                       + std::to_string(timeout_s) + " s");
+                         + std::to_string(timeout_s) + " s",
+                       true);
     std::this_thread::sleep_for(std::min<clock::duration>(nap, deadline - now));
     nap = std::min(nap * 2, longest_nap);
   }

@@ -106,6 +106,16 @@ public:
     (void)on_step_done;
   }
 
+  /// True when a submitted step has not ended on the device and no new
+  /// runner of this process could use the device while it runs (a CUDA
+  /// kernel that never ends holds its context until the process exits).
+  /// The executor asks when the scheduler gives up on a step (its step
+  /// timeout): true has the process exit instead of restarting a runner.
+  /// The default (the CPU runner, whose steps end within submit()): false.
+  virtual bool device_stuck() {
+    return false;
+  }
+
   /// The model's configuration.
   virtual const model_config& config() const = 0;
 

@@ -133,6 +133,12 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
 
   auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
+  if (o.faults) {
+    spdlog::warn("engine.fault_injection {}: every executor's step {} will fail on purpose (a "
+                 "test setting: never set it in production)",
+                 o.faults.to_string(), o.faults.after_steps + 1);
+    factory = [inner = std::move(factory), f = o.faults] { return with_faults(inner(), f); };
+  }
   scheduler_actor_config sc;
   sc.limits.max_batch_size = o.max_batch_size;
   sc.limits.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -150,8 +156,10 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (o.drift.enabled && o.policy != "fcfs")
     e.drift_supervisor = spawn_drift_supervisor(sys, e.scheduler, {o.drift, o.policy, "fcfs"},
                                                 e.metrics);
-  e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory),
-                                           {o.max_restarts, o.restart_window}, e.status);
+  executor_supervision supervision{o.max_restarts, o.restart_window};
+  supervision.on_device_lost = o.on_device_lost;
+  e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory), supervision,
+                                           e.status);
   auto ctx = std::make_shared<request_context>();
   ctx->scheduler = e.scheduler;
   ctx->tokens = tok;

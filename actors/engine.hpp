@@ -18,6 +18,7 @@
 #include "actors/drift_supervisor.hpp"
 #include "actors/interfaces.hpp"
 #include "sched/ladb_policy.hpp"
+#include "model/fault_injection.hpp"
 #include "model/model_runner.hpp"
 
 namespace metronome {
@@ -78,6 +79,12 @@ struct engine_options {
   /// Test hook: builds the runner instead of the device's own (called on the
   /// executor's thread at every (re)start).
   std::function<std::unique_ptr<model_runner>()> runner_factory;
+  /// Tests and drills only (engine.fault_injection): one step of every
+  /// runner fails as this says (model/fault_injection.hpp); none by default.
+  fault_injection faults;
+  /// Called when the device is lost for the rest of the process
+  /// (executor_supervision::on_device_lost); `serve` exits non-zero.
+  std::function<void(const std::string& reason)> on_device_lost;
 };
 
 /// Facts about a running engine, readable from any thread without blocking
@@ -95,6 +102,17 @@ struct engine_status {
   /// KV pages in use and in all.
   std::atomic<int32_t> kv_used_pages{0};
   std::atomic<int32_t> kv_total_pages{0};
+
+  /// Why the engine is degraded ("" while it is not): the executor's last
+  /// failure, for /health. Any thread.
+  void set_reason(std::string why) {
+    std::lock_guard<std::mutex> guard(memory_mutex_);
+    reason_ = std::move(why);
+  }
+  std::string reason() const {
+    std::lock_guard<std::mutex> guard(memory_mutex_);
+    return reason_;
+  }
 
   /// The runner's memory plan, set by the executor supervisor when an
   /// executor (re)starts; read by /metrics. Any thread.
@@ -116,6 +134,7 @@ struct engine_status {
 private:
   mutable std::mutex memory_mutex_;
   std::vector<memory_plan_entry> memory_plan_;
+  std::string reason_;
 };
 
 /// Handles of a running engine.

@@ -1,24 +1,48 @@
 #include "actors/executor.hpp"
 
 #include <deque>
+#include <mutex>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "actors/engine.hpp"
+#include "model/device_error.hpp"
 
 namespace metronome {
 
 namespace {
 
-/// Turns an exception into an error that keeps its text.
+/// Turns an exception into an error that keeps its text: executor_errc::
+/// device_lost for a device_error that lost the device, else runtime_error.
 caf::error describe(std::exception_ptr& ep) {
   try {
     std::rethrow_exception(ep);
+  } catch (const device_error& e) {
+    if (e.context_lost())
+      return caf::make_error(executor_errc::device_lost, std::string(e.what()));
+    return caf::make_error(caf::sec::runtime_error, e.what());
   } catch (const std::exception& e) {
     return caf::make_error(caf::sec::runtime_error, e.what());
   } catch (...) {
     return caf::make_error(caf::sec::runtime_error, "unknown exception");
   }
+}
+
+bool is_device_lost(const caf::error& e) {
+  return e.category() == caf::atom("executor")
+         && e.code() == static_cast<uint8_t>(executor_errc::device_lost);
+}
+
+/// Keeps the runner of a lost device until the process exits, never
+/// destroying it: its destructor would wait for, or call into, a device
+/// that cannot answer (freeing device memory waits for a kernel that never
+/// ends), and hold up the report that has the process exit.
+void abandon(std::unique_ptr<model_runner> runner) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::unique_ptr<model_runner>>(); // reachable: no leak
+  std::lock_guard<std::mutex> guard(mutex);
+  kept->push_back(std::move(runner));
 }
 
 class executor_impl : public executor_actor::base {
@@ -33,6 +57,8 @@ public:
     // A failure ends the executor; the steps it still owed hear of it now.
     set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& ep) {
       auto err = describe(ep);
+      if (is_device_lost(err))
+        abandon_runner_ = true;
       for (auto& rp : waiting_)
         rp.deliver(err);
       waiting_.clear();
@@ -40,6 +66,16 @@ public:
     });
     try {
       runner_ = factory_();
+    } catch (const device_error& e) {
+      // A device that fails as the runner starts: lost for good, or worth
+      // another start (the supervisor counts it against the budget).
+      quit(e.context_lost()
+             ? caf::make_error(executor_errc::device_lost,
+                               std::string("cannot start the model: ") + e.what())
+             : caf::make_error(caf::sec::runtime_error,
+                               std::string("cannot start the model: ") + e.what()));
+      return {[](step_plan&) -> caf::result<step_output> { return step_output{}; },
+              [](step_done_atom) {}, [](crash_atom, std::string&) {}};
     } catch (const std::exception& e) {
       quit(caf::make_error(caf::sec::runtime_error, std::string("cannot start the model: ") + e.what()));
       return {[](step_plan&) -> caf::result<step_output> { return step_output{}; },
@@ -78,6 +114,15 @@ public:
         deliver_ready();
       },
       [this](crash_atom, std::string& why) {
+        // A step the device itself never ends (a CUDA kernel that does not
+        // return) holds the device for the rest of the process: no restart
+        // can help, the process must exit (the supervisor sees to it).
+        if (runner_ && runner_->device_stuck()) {
+          abandon_runner_ = true;
+          quit(caf::make_error(executor_errc::device_lost,
+                               why + "; the device has not finished the step"));
+          return;
+        }
         quit(caf::make_error(caf::sec::runtime_error, std::move(why)));
       },
     };
@@ -89,6 +134,8 @@ public:
     for (auto& rp : waiting_)
       rp.deliver(caf::make_error(caf::sec::request_receiver_down));
     waiting_.clear();
+    if (abandon_runner_ && runner_)
+      abandon(std::move(runner_));
     runner_.reset(); // device memory goes on the thread that made it
   }
 
@@ -109,6 +156,8 @@ private:
   caf::actor supervisor_;
   runner_factory factory_;
   std::unique_ptr<model_runner> runner_;
+  /// The device is lost: the runner is kept, never destroyed (abandon()).
+  bool abandon_runner_ = false;
 };
 
 struct supervisor_state {
@@ -141,6 +190,22 @@ caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
     if (!msg.reason || msg.reason == caf::exit_reason::user_shutdown)
       return;
     const auto reason = self->system().render(msg.reason);
+    if (is_device_lost(msg.reason)) {
+      // No restart can help: every request fails, the engine reports
+      // degraded, and the process exits (on_device_lost) so that its
+      // service manager starts a new one.
+      spdlog::critical("executor failed: {}; the device is unusable until the process exits",
+                       reason);
+      st.degraded = true;
+      if (status) {
+        status->set_reason(reason);
+        status->degraded = true;
+      }
+      self->send(scheduler, executor_down_msg{reason, true});
+      if (policy.on_device_lost)
+        policy.on_device_lost(reason);
+      return;
+    }
     // The actor clock: CAF's test coordinator drives it in virtual time.
     const auto now = self->clock().now();
     while (!st.restarts.empty() && now - st.restarts.front() > policy.restart_window)
@@ -155,8 +220,12 @@ caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
       spdlog::critical("executor failed ({}) {} times within {} s: engine degraded", reason,
                        st.restarts.size() + 1, policy.restart_window.count());
       st.degraded = true;
-      if (status)
+      if (status) {
+        status->set_reason("the executor failed " + std::to_string(st.restarts.size() + 1)
+                           + " times within " + std::to_string(policy.restart_window.count())
+                           + " s (last: " + reason + ")");
         status->degraded = true;
+      }
       self->send(scheduler, executor_down_msg{reason, true});
     }
   });

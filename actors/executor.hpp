@@ -19,11 +19,15 @@
 // The supervisor links to the executor and turns its failures into
 // decisions: it tells the scheduler (which fails the requests whose state
 // was lost), restarts the executor, and after max_restarts failures within
-// restart_window it stops restarting and marks the engine degraded.
+// restart_window it stops restarting and marks the engine degraded. A
+// failure that lost the device (executor_errc::device_lost: a sticky CUDA
+// error, a step the device never ends) is not restarted: the engine is
+// marked degraded and on_device_lost has the process exit.
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "actors/interfaces.hpp"
 #include "model/model_runner.hpp"
@@ -46,6 +50,12 @@ struct executor_supervision {
   /// scheduler: for tests under the deterministic test coordinator, with
   /// runners that never block.
   bool own_thread = true;
+  /// Called (on the supervisor's thread) when the executor failed in a way
+  /// that leaves the device unusable in this process (executor_errc::
+  /// device_lost): after the scheduler has been told, instead of a
+  /// restart. `metronome serve` exits non-zero from here; empty: the
+  /// engine just stays degraded.
+  std::function<void(const std::string& reason)> on_device_lost;
 };
 
 /// Spawns the supervisor, which spawns the executor and reports each

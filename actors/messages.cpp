@@ -54,6 +54,15 @@ void register_message_types(caf::actor_system_config& cfg) {
                          [](uint8_t code, caf::atom_value, const caf::message&) {
                            return "request: " + to_string(static_cast<request_errc>(code));
                          });
+  cfg.add_error_category(caf::atom("executor"),
+                         [](uint8_t code, caf::atom_value, const caf::message& context) {
+                           std::string out = code == uint8_t(executor_errc::device_lost)
+                                               ? "device lost"
+                                               : "executor error " + std::to_string(code);
+                           if (context.match_elements<std::string>())
+                             out += ": " + context.get_as<std::string>(0);
+                           return out;
+                         });
 }
 
 } // namespace metronome

@@ -167,6 +167,14 @@ const char* error_type(request_errc code);
 
 std::string to_string(request_errc code);
 
+/// Why an executor ended, where its supervisor must tell it apart from an
+/// ordinary failure (sec::runtime_error with the runner's message).
+enum class executor_errc : uint8_t {
+  /// The device is unusable until the process exits (a lost CUDA context,
+  /// a kernel that never ends): no restart, the process exits.
+  device_lost = 1,
+};
+
 /// A request failed; nothing more follows for it.
 struct generation_error {
   std::string request_id;
@@ -307,6 +315,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
 CAF_END_TYPE_ID_BLOCK(metronome)
 
 CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")
+CAF_ERROR_CODE_ENUM(metronome::executor_errc, "executor")
 
 namespace metronome {
 

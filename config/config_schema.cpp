@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "config/config_scalar.hpp"
+#include "model/fault_injection.hpp"
 
 namespace metronome {
 
@@ -46,6 +47,10 @@ struct real_range {
            + (hi_open ? ")" : "]");
   }
 };
+
+bool is_fault_injection(std::string_view text) {
+  return fault_injection::parse(text).has_value();
+}
 
 bool is_power_of_two(int64_t x) {
   return x > 0 && (x & (x - 1)) == 0;
@@ -454,6 +459,12 @@ std::vector<config_key> make_keys() {
   add(integer_key("engine.prefill_chunk_tokens", METRONOME_FIELD(engine.prefill_chunk_tokens),
                   0, 1 << 20,
                   "Largest prefill chunk of one sequence per step; 0 = the step's token budget."));
+  add(text_key("engine.fault_injection", METRONOME_FIELD(engine.fault_injection),
+               "Tests and drills only: every executor's step N + 1 throws, hangs, or reports a "
+               "device error or a lost device (docs/reliability.md).",
+               "none, or throw_after:N, hang_after:N, device_error_after:N or "
+               "device_lost_after:N",
+               &is_fault_injection));
 
   // batching
   add(integer_key("batching.max_batch_size", METRONOME_FIELD(batching.max_batch_size), 1, 4096,
@@ -520,7 +531,8 @@ std::vector<config_key> make_keys() {
                   1, 1'000'000, "Completed requests in the window before drift is judged."));
   add(integer_key("supervisor.executor.max_restarts",
                   METRONOME_FIELD(supervisor.executor.max_restarts), 0, 1000,
-                  "Executor restarts allowed within the window; one more stops the server."));
+                  "Executor restarts allowed within the window; one more failure leaves "
+                  "the engine degraded."));
   add(real_key("supervisor.executor.restart_window_s",
                METRONOME_FIELD(supervisor.executor.restart_window_s), {0, max_s, true, false},
                "Window over which executor restarts are counted."));

@@ -170,6 +170,15 @@ void validate(const server_config& cfg, const std::string& source) {
     fail(source, tls.cert_file.empty() ? "server.tls.cert_file" : "server.tls.key_file",
          "TLS needs both server.tls.cert_file and server.tls.key_file (or neither, for plain "
          "HTTP)");
+  // A test setting must not reach a server others can use: fault injection
+  // runs only on a loopback address.
+  if (e.fault_injection != "none") {
+    const auto& h = cfg.server.host;
+    if (!(h.starts_with("127.") || h == "::1" || h == "localhost"))
+      fail(source, "engine.fault_injection",
+           "makes steps fail on purpose (tests and drills only) and needs server.host on "
+           "loopback (127.0.0.1, ::1 or localhost), got server.host " + h);
+  }
   if (!cfg.predictor.model_path.empty())
     fail(source, "predictor.model_path",
          "saved predictor state is not supported: the predictor starts from the cold-start rule "

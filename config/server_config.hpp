@@ -186,6 +186,10 @@ struct engine_section {
   /// Largest prefill chunk of one sequence in one step; 0 = the step's token
   /// budget.
   int32_t prefill_chunk_tokens = 0;
+  /// Tests and drills only: "none", or "<kind>_after:N" (kind throw, hang,
+  /// device_error, device_lost) makes every executor's step N + 1 fail so
+  /// (model/fault_injection.hpp, docs/reliability.md).
+  std::string fault_injection = "none";
 
   bool operator==(const engine_section&) const = default;
 };
@@ -260,7 +264,8 @@ struct drift_supervisor_section {
 
 /// `supervisor.executor`: restarts of a failed executor.
 struct executor_supervisor_section {
-  /// More restarts than this within restart_window_s stop the server.
+  /// One failure more than this within restart_window_s leaves the engine
+  /// degraded: no restart, requests fail fast, /health answers 503.
   int32_t max_restarts = 5;
   double restart_window_s = 60.0;
 

@@ -106,8 +106,14 @@ info_response answer_info_route(route r, std::string_view path, unsigned version
                           : ok                                  ? "ok"
                           : (status && status->degraded.load()) ? "degraded"
                                                                 : "loading";
+      nlohmann::json body{{"status", state}};
+      if (std::string_view(state) == "degraded") {
+        // Why, for the operator: the executor's failures (docs/reliability.md).
+        auto why = status->reason();
+        body["reason"] = why.empty() ? "the executor keeps failing" : why;
+      }
       return json_response(ok ? http::status::ok : http::status::service_unavailable, version,
-                           {{"status", state}});
+                           body);
     }
     case route::metrics: {
       info_response res{http::status::ok, version};

@@ -272,6 +272,20 @@ TEST(config_cross_field, each_rule_names_the_key_and_the_bound) {
   }
 }
 
+TEST(config_cross_field, fault_injection_needs_a_loopback_host_and_a_known_form) {
+  auto e = load_error("server:\n  host: 0.0.0.0\nengine:\n  fault_injection: throw_after:3\n");
+  EXPECT_EQ(e.key_path(), "engine.fault_injection") << e.what();
+  EXPECT_NE(e.problem().find("needs server.host on loopback"), std::string::npos) << e.what();
+  for (const char* host : {"127.0.0.1", "::1", "localhost"})
+    EXPECT_NO_THROW(load_config_string(std::string("server:\n  host: \"") + host
+                                         + "\"\nengine:\n  fault_injection: hang_after:0\n",
+                                       "t"))
+      << host;
+  e = load_error("engine:\n  fault_injection: explode_after:3\n");
+  EXPECT_EQ(e.key_path(), "engine.fault_injection") << e.what();
+  EXPECT_NE(e.problem().find("throw_after:N"), std::string::npos) << e.what();
+}
+
 TEST(config_cross_field, holds_when_both_sides_move_together) {
   auto cfg = load_config_string(
     "engine:\n  policy: ladb-literal\n"

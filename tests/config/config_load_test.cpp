@@ -331,6 +331,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"engine.policy", "ladb-literal"},
     {"engine.step_timeout_ms", "1234"},
     {"engine.prefill_chunk_tokens", "1000"},
+    {"engine.fault_injection", "hang_after:12"},
     {"batching.max_batch_size", "64"},
     {"batching.min_batch_size", "2"},
     {"batching.target_latency_ms", "250"},

@@ -8,6 +8,11 @@
 // server.drain_timeout_s to finish) and exits 0; a second one during the
 // drain exits at once with 128 + the signal's number (143 for SIGTERM, 130
 // for SIGINT), as a shell reports a process killed by it.
+//
+// A lost device (a sticky CUDA error, a step the device never ends: no
+// executor restart can help) drains the server the same way and exits with
+// device_lost_exit_code (75), so that its service manager starts a new
+// process (docs/reliability.md, "Executor faults").
 
 #include <atomic>
 #include <csignal>
@@ -19,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <signal.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -36,6 +42,12 @@ namespace metronome::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+/// The exit status after a lost device: EX_TEMPFAIL, "try again".
+constexpr int device_lost_exit_code = 75;
+
+/// Set (from the executor supervisor's thread) when the device is lost.
+std::atomic<bool> device_lost{false};
 
 struct serve_args {
   std::string config_file;
@@ -81,6 +93,14 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.cuda_graphs = c.engine.cuda_graphs;
   o.prefix_caching = c.engine.prefix_caching;
   o.kv_cache_dtype = std::string(to_string(c.engine.kv_cache_dtype));
+  o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
+  o.on_device_lost = [](const std::string& reason) {
+    spdlog::critical("device lost ({}): draining, then exiting with {} for the service manager "
+                     "to start a new process",
+                     reason, device_lost_exit_code);
+    device_lost.store(true);
+    ::kill(::getpid(), SIGTERM); // wakes the sigwait in run(): the drain
+  };
   auto s = sim::settings_from_config(c); // batching, predictor, router, drift sections
   o.predictor = s.predictor;
   o.ladb = s.ladb;
@@ -167,7 +187,8 @@ void run(serve_args& a) {
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);
-  spdlog::info("signal {} ({}): draining; a second signal exits at once", sig, strsignal(sig));
+  if (!device_lost.load())
+    spdlog::info("signal {} ({}): draining; a second signal exits at once", sig, strsignal(sig));
   // A second signal must act while the drain blocks this thread.
   std::atomic<bool> drained{false};
   std::thread second_signal([&] {
@@ -191,6 +212,14 @@ void run(serve_args& a) {
   } guard{drained, second_signal};
   server->drain();
   eng.shutdown();
+  if (device_lost.load()) {
+    // Not through the destructors: the lost device's runner is kept, and
+    // nothing may wait on it.
+    spdlog::critical("exiting with {}: the device was lost", device_lost_exit_code);
+    spdlog::default_logger()->flush();
+    std::fflush(stdout);
+    std::_Exit(device_lost_exit_code);
+  }
 }
 
 void setup(CLI::App& app) {

@@ -129,7 +129,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                  int64_t(cpu_pages) * o.page_size, st.max_model_len);
     st.max_model_len = cpu_pages * o.page_size;
   }
-  st.kv_cache_strategy = "paged;page_size=" + std::to_string(o.page_size)
+  st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(o.page_size)
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
 
   auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
@@ -145,6 +145,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   sc.limits.max_queued = o.max_queued_requests;
   sc.limits.max_model_len = st.max_model_len;
   sc.limits.prefix_caching = o.prefix_caching;
+  sc.limits.kv = o.kv;
+  sc.limits.kv_bucket_min_tokens = o.kv_bucket_min_tokens;
+  sc.limits.kv_buckets_per_size = o.kv_buckets_per_size;
   // Per process: clients cannot aim hash collisions at it (and every match
   // is verified token by token; a restarted executor starts with no cache).
   sc.limits.cache_salt = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();

@@ -72,6 +72,10 @@ struct engine_options {
   bool cuda_graphs = true;
   /// Reuse the KV pages of identical prompt prefixes (sched/kv_page_pool.hpp).
   bool prefix_caching = true;
+  /// engine.kv_strategy and its buckets (sched/kv_buckets.hpp).
+  kv_strategy kv = kv_strategy::paged;
+  int32_t kv_bucket_min_tokens = 4096;
+  int32_t kv_buckets_per_size = 32;
   /// Element type of the KV cache: "bf16", or "fp8" (e4m3 with a scale per
   /// token row; CUDA only: spawn_engine refuses it on the CPU, whose KV cache
   /// is fp32 whatever this says).

@@ -86,6 +86,15 @@ engine_metrics::engine_metrics()
                                        "Prompt tokens found in the prefix cache (not computed).")),
     prefix_pages_(registry_.add_gauge("metronome:prefix_cache_pages",
                                       "KV pages the prefix cache names (in use or kept).")),
+    bucket_admissions_(registry_.add_counter(
+      "metronome:kv_bucket_admissions_total",
+      "Admissions into a reserved KV bucket (engine.kv_strategy bucketed).")),
+    bucket_overflows_(registry_.add_counter(
+      "metronome:kv_bucket_overflows_total",
+      "Bucketed admissions that found no free bucket and took plain pages.")),
+    reserved_unused_(registry_.add_gauge(
+      "metronome:kv_bucket_reserved_unused_pages",
+      "KV pages buckets hold reserved for their requests but not yet used.")),
     kv_usage_(registry_.add_gauge("metronome:kv_cache_usage_perc",
                                   "Fraction of KV cache pages in use (0 to 1).")),
     running_(registry_.add_gauge("metronome:num_requests_running",
@@ -157,6 +166,15 @@ void engine_metrics::on_prefix_cache(int64_t queried, int64_t hit, int32_t cache
   if (hit > 0)
     prefix_hits_.inc(double(hit));
   prefix_pages_.set(double(cached_pages));
+}
+
+void engine_metrics::on_kv_buckets(int64_t bucketed, int64_t overflowed,
+                                   int32_t reserved_unused_pages) {
+  if (bucketed > 0)
+    bucket_admissions_.inc(double(bucketed));
+  if (overflowed > 0)
+    bucket_overflows_.inc(double(overflowed));
+  reserved_unused_.set(double(reserved_unused_pages));
 }
 
 void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {

@@ -50,6 +50,10 @@ public:
   /// Prefix cache: prompt tokens looked up and found cached since the last
   /// call, and the pages named now (held or kept). Scheduler thread.
   void on_prefix_cache(int64_t queried, int64_t hit, int32_t cached_pages);
+  /// KV buckets (engine.kv_strategy bucketed): admissions into a bucket and
+  /// into overflow pages since the last call, and the pages buckets hold
+  /// reserved but unused now.
+  void on_kv_buckets(int64_t bucketed, int64_t overflowed, int32_t reserved_unused_pages);
 
   /// The step-time model's learned factors (decode and prompt parts).
   void on_step_model(double decode_scale, double prefill_scale);
@@ -83,6 +87,9 @@ private:
   prometheus::counter& prefix_queries_;
   prometheus::counter& prefix_hits_;
   prometheus::gauge& prefix_pages_;
+  prometheus::counter& bucket_admissions_;
+  prometheus::counter& bucket_overflows_;
+  prometheus::gauge& reserved_unused_;
   prometheus::gauge& kv_usage_;
   prometheus::gauge& running_;
   prometheus::gauge& waiting_;

@@ -25,6 +25,7 @@
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
 #include "sched/drift_detector.hpp"
+#include "sched/kv_buckets.hpp"
 
 // -- std::optional in messages (CAF 0.17 knows only caf::optional) --------------
 
@@ -95,6 +96,11 @@ struct generate_request {
   std::string request_class;
   /// Give up (generation_error, timeout) after this long; 0 = server default.
   std::chrono::milliseconds timeout{0};
+  /// X-KV-Cache-Mode (none: the configured strategy), X-No-Batch (run
+  /// alone), max_context_length (prompt plus output at most; 0: none).
+  std::optional<kv_strategy> kv_mode;
+  bool no_batch = false;
+  int32_t max_context = 0;
 };
 
 /// A token as a client sees it beside its log-probability.
@@ -199,6 +205,10 @@ struct admit_msg {
   /// characters in the prompt text.
   std::string request_class;
   float non_alnum_share = 0;
+  /// generate_request's KV mode, no-batch flag and context hint.
+  std::optional<kv_strategy> kv_mode;
+  bool no_batch = false;
+  int32_t max_context = 0;
 };
 
 /// Scheduler -> request actor: tokens sampled for it (usually one).
@@ -337,7 +347,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.request_id, x.chat, x.messages,
            x.add_generation_prompt, x.prompt, x.prompt_ids, x.params, x.stop,
-           x.skip_special_tokens, x.request_class, x.timeout);
+           x.skip_special_tokens, x.request_class, x.timeout, x.kv_mode, x.no_batch,
+           x.max_context);
 }
 
 template <class Inspector>
@@ -361,7 +372,8 @@ typename Inspector::result_type inspect(Inspector& f, generation_error& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, admit_msg& x) {
   return f(caf::meta::type_name("admit_msg"), x.seq_id, x.prompt, x.params, x.seed,
-           x.arrival_ns, x.request_class, x.non_alnum_share);
+           x.arrival_ns, x.request_class, x.non_alnum_share, x.kv_mode, x.no_batch,
+           x.max_context);
 }
 
 template <class Inspector>

@@ -373,6 +373,9 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   admit.arrival_ns = st.arrival.count();
   admit.request_class = st.req.request_class;
   admit.non_alnum_share = non_alnum_share(st.req);
+  admit.kv_mode = st.req.kv_mode;
+  admit.no_batch = st.req.no_batch;
+  admit.max_context = st.req.max_context;
   self->send(st.ctx->scheduler, std::move(admit));
   st.admitted = true;
   const auto timeout = st.req.timeout.count() > 0 ? std::min(st.req.timeout, st.ctx->default_timeout)

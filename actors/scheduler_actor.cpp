@@ -34,6 +34,7 @@ struct scheduler_actor_state {
   int64_t reported_preemptions = 0;
   int64_t reported_limited = 0;
   int64_t reported_prefix_queries = 0, reported_prefix_hits = 0;
+  int64_t reported_bucket_admissions = 0, reported_bucket_overflows = 0;
   latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
   caf::actor drift_watcher;
@@ -61,6 +62,11 @@ void publish(self_ptr self) {
                                 st.core->pages().cached_pages());
     st.reported_prefix_queries = st.core->prefix_queries();
     st.reported_prefix_hits = st.core->prefix_hits();
+    st.metrics->on_kv_buckets(st.core->bucket_admissions() - st.reported_bucket_admissions,
+                              st.core->bucket_overflows() - st.reported_bucket_overflows,
+                              st.core->reserved_unused_pages());
+    st.reported_bucket_admissions = st.core->bucket_admissions();
+    st.reported_bucket_overflows = st.core->bucket_overflows();
     if (st.config.policies && st.config.policies->state.stats) {
       const auto& now = *st.config.policies->state.stats;
       auto& was = st.reported_stats;
@@ -230,6 +236,15 @@ generation_error refusal(admit_result r, const sched_request& req, int32_t max_m
       return {{}, request_errc::queue_full, "the server's request queue is full; retry later", ""};
     case admit_result::duplicate:
       return {{}, request_errc::invalid_request, "duplicate request id", ""};
+    case admit_result::bad_kv_request:
+      if (req.max_context > 0 && req.max_context <= int32_t(req.prompt.size()))
+        return {{}, request_errc::invalid_request,
+                "max_context_length (" + std::to_string(req.max_context)
+                  + ") must exceed the prompt's " + std::to_string(req.prompt.size()) + " tokens",
+                "max_context_length"};
+      return {{}, request_errc::invalid_request,
+              "X-KV-Cache-Mode: bucketed is not allowed: the server's engine.kv_strategy is paged",
+              ""};
     case admit_result::ok:
       break;
   }
@@ -280,11 +295,15 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
       r.arrival = sched_time{m.arrival_ns};
       r.request_class = m.request_class;
       r.non_alnum_share = m.non_alnum_share;
+      r.kv_mode = m.kv_mode;
+      r.no_batch = m.no_batch;
+      r.max_context = m.max_context;
       const auto copy_for_error = r.prompt.size();
       auto result = s.core->add(std::move(r), engine_now(self));
       if (result != admit_result::ok) {
         sched_request shape;
         shape.prompt.resize(copy_for_error);
+        shape.max_context = m.max_context;
         self->send(sender, refusal(result, shape, s.config.limits.max_model_len));
         return;
       }

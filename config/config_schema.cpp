@@ -450,6 +450,19 @@ std::vector<config_key> make_keys() {
                  std::array{kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8},
                  "Element type of the KV cache: bf16, or fp8 (e4m3 with a scale per token row: "
                  "about half the memory and half the bytes a decode step reads; CUDA only)."));
+  add(choice_key("engine.kv_strategy", METRONOME_FIELD(engine.kv_strategy),
+                 std::array{kv_strategy_kind::paged, kv_strategy_kind::bucketed},
+                 "How KV pages are granted: paged (on demand; a request may be preempted when "
+                 "they run out) or bucketed (reserved buckets for a request's whole life, "
+                 "overflow into pages)."));
+  add(integer_key("engine.kv_bucket_min_tokens", METRONOME_FIELD(engine.kv_bucket_min_tokens), 16,
+                  1 << 24,
+                  "bucketed: the smallest bucket, in tokens; the classes are 1, 2, 4 and 8 times "
+                  "it (up to the context length)."));
+  add(integer_key("engine.kv_buckets_per_size", METRONOME_FIELD(engine.kv_buckets_per_size), 1,
+                  1 << 20,
+                  "bucketed: buckets of each class (fewer when the KV cache cannot back them "
+                  "all)."));
   add(choice_key("engine.policy", METRONOME_FIELD(engine.policy),
                  std::array{scheduling_policy::fcfs, scheduling_policy::ladb,
                             scheduling_policy::srpt, scheduling_policy::ladb_literal},

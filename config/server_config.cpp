@@ -63,6 +63,14 @@ std::string_view to_string(kv_cache_dtype_kind x) {
   return "?";
 }
 
+std::string_view to_string(kv_strategy_kind x) {
+  switch (x) {
+    case kv_strategy_kind::paged: return "paged";
+    case kv_strategy_kind::bucketed: return "bucketed";
+  }
+  return "?";
+}
+
 std::string_view to_string(queue_strategy_kind x) {
   switch (x) {
     case queue_strategy_kind::priority_by_remaining_steps: return "priority_by_remaining_steps";

@@ -55,6 +55,10 @@ enum class scheduling_policy : uint8_t { fcfs, ladb, srpt, ladb_literal };
 /// scale per token row of each kv head). The CPU's KV cache is fp32 always.
 enum class kv_cache_dtype_kind : uint8_t { bf16, fp8 };
 
+/// How KV pages are granted: on demand (paged), or reserved buckets with
+/// overflow into pages (bucketed; sched/kv_buckets.hpp).
+enum class kv_strategy_kind : uint8_t { paged, bucketed };
+
 /// The order in which LADB's router releases admitted requests.
 enum class queue_strategy_kind : uint8_t { priority_by_remaining_steps, fcfs };
 
@@ -68,6 +72,7 @@ enum class log_level : uint8_t { trace, debug, info, warn, error };
 std::string_view to_string(chat_template_kind x);
 std::string_view to_string(scheduling_policy x);
 std::string_view to_string(kv_cache_dtype_kind x);
+std::string_view to_string(kv_strategy_kind x);
 std::string_view to_string(queue_strategy_kind x);
 std::string_view to_string(fallback_policy_kind x);
 std::string_view to_string(log_level x);
@@ -180,6 +185,11 @@ struct engine_section {
   /// Element type of the KV cache; fp8 needs a CUDA device (the CPU keeps
   /// its KV cache in fp32 whatever this says, and refuses fp8 at start).
   kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
+  /// engine.kv_strategy, and the buckets of bucketed: classes of 1, 2, 4
+  /// and 8 times kv_bucket_min_tokens, kv_buckets_per_size of each.
+  kv_strategy_kind kv_strategy = kv_strategy_kind::paged;
+  int32_t kv_bucket_min_tokens = 4096;
+  int32_t kv_buckets_per_size = 32;
   scheduling_policy policy = scheduling_policy::ladb;
   /// A step running longer fails the executor (the supervisor restarts it).
   int64_t step_timeout_ms = 30000;

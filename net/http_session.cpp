@@ -330,6 +330,17 @@ void http_session::start_generation(api_kind kind, request_type& req) {
     return;
   }
   auto& p = *parsed;
+  // The server's strategy ("paged;page_size=16;..."), and the client's
+  // choice among those it allows.
+  const std::string strategy = ctx_->kv_cache_strategy();
+  const std::string_view configured = std::string_view(strategy).substr(0, strategy.find(';'));
+  if (auto err = read_kv_headers(req["X-KV-Cache-Mode"], req["X-No-Batch"],
+                                 configured == "bucketed" ? kv_strategy::bucketed
+                                                          : kv_strategy::paged,
+                                 p.request)) {
+    send_error(*err, version, keep_alive);
+    return;
+  }
   p.request.request_id = ctx_->new_request_id(kind);
   active_request a;
   a.tag = next_tag_++;
@@ -339,6 +350,9 @@ void http_session::start_generation(api_kind kind, request_type& req) {
   a.meta.created = unix_now();
   a.meta.include_usage = p.include_usage;
   a.meta.logprobs = p.request.params.logprobs >= 0;
+  a.kv_strategy = p.request.kv_mode && strategy.find(';') != std::string::npos
+                    ? to_string(*p.request.kv_mode) + strategy.substr(strategy.find(';'))
+                    : strategy;
   a.stream = p.stream;
   a.version = version;
   a.chunked = version >= 11;
@@ -485,7 +499,7 @@ void http_session::add_generation_headers(Message& res, int32_t batch_size) cons
   if (batch_size > 0)
     res.set("X-Batch-Size", std::to_string(batch_size));
   res.set("X-Inference-Version", METRONOME_VERSION);
-  res.set("X-KV-Cache-Strategy", ctx_->kv_cache_strategy());
+  res.set("X-KV-Cache-Strategy", active_ ? active_->kv_strategy : ctx_->kv_cache_strategy());
   if (active_)
     res.set("X-Request-Id", active_->meta.id);
 }

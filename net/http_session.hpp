@@ -108,6 +108,9 @@ private:
     /// Where a stream's completion logprobs continue (text_offset).
     logprobs_cursor cursor;
     int32_t first_token_batch_size = 0;
+    /// X-KV-Cache-Strategy: the server's, with the client's mode when it
+    /// chose one.
+    std::string kv_strategy;
     unsigned version = 11;
     bool keep_alive = true;
     /// Counts the request in requests_in_flight while it lives.

@@ -519,6 +519,11 @@ std::expected<openai_request, api_error> parse_openai_request(api_kind kind, con
     METRONOME_TRY(read_stop(body, req));
     METRONOME_TRY(read_sampling(kind, body, req.params));
     METRONOME_TRY(read_bool(body, "skip_special_tokens", req.skip_special_tokens));
+    std::optional<int64_t> max_context;
+    METRONOME_TRY(read_int(body, "max_context_length", max_context, 1,
+                           std::numeric_limits<int32_t>::max()));
+    if (max_context)
+      req.max_context = int32_t(*max_context);
     return out;
   } catch (const std::exception& e) {
     // nlohmann throws only on misuse (a type mismatch the checks missed):
@@ -526,6 +531,31 @@ std::expected<openai_request, api_error> parse_openai_request(api_kind kind, con
     return std::unexpected(
       api_error::bad_request(fmt::format("malformed request: {}", e.what()), "", "invalid_value"));
   }
+}
+
+std::optional<api_error> read_kv_headers(std::string_view mode, std::string_view no_batch,
+                                        kv_strategy configured, generate_request& req) {
+  if (!mode.empty()) {
+    auto m = parse_kv_strategy(mode);
+    if (!m)
+      return api_error::bad_request(
+        fmt::format("X-KV-Cache-Mode: '{}' is not paged or bucketed", mode), "", "invalid_value");
+    if (*m == kv_strategy::bucketed && configured != kv_strategy::bucketed)
+      return api_error::bad_request("X-KV-Cache-Mode: bucketed is not allowed: the server's "
+                                    "engine.kv_strategy is paged",
+                                    "", "invalid_value");
+    req.kv_mode = m;
+  }
+  if (!no_batch.empty()) {
+    if (no_batch == "true" || no_batch == "1")
+      req.no_batch = true;
+    else if (no_batch == "false" || no_batch == "0")
+      req.no_batch = false;
+    else
+      return api_error::bad_request(
+        fmt::format("X-No-Batch: '{}' is not true or false", no_batch), "", "invalid_value");
+  }
+  return std::nullopt;
 }
 
 std::expected<openai_request, api_error>

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -77,5 +78,12 @@ parse_openai_request(api_kind kind, const nlohmann::json& body, const parse_defa
 /// parse_json() then parse_openai_request(): an HTTP request body.
 std::expected<openai_request, api_error>
 parse_openai_body(api_kind kind, std::string_view body, const parse_defaults& defaults);
+
+/// The request headers X-KV-Cache-Mode ("paged", or "bucketed" where the
+/// server's strategy is bucketed) and X-No-Batch ("true"/"1" or
+/// "false"/"0"), empty when absent, into `req`; a 400 for any other value.
+/// On the io thread, after the body is parsed.
+std::optional<api_error> read_kv_headers(std::string_view mode, std::string_view no_batch,
+                                        kv_strategy configured, generate_request& req);
 
 } // namespace metronome::net

@@ -17,6 +17,10 @@ void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
   num_pages_ = num_pages;
   page_size_ = page_size;
   pool_ = kv_page_pool(num_pages, page_size);
+  buckets_.reset(num_pages, page_size,
+                 config_.kv == kv_strategy::bucketed ? config_.kv_bucket_min_tokens : 0,
+                 config_.kv_buckets_per_size, config_.max_model_len);
+  bucket_holders_.clear();
 }
 
 namespace {
@@ -87,6 +91,41 @@ int32_t scheduler::pages_held(uint64_t id) const {
 void scheduler::release_pages(uint64_t id) {
   if (pool_.table(id))
     pool_.release(id);
+  auto& r = requests_.at(id);
+  if (r.bucket >= 0) {
+    buckets_.give(r.bucket);
+    r.bucket = -1;
+    bucket_holders_.erase(std::find(bucket_holders_.begin(), bucket_holders_.end(), id));
+  }
+}
+
+int32_t scheduler::reserved_unused_pages() const {
+  int32_t n = 0;
+  for (auto id : bucket_holders_)
+    n += std::max(0, buckets_.pages(requests_.at(id).bucket) - pages_held(id));
+  return n;
+}
+
+int32_t scheduler::free_for(const sched_request& r) const {
+  int32_t free = pool_.free_pages() - reserved_unused_pages();
+  if (r.bucket >= 0)
+    free += std::max(0, buckets_.pages(r.bucket) - pages_held(r.id));
+  return free;
+}
+
+bool scheduler::take_bucket(sched_request& r) {
+  if (buckets_.classes() == 0 || r.kv_mode.value_or(config_.kv) != kv_strategy::bucketed)
+    return false;
+  // Its whole life: the prompt and all the output it may produce.
+  const int64_t tokens = int64_t(r.prompt.size()) + r.max_output;
+  const int32_t c = buckets_.find(tokens);
+  if (c < 0 || buckets_.pages(c) > free_for(r))
+    return false;
+  buckets_.take(c);
+  r.bucket = c;
+  bucket_holders_.push_back(r.id);
+  ++bucket_admissions_;
+  return true;
 }
 
 admit_result scheduler::add(sched_request r, sched_time now) {
@@ -96,8 +135,14 @@ admit_result scheduler::add(sched_request r, sched_time now) {
     return admit_result::empty_prompt;
   if (int64_t(r.prompt.size()) >= config_.max_model_len)
     return admit_result::too_long;
+  if ((r.max_context > 0 && r.max_context <= int32_t(r.prompt.size()))
+      || (r.kv_mode == kv_strategy::bucketed && config_.kv != kv_strategy::bucketed))
+    return admit_result::bad_kv_request;
   r.max_output = std::min<int32_t>(r.params.max_tokens,
                                    config_.max_model_len - int32_t(r.prompt.size()));
+  if (r.max_context > 0)
+    r.max_output = std::min<int32_t>(r.max_output, r.max_context - int32_t(r.prompt.size()));
+  r.bucket = -1;
   if (num_pages_ > 0 && pages_for(int64_t(r.prompt.size()) + r.max_output) > num_pages_)
     return admit_result::too_large_for_cache;
   if (int32_t(waiting_.size()) >= config_.max_queued)
@@ -274,12 +319,17 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       continue;
     }
     const int32_t need = pages_for(int64_t(r.num_computed) + n) - pages_held(r.id);
-    // Make room by preempting the most recently admitted other request.
-    while (need > free_pages() && running_.size() > i + 1) {
-      preempt(requests_.at(running_.back()));
+    // Make room by preempting the most recently admitted other request that
+    // holds no bucket (a bucket's pages are guaranteed for its life).
+    while (need > free_for(r)) {
+      auto victim = std::find_if(running_.rbegin(), running_.rend() - ptrdiff_t(i) - 1,
+                                 [&](uint64_t id) { return requests_.at(id).bucket < 0; });
+      if (victim == running_.rend() - ptrdiff_t(i) - 1)
+        break;
+      preempt(requests_.at(*victim));
       preempted = true;
     }
-    if (need > free_pages()) {
+    if (need > free_for(r)) {
       preempt(r); // alone and still too big: wait for pages
       preempted = true;
       continue;
@@ -290,8 +340,11 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     ++i;
   }
 
-  // 2. Waiting requests, in the policy's order (none after a preemption).
-  if (!preempted && budget > 0 && prefill_left > 0
+  // 2. Waiting requests, in the policy's order (none after a preemption,
+  // none beside a request that runs alone).
+  const bool alone = std::any_of(running_.begin(), running_.end(),
+                                 [&](uint64_t id) { return requests_.at(id).no_batch; });
+  if (!preempted && !alone && budget > 0 && prefill_left > 0
       && int32_t(running_.size()) < config_.max_batch_size) {
     int32_t free_slots = config_.max_batch_size - int32_t(running_.size());
     auto order = policy_->admission_order(waiting_list(), free_slots, now);
@@ -300,6 +353,10 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
         break;
       if (r->inflight > 0 || r->status != request_status::waiting)
         continue; // preempted with samples still in flight
+      // One that runs alone waits for the running ones to finish, and the
+      // requests behind it wait for it (no skipping ahead).
+      if (r->no_batch && !running_.empty())
+        break;
       const int32_t total = r->total_tokens();
       // Its longest cached prefix is computed already: the chunk starts
       // after it, in fresh pages.
@@ -308,8 +365,13 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       r->num_computed = cached;
       const int32_t n = within_limit(*r, std::min({total - cached, budget, prefill_left}));
       const int32_t need = pages_for(int64_t(cached) + n) - int32_t(hit.size());
+      const bool bucketed = n > 0 && take_bucket(*r);
       // Shared pages no table holds stop counting as free.
-      if (n <= 0 || need + pool_.unreferenced(hit) > free_pages()) {
+      if (n <= 0 || need + pool_.unreferenced(hit) > free_for(*r)) {
+        if (bucketed) {
+          release_pages(r->id);
+          --bucket_admissions_;
+        }
         r->num_computed = 0;
         break; // no skipping ahead: that would starve long prompts
       }
@@ -331,9 +393,14 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
         prefix_queries_ += total;
         prefix_hits_ += cached;
       }
+      if (!bucketed && buckets_.classes() > 0
+          && r->kv_mode.value_or(config_.kv) == kv_strategy::bucketed)
+        ++bucket_overflows_; // admitted into plain pages
       place(*r, n, need);
       prefill_left -= n;
       --free_slots;
+      if (r->no_batch)
+        break;
     }
   }
 
@@ -413,6 +480,11 @@ std::vector<uint64_t> scheduler::fail_runner() {
   release_next_.clear();
   num_pages_ = 0;
   pool_.reset(0);
+  for (auto id : bucket_holders_)
+    if (auto i = requests_.find(id); i != requests_.end())
+      i->second.bucket = -1;
+  bucket_holders_.clear();
+  buckets_.reset(0, page_size_, 0, 0, 0);
   return failed;
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "sched/admission_policy.hpp"
+#include "sched/kv_buckets.hpp"
 #include "sched/kv_page_pool.hpp"
 #include "sched/step_cost.hpp"
 #include "model/sampling.hpp"
@@ -56,6 +57,11 @@ struct scheduler_config {
   /// model, the KV dtype), and, drawn at random per process, keeps clients
   /// from crafting hash collisions (matches are verified token by token).
   uint64_t cache_salt = 0;
+  /// engine.kv_strategy; the buckets' smallest size (classes of 1, 2, 4
+  /// and 8 times it) and count per class, for bucketed.
+  kv_strategy kv = kv_strategy::paged;
+  int32_t kv_bucket_min_tokens = 4096;
+  int32_t kv_buckets_per_size = 32;
 };
 
 enum class request_status : uint8_t { waiting, running, finished };
@@ -76,6 +82,13 @@ struct sched_request {
   std::optional<sched_time> first_scheduled;
   std::string request_class;
   float non_alnum_share = 0;
+  /// The client's X-KV-Cache-Mode (none: the configured strategy; bucketed
+  /// only where the configuration is bucketed), X-No-Batch (runs alone: no
+  /// other request in its steps), and max_context_length (prompt plus
+  /// output at most; 0: none), which also picks its bucket.
+  std::optional<kv_strategy> kv_mode;
+  bool no_batch = false;
+  int32_t max_context = 0;
 
   // -- bookkeeping -----------------------------------------------------------
   request_status status = request_status::waiting;
@@ -96,6 +109,8 @@ struct sched_request {
   std::vector<uint64_t> page_hashes;
   int32_t named_pages = 0;
   int32_t cached_tokens = 0;
+  /// The bucket class it holds (bucketed; -1: none, its pages are paged).
+  int32_t bucket = -1;
 
   // -- for latency-aware policies (set and read by policies only) -------------
   double predicted_steps = 0;
@@ -118,7 +133,16 @@ struct sched_request {
 };
 
 /// Why a request could not be queued.
-enum class admit_result : uint8_t { ok, empty_prompt, too_long, too_large_for_cache, queue_full, duplicate };
+enum class admit_result : uint8_t {
+  ok,
+  empty_prompt,
+  too_long,
+  too_large_for_cache,
+  queue_full,
+  duplicate,
+  /// max_context_length below the prompt, or bucketed asked of a paged server.
+  bad_kv_request
+};
 
 /// A token for a request, from one step's output.
 struct token_event {
@@ -248,6 +272,18 @@ public:
   int64_t prefix_hits() const {
     return prefix_hits_;
   }
+  /// Bucketed: admissions into a bucket and into overflow pages, and the
+  /// pages buckets hold reserved but not yet used (the strategy's waste).
+  int64_t bucket_admissions() const {
+    return bucket_admissions_;
+  }
+  int64_t bucket_overflows() const {
+    return bucket_overflows_;
+  }
+  int32_t reserved_unused_pages() const;
+  const kv_buckets& buckets() const {
+    return buckets_;
+  }
   const scheduler_config& config() const {
     return config_;
   }
@@ -256,8 +292,14 @@ private:
   int32_t pages_for(int64_t tokens) const;
   /// KV pages `id` holds in the pool.
   int32_t pages_held(uint64_t id) const;
-  /// Returns `id`'s pages to the pool, if it holds any.
+  /// Returns `id`'s pages to the pool, if it holds any, and its bucket.
   void release_pages(uint64_t id);
+  /// Pages r may take now: the pool's free pages less what buckets hold
+  /// reserved for others (r's own reservation counts for r).
+  int32_t free_for(const sched_request& r) const;
+  /// Bucketed: gives a waiting r the smallest free bucket that holds it,
+  /// backed by free pages now; false: it goes paged (overflow).
+  bool take_bucket(sched_request& r);
   void preempt(sched_request& r);
   /// Extends r.page_hashes to its first `pages` full pages of known tokens.
   void hash_pages(sched_request& r, int32_t pages);
@@ -295,6 +337,11 @@ private:
   int64_t limited_steps_ = 0;
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;
+  kv_buckets buckets_;
+  /// Requests holding a bucket (few: at most the running ones).
+  std::vector<uint64_t> bucket_holders_;
+  int64_t bucket_admissions_ = 0;
+  int64_t bucket_overflows_ = 0;
 };
 
 } // namespace metronome

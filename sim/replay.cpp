@@ -37,6 +37,8 @@ const char* describe(admit_result r) {
       return "queue_full";
     case admit_result::duplicate:
       return "duplicate";
+    case admit_result::bad_kv_request:
+      return "bad_kv_request";
   }
   return "unknown";
 }
@@ -130,6 +132,9 @@ public:
     res_.preemptions = sched_->preemptions();
     res_.prefix_queries = sched_->prefix_queries();
     res_.prefix_hits = sched_->prefix_hits();
+    res_.kv_strategy = to_string(sched_->config().kv);
+    res_.bucket_admissions = sched_->bucket_admissions();
+    res_.bucket_overflows = sched_->bucket_overflows();
     res_.policy_stats = *ctx_->state.stats;
     for (const auto& r : res_.requests)
       if (r.e2e_s >= 0)
@@ -215,6 +220,8 @@ private:
     auto u = sched_->update_from_output(out, now_);
     res_.sum_batch += out.num_seqs;
     res_.busy_s += out.seconds;
+    res_.sum_used_pages += sched_->used_pages();
+    res_.sum_reserved_unused_pages += sched_->reserved_unused_pages();
     for (const auto& ev : u.tokens) {
       const auto idx = size_t(ev.id - 1);
       auto& rec = res_.requests[idx];

@@ -85,6 +85,13 @@ struct replay_result {
   int64_t prefix_hits = 0;
   /// Sum over steps of sequences in the step.
   double sum_batch = 0;
+  /// KV strategy: admissions into buckets and into overflow pages, and sums
+  /// over steps of pages in use and of pages buckets hold reserved unused.
+  std::string kv_strategy = "paged";
+  int64_t bucket_admissions = 0;
+  int64_t bucket_overflows = 0;
+  double sum_used_pages = 0;
+  double sum_reserved_unused_pages = 0;
   int32_t max_batch_size = 0;
   double busy_s = 0;
   /// First arrival to last token.

@@ -159,6 +159,14 @@ nlohmann::json make_report(const replay_result& r) {
   j["prefix_cache_queries"] = r.prefix_queries;
   j["prefix_cache_hits"] = r.prefix_hits;
   j["prefix_cache_hit_rate"] = r.prefix_queries > 0 ? double(r.prefix_hits) / double(r.prefix_queries) : 0.0;
+  // Pages in use (tables) and reserved by buckets but not yet used: what
+  // each strategy holds, and wastes, per step on average.
+  j["kv"] = {{"strategy", r.kv_strategy},
+             {"bucket_admissions", r.bucket_admissions},
+             {"bucket_overflows", r.bucket_overflows},
+             {"mean_used_pages", r.sum_used_pages / steps},
+             {"mean_reserved_unused_pages", r.sum_reserved_unused_pages / steps},
+             {"pages", r.kv_pages}};
   const auto acc = measure_accuracy(r.predictions);
   std::vector<prediction_outcome> learned;
   for (const auto& o : r.predictions)

@@ -21,6 +21,10 @@ scheduling_settings settings_from_config(const server_config& cfg) {
   s.limits.max_queued = cfg.server.max_queued_requests;
   s.limits.max_model_len = cfg.model.max_model_len;
   s.limits.prefix_caching = cfg.engine.prefix_caching;
+  s.limits.kv = cfg.engine.kv_strategy == kv_strategy_kind::bucketed ? kv_strategy::bucketed
+                                                                     : kv_strategy::paged;
+  s.limits.kv_bucket_min_tokens = cfg.engine.kv_bucket_min_tokens;
+  s.limits.kv_buckets_per_size = cfg.engine.kv_buckets_per_size;
   s.page_size = cfg.engine.page_size;
   s.kv_cache_tokens = cfg.engine.kv_cache_tokens;
 

@@ -167,6 +167,25 @@ TEST_F(engine_test, the_memory_plan_is_in_the_metrics_once_the_executor_is_up) {
   EXPECT_EQ(plan[0].bytes, bytes);
 }
 
+// engine.kv_strategy bucketed end to end on the CPU: the strategy is named,
+// a request takes a bucket (counted in /metrics) and gives it back.
+TEST_F(engine_test, a_bucketed_engine_reserves_and_returns_buckets) {
+  opts.kv = kv_strategy::bucketed;
+  opts.kv_bucket_min_tokens = 64;
+  opts.kv_buckets_per_size = 2;
+  start();
+  EXPECT_TRUE(eng->status->kv_cache_strategy.starts_with("bucketed;")) << eng->status->kv_cache_strategy;
+  auto out = run(completion("Hello", 8)); // a few prompt tokens + 8: the 64-token class
+  ASSERT_FALSE(out.error) << out.error->message;
+  ASSERT_TRUE(out.done);
+  EXPECT_TRUE(settles());
+  const std::string text = eng->metrics->render(*eng->status);
+  EXPECT_NE(text.find("\nmetronome:kv_bucket_admissions_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nmetronome:kv_bucket_overflows_total 0\n"), std::string::npos);
+  EXPECT_NE(text.find("\nmetronome:kv_bucket_reserved_unused_pages 0\n"), std::string::npos)
+    << "the bucket came back";
+}
+
 TEST_F(engine_test, a_stop_string_ends_generation_before_it_and_is_not_sent) {
   start();
   auto full = run(completion("Once upon a time", 24));

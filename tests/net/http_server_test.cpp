@@ -119,6 +119,25 @@ TEST_F(ServerTest, MetricsRendersTheEngineMetrics) {
 
 // -- chat and completions ------------------------------------------------------------
 
+TEST_F(ServerTest, KvHeadersAreReadAndUnknownValuesRefused) {
+  http_client c{port_};
+  // The fake engine's strategy is paged: a client may ask for paged.
+  c.send(http::verb::post, "/v1/chat/completions", chat_body("echo a"),
+         {{"X-KV-Cache-Mode", "paged"}, {"X-No-Batch", "true"}});
+  auto res = c.read();
+  ASSERT_EQ(res.result_int(), 200u) << res.body();
+  EXPECT_EQ(res["X-KV-Cache-Strategy"], "paged");
+  for (auto [name, value] : {std::pair{"X-KV-Cache-Mode", "bucketed"},
+                             std::pair{"X-KV-Cache-Mode", "contiguous"},
+                             std::pair{"X-No-Batch", "maybe"}}) {
+    http_client d{port_};
+    d.send(http::verb::post, "/v1/chat/completions", chat_body("echo a"), {{name, value}});
+    auto bad = d.read();
+    EXPECT_EQ(bad.result_int(), 400u) << name << ": " << value;
+    EXPECT_NE(bad.body().find(name), std::string::npos) << bad.body();
+  }
+}
+
 TEST_F(ServerTest, ChatNonStreaming) {
   http_client c{port_};
   auto res = c.request(http::verb::post, "/v1/chat/completions", chat_body("echo a b c"));

@@ -2,6 +2,8 @@
 // (status, type, param, code) for wrong types, ranges and unsupported
 // features, as the OpenAI API reference specifies them.
 
+#include <tuple>
+
 #include <gtest/gtest.h>
 
 #include "net/openai_request.hpp"
@@ -126,6 +128,39 @@ TEST(OpenaiRequest, MaxCompletionTokensWinsOverMaxTokens) {
   auto r = chat({{"max_tokens", 10}, {"max_completion_tokens", 20}});
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->request.params.max_tokens, 20);
+}
+
+TEST(OpenaiRequest, MaxContextLengthIsAPositiveInteger) {
+  auto r = completion({{"max_context_length", 4096}});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->request.max_context, 4096);
+  EXPECT_EQ(completion({})->request.max_context, 0) << "absent: no hint";
+  expect_400(completion({{"max_context_length", 0}}), "max_context_length");
+  expect_400(completion({{"max_context_length", "8k"}}), "max_context_length");
+}
+
+TEST(OpenaiRequest, KvHeadersChooseAmongWhatTheServerAllows) {
+  generate_request req;
+  EXPECT_FALSE(read_kv_headers("", "", kv_strategy::paged, req)) << "absent: the defaults";
+  EXPECT_FALSE(req.kv_mode);
+  EXPECT_FALSE(req.no_batch);
+  EXPECT_FALSE(read_kv_headers("paged", "true", kv_strategy::bucketed, req));
+  EXPECT_EQ(req.kv_mode, kv_strategy::paged);
+  EXPECT_TRUE(req.no_batch);
+  EXPECT_FALSE(read_kv_headers("bucketed", "0", kv_strategy::bucketed, req));
+  EXPECT_EQ(req.kv_mode, kv_strategy::bucketed);
+  EXPECT_FALSE(req.no_batch);
+  // Refused, each with a 400 naming the header.
+  for (auto [mode, no_batch, configured] :
+       {std::tuple{"bucketed", "", kv_strategy::paged}, std::tuple{"pooled", "", kv_strategy::bucketed},
+        std::tuple{"", "yes", kv_strategy::paged}}) {
+    generate_request r;
+    auto err = read_kv_headers(mode, no_batch, configured, r);
+    ASSERT_TRUE(err) << mode << " " << no_batch;
+    EXPECT_EQ(err->status, 400);
+    EXPECT_NE(err->message.find(*mode ? "X-KV-Cache-Mode" : "X-No-Batch"), std::string::npos)
+      << err->message;
+  }
 }
 
 TEST(OpenaiRequest, DefaultMaxTokens) {

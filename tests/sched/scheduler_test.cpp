@@ -272,5 +272,134 @@ TEST_F(scheduler_test, executor_failure_fails_running_and_keeps_waiting) {
   check_pages();
 }
 
+// -- KV strategies and running alone --------------------------------------------
+
+TEST(kv_buckets, classes_double_from_the_smallest_and_fit_the_pool) {
+  kv_buckets b;
+  b.reset(1000, 16, 64, 32, 4096); // 64/128/256/512 tokens: 4+8+16+32 pages a set
+  ASSERT_EQ(b.classes(), 4);
+  EXPECT_EQ(b.tokens(3), 512);
+  EXPECT_EQ(b.pages(1), 8);
+  EXPECT_EQ(b.count(0), 16) << "1000 pages back 16 sets, not 32";
+  EXPECT_EQ(b.find(65), 1);
+  for (int i = 0; i < 16; ++i)
+    b.take(1);
+  EXPECT_EQ(b.find(65), 2) << "class 1 taken: the next larger";
+  EXPECT_EQ(b.find(513), -1) << "larger than any bucket";
+  b.give(1);
+  EXPECT_EQ(b.find(65), 1);
+  b.reset(1000, 16, 64, 32, 200); // classes up to the context only
+  EXPECT_EQ(b.classes(), 2);
+  b.reset(10, 16, 64, 32, 4096); // one set does not fit: no buckets
+  EXPECT_EQ(b.classes(), 0);
+  b.reset(1000, 16, 64, 1, 4096);
+  EXPECT_THROW(b.give(0), std::logic_error) << "a bucket given back that was never taken";
+}
+
+TEST_F(scheduler_test, a_bucket_holds_its_pages_for_life_and_is_never_preempted) {
+  cfg.kv = kv_strategy::bucketed;
+  cfg.kv_bucket_min_tokens = 8; // classes of 8 and 16 tokens (2 and 4 pages)
+  cfg.max_model_len = 16;
+  cfg.pipeline_depth = 1;
+  cfg.prefix_caching = false;
+  make(12, 4); // two sets of buckets
+  ASSERT_EQ(s->buckets().count(1), 2);
+  add(make_request(1, 4, 12)); // 16 tokens: a 4-page bucket
+  for (uint64_t id = 2; id <= 4; ++id) {
+    auto r = make_request(id, 4, 12);
+    r.kv_mode = kv_strategy::paged; // chose pages: these may be preempted
+    add(std::move(r));
+  }
+  auto p = next();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(s->find(1)->bucket, 1);
+  EXPECT_EQ(s->bucket_admissions(), 1);
+  EXPECT_EQ(s->reserved_unused_pages(), 3) << "4 reserved, 1 used";
+  // The three paged requests need 12 pages of the 8 the bucket leaves.
+  int guard = 0;
+  while (s->find(1) && ++guard < 100) {
+    for (auto id : p->plan.released)
+      EXPECT_NE(id, 1u) << "the bucket's request was preempted";
+    EXPECT_LE(s->used_pages() + s->reserved_unused_pages(), 12);
+    run(*p);
+    p = next();
+    ASSERT_TRUE(p || !s->find(1));
+  }
+  EXPECT_GT(s->preemptions(), 0) << "the paged requests ran out of pages";
+  EXPECT_FALSE(s->find(1)) << "the bucketed request finished";
+  EXPECT_EQ(s->buckets().free(1), 2) << "its bucket came back";
+}
+
+TEST_F(scheduler_test, a_full_class_overflows_into_pages_and_hints_pick_the_bucket) {
+  cfg.kv = kv_strategy::bucketed;
+  cfg.kv_bucket_min_tokens = 8;
+  cfg.kv_buckets_per_size = 1;
+  cfg.max_model_len = 32;
+  make(64, 4);
+  auto hinted = make_request(1, 4, 100);
+  hinted.max_context = 8; // fits the 8-token class, and caps the output at 4
+  add(std::move(hinted));
+  add(make_request(2, 4, 4)); // 8 tokens: its class is taken, so 16
+  add(make_request(3, 4, 4)); // 8: the 16 and 32 too... its own class is gone
+  add(make_request(4, 4, 4));
+  auto p = next();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(s->find(1)->max_output, 4);
+  EXPECT_EQ(s->find(1)->bucket, 0);
+  EXPECT_EQ(s->find(2)->bucket, 1);
+  EXPECT_EQ(s->find(3)->bucket, 2);
+  EXPECT_EQ(s->find(4)->bucket, -1) << "no free bucket: overflow into pages";
+  EXPECT_EQ(s->bucket_admissions(), 3);
+  EXPECT_EQ(s->bucket_overflows(), 1);
+  check_pages();
+}
+
+TEST_F(scheduler_test, kv_requests_the_server_cannot_honour_are_refused) {
+  make();
+  auto r = make_request(1, 10, 5);
+  r.max_context = 10; // no room for one output token
+  EXPECT_EQ(s->add(std::move(r), now), admit_result::bad_kv_request);
+  r = make_request(2, 10, 5);
+  r.kv_mode = kv_strategy::bucketed; // the server is paged
+  EXPECT_EQ(s->add(std::move(r), now), admit_result::bad_kv_request);
+  r = make_request(3, 10, 5);
+  r.kv_mode = kv_strategy::paged;
+  r.max_context = 11;
+  EXPECT_EQ(s->add(std::move(r), now), admit_result::ok);
+  EXPECT_EQ(s->find(3)->max_output, 1);
+}
+
+TEST_F(scheduler_test, a_no_batch_request_waits_for_the_running_and_then_runs_alone) {
+  make();
+  add(make_request(1, 4, 3));
+  auto p = next();
+  auto alone = make_request(2, 4, 3);
+  alone.no_batch = true;
+  add(std::move(alone));
+  add(make_request(3, 4, 3)); // behind it: waits for it
+  std::vector<std::vector<uint64_t>> steps;
+  int guard = 0;
+  while (p && ++guard < 100) {
+    std::vector<uint64_t> ids;
+    for (const auto& c : p->plan.chunks)
+      ids.push_back(c.id);
+    steps.push_back(ids);
+    run(*p);
+    p = next();
+  }
+  for (const auto& ids : steps)
+    if (std::find(ids.begin(), ids.end(), 2u) != ids.end())
+      EXPECT_EQ(ids, std::vector<uint64_t>{2}) << "request 2 shares no step";
+  const auto first_of = [&](uint64_t id) {
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (std::find(steps[i].begin(), steps[i].end(), id) != steps[i].end())
+        return i;
+    return steps.size();
+  };
+  EXPECT_LT(first_of(2), first_of(3)) << "no skipping ahead of it";
+  EXPECT_LT(first_of(2), steps.size());
+  EXPECT_LT(first_of(3), steps.size()) << "the one behind it ran after";
+}
+
 } // namespace
 } // namespace metronome

@@ -92,6 +92,10 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.gpu_memory_fraction = c.engine.gpu_memory_fraction;
   o.cuda_graphs = c.engine.cuda_graphs;
   o.prefix_caching = c.engine.prefix_caching;
+  o.kv = c.engine.kv_strategy == kv_strategy_kind::bucketed ? kv_strategy::bucketed
+                                                            : kv_strategy::paged;
+  o.kv_bucket_min_tokens = c.engine.kv_bucket_min_tokens;
+  o.kv_buckets_per_size = c.engine.kv_buckets_per_size;
   o.kv_cache_dtype = std::string(to_string(c.engine.kv_cache_dtype));
   o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
   o.on_device_lost = [](const std::string& reason) {

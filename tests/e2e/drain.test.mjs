@@ -13,33 +13,11 @@ import { test } from 'node:test';
 
 import WebSocket from 'ws';
 
-import { MODEL_NAME, eventually, postJson, sleep, sseData, startServer } from './lib/harness.mjs';
+import {
+  MODEL_NAME, eventually, openStream, postJson, sleep, sseData, startServer,
+} from './lib/harness.mjs';
 
 const DRAIN_TIMEOUT_S = 3;
-
-/// A streaming completion over its own connection. `started` resolves at
-/// its first chunk, `done` to { status, body } at its end; `events()` counts
-/// the SSE events so far.
-function openStream(server, body) {
-  let text = '';
-  let first;
-  const started = new Promise((resolve) => { first = resolve; });
-  const done = new Promise((resolve, reject) => {
-    const payload = JSON.stringify({ model: MODEL_NAME, stream: true, ...body });
-    const req = http.request({
-      host: '127.0.0.1', port: server.port, method: 'POST', path: '/v1/completions', agent: false,
-      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) },
-    }, (res) => {
-      res.setEncoding('utf8');
-      res.on('data', (chunk) => { text += chunk; first(); });
-      res.on('end', () => resolve({ status: res.statusCode, body: text }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    req.end(payload);
-  });
-  return { started, done, events: () => sseData(text).length };
-}
 
 /// A WebSocket chat; `started` resolves at its first delta, `done` to
 /// { events, closeCode } once the server closes.

@@ -10,37 +10,15 @@
 // lost device makes the process exit 75 for its service manager.
 
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { test } from 'node:test';
 
 import WebSocket from 'ws';
 
-import { MODEL_NAME, eventually, metrics, postJson, sseData, startServer } from './lib/harness.mjs';
+import {
+  MODEL_NAME, eventually, metrics, openStream, postJson, sseData, startServer,
+} from './lib/harness.mjs';
 
 const LONG = { prompt: 'a long story', max_tokens: 3000, ignore_eos: true, temperature: 0 };
-
-/// A streaming completion over its own connection; `done` resolves to
-/// { status, body } at its end, `started` at its first chunk.
-function openStream(server, body) {
-  let text = '';
-  let first;
-  const started = new Promise((resolve) => { first = resolve; });
-  const done = new Promise((resolve, reject) => {
-    const payload = JSON.stringify({ model: MODEL_NAME, stream: true, ...body });
-    const req = http.request({
-      host: '127.0.0.1', port: server.port, method: 'POST', path: '/v1/completions', agent: false,
-      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) },
-    }, (res) => {
-      res.setEncoding('utf8');
-      res.on('data', (chunk) => { text += chunk; first(); });
-      res.on('end', () => resolve({ status: res.statusCode, body: text }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    req.end(payload);
-  });
-  return { started, done };
-}
 
 /// A WebSocket chat; `done` resolves to its events once its done/error came.
 function openWsChat(server, id, body) {

@@ -15,6 +15,7 @@ corpus=${METRONOME_LIVE_CORPUS:-$tok/../corpora/moby_dick.txt}
 work=${METRONOME_LIVE_WORK:-/tmp/metronome-live}
 mkdir -p "$out" "$work" || exit 2
 . "$(cd "$(dirname "$0")/../.." && pwd)/tools/device/binary_env.sh" "$bin"
+. "$(dirname "$0")/serve_up.sh"
 m="$bin/metronome"
 model=$work/llama3-8b
 [ -e "$model/config.json" ] \
@@ -26,11 +27,7 @@ for st in paged bucketed; do
   "$m" serve --model "$model" --device cuda:0 --port $port --set engine.kv_strategy=$st \
     > "$out/serve-$st.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 600); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-  done
+  serve_up $pid $port "$out/serve-$st.log" || continue
   # Warm-up outside the figures, then the measured run on its own prompts.
   "$m" bench-serve --url "http://127.0.0.1:$port" --tokenizer "$tok/llama3" --corpus "$corpus" \
     --workload "poisson:rate=10,prompt=uniform:130:900,output=uniform:16:64,n=30,seed=99" \

@@ -30,6 +30,7 @@ corpus=${METRONOME_LIVE_CORPUS:-$tok/../corpora/moby_dick.txt}
 work=${METRONOME_LIVE_WORK:-/tmp/metronome-live}
 mkdir -p "$out" "$work" || exit 2
 . "$(cd "$(dirname "$0")/../.." && pwd)/tools/device/binary_env.sh" "$bin"
+. "$(dirname "$0")/serve_up.sh"
 m="$bin/metronome"
 stamp() { echo "== [${SECONDS} s] $*"; }
 
@@ -57,16 +58,7 @@ for spec in "${policies[@]}"; do
   "$m" serve --model "$model" --device cuda:0 --port $port $(settings "$spec") \
     > "$out/serve-$policy.log" 2>&1 &
   pid=$!
-  up=0
-  for _ in $(seq 1 600); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && { up=1; break; }
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-  done
-  if [ $up = 0 ]; then
-    echo "the $policy server did not come up:"; tail -5 "$out/serve-$policy.log"
-    kill -TERM $pid 2>/dev/null; wait $pid; continue
-  fi
+  serve_up $pid $port "$out/serve-$policy.log" || continue
   # A short warm-up outside the figures (first steps of each shape, cuBLAS
   # heuristics, the step-time estimator's first samples).
   "$m" bench-serve --url "http://127.0.0.1:$port" --tokenizer "$tok/llama3" --corpus "$corpus" \

@@ -15,6 +15,7 @@ work=${METRONOME_LIVE_WORK:-/tmp/metronome-live}
 mkdir -p "$out" "$work" || exit 2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 . "$root/tools/device/binary_env.sh" "$bin"
+. "$(dirname "$0")/serve_up.sh"
 m="$bin/metronome"
 stamp() { echo "== [${SECONDS} s] $*"; }
 model=$work/llama3-8b
@@ -30,16 +31,7 @@ for v in on off; do
   "$m" serve --model "$model" --device cuda:0 --port $port --served-model-name default \
     --set engine.prefix_caching=$flag > "$out/serve-prefix-$v.log" 2>&1 &
   pid=$!
-  up=0
-  for _ in $(seq 1 600); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && { up=1; break; }
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-  done
-  if [ $up = 0 ]; then
-    echo "the server did not come up:"; tail -5 "$out/serve-prefix-$v.log"
-    kill -TERM $pid 2>/dev/null; wait $pid; continue
-  fi
+  serve_up $pid $port "$out/serve-prefix-$v.log" || continue
   cpu0=$(awk '{print $14 + $15}' /proc/$pid/stat); t0=$(date +%s.%N)
   python3 "$root/bench/serve/prefix_h200.py" --url "http://127.0.0.1:$port" --label "$v" \
     --out "$out/prefix-$v.json" > /dev/null || echo "prefix_h200.py failed ($v)"

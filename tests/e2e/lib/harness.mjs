@@ -166,12 +166,11 @@ export async function eventually(fn, timeoutMs = 15_000, everyMs = 50) {
   }
 }
 
-/// One HTTP request with node:http (no retries, no pooling): resolves to
-/// { status, headers, body }.
-export function rawRequest(server, { method = 'GET', path: p = '/', headers = {}, body } = {}) {
+/// Sends one request with `send` (http.request or https.request) and
+/// resolves to { status, headers, body }.
+function requestWith(send, options, body) {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port: server.port, method, path: p,
-                               headers, agent: false }, (res) => {
+    const req = send({ ...options, agent: false }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode, headers: res.headers,
@@ -185,23 +184,18 @@ export function rawRequest(server, { method = 'GET', path: p = '/', headers = {}
   });
 }
 
+/// One HTTP request with node:http (no retries, no pooling): resolves to
+/// { status, headers, body }.
+export function rawRequest(server, { method = 'GET', path: p = '/', headers = {}, body } = {}) {
+  return requestWith(http.request, { host: '127.0.0.1', port: server.port, method, path: p, headers },
+                     body);
+}
+
 /// One HTTPS request trusting only `ca` (server name: localhost); same
 /// result shape as rawRequest.
 export function tlsRequest({ port, ca, method = 'GET', path: p = '/', headers = {}, body }) {
-  return new Promise((resolve, reject) => {
-    const req = https.request({ host: '127.0.0.1', servername: 'localhost', port, method,
-                                path: p, headers, ca, agent: false }, (res) => {
-      const chunks = [];
-      res.on('data', (c) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers,
-                                    body: Buffer.concat(chunks).toString('utf8') }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    if (body !== undefined)
-      req.write(body);
-    req.end();
-  });
+  return requestWith(https.request, { host: '127.0.0.1', servername: 'localhost', port, method,
+                                      path: p, headers, ca }, body);
 }
 
 /// POSTs JSON; same result shape as rawRequest.

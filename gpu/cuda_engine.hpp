@@ -280,6 +280,11 @@ private:
     graph_exec exec[2];
   };
   static constexpr int32_t mixed_max_chunks = 4;
+  /// METRONOME_PDL=auto: steps with prompt tokens launch with PDL from this
+  /// many rows (uncaptured long prefills, 1-6% faster with it); the mixed
+  /// graphs and smaller steps without (7-15% faster without:
+  /// bench/results/h200-2026-12-03-pdl.md).
+  static constexpr int32_t prompt_pdl_min_rows = 320;
   /// Captures the mixed step of graph `m` (mixed_graphs_) through slot `slot`.
   size_t capture_mixed(const mixed_graph& m, graph_exec& out, int32_t slot);
   /// The layout of the mixed graph for `singles` one-token rows and `prompt`
@@ -300,6 +305,9 @@ private:
   void enqueue_decode(const layout& l, int32_t batch, decode_path path, int32_t penalties);
   /// The path of an uncaptured decode step of `batch` sequences.
   decode_path eager_path(int32_t batch) const;
+  /// Whether a step with prompt tokens of `rows` rows launches with PDL:
+  /// METRONOME_PDL on or late, or auto from prompt_pdl_min_rows.
+  static bool prompt_pdl(int32_t rows);
   /// One projection of the skinny path.
   void skinny(gemv_epilogue ep, const gemv_args& a);
   /// Decode attention of `seqs` one-token sequences into attn_. raw_qkv: qkv_

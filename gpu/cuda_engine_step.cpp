@@ -727,6 +727,14 @@ void cuda_engine::apply_page_updates(std::span<const page_update> updates) {
                       int32_t(updates.size()), stream_);
 }
 
+bool cuda_engine::prompt_pdl(int32_t rows) {
+  // A 2,048-token prefill took 1-6% less time with PDL on the H200
+  // (bench/results/h200-2026-12-01-r12.md); steps of decodes beside a chunk
+  // of up to 128 tokens 7-15% more, captured or not (h200-2026-12-03-pdl.md).
+  const pdl_mode mode = pdl_setting();
+  return mode == pdl_mode::per_graph ? rows >= prompt_pdl_min_rows : mode != pdl_mode::off;
+}
+
 void cuda_engine::enqueue_eager(int32_t slot, const layout& l, int32_t sampled, int32_t penalties,
                                 bool all_single, bool decode, bool any_logprobs) {
   METRONOME_CUDA(cudaMemcpyAsync(inputs_.get(), staging_[slot].get(), l.bytes,
@@ -739,10 +747,8 @@ void cuda_engine::enqueue_eager(int32_t slot, const layout& l, int32_t sampled, 
   if (decode) {
     enqueue_decode(l, l.seqs, eager_path(l.seqs), penalties);
   } else {
-    // Steps with prompt tokens launch with PDL unless METRONOME_PDL=0: a
-    // 2,048-token prefill took 1-6% less time with it on the H200, or the
-    // same (bench/results/h200-2026-12-01-r12.md).
-    const pdl_scope prompt_pdl(pdl_setting() != pdl_mode::off);
+    // Long steps with prompt tokens launch with PDL (prompt_pdl).
+    const pdl_scope with_pdl(prompt_pdl(l.tokens));
     enqueue_general(l, sampled, all_single, penalties);
   }
   enqueue_logprobs_ = true;

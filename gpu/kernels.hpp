@@ -353,8 +353,8 @@ kernel_generations parse_kernel_generations(const std::string& spec,
 /// How launches on a stream use programmatic dependent launch (launch.cuh),
 /// from METRONOME_PDL, read once: "0" (off, false, no) off everywhere, "1"
 /// (on, true, yes) on everywhere, unset or "auto" (per_graph) off except
-/// where an engine turns it on with a pdl_scope: in steps with prompt tokens
-/// (uncaptured; bench/results/h200-2026-12-01-r12.md), and in the decode
+/// where an engine turns it on with a pdl_scope: in long steps with prompt
+/// tokens (cuda_engine::prompt_pdl), and in the decode
 /// graphs that win with it: where a batch size takes the GEMV path, the
 /// engine times that graph with and without PDL at start-up (four
 /// alternating timings each) and keeps PDL if it wins by 1% (a fixed

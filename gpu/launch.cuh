@@ -14,7 +14,7 @@
 // spin, each holding registers and issuing its weight loads out of order:
 // the 8B batch-1 step lost 7% on the H200.) Captured graphs keep these
 // programmatic edges. Whether a launch uses it: pdl_active() (kernels.hpp;
-// by default on for prompt steps and chosen per decode graph by the engine,
+// by default on for long prompt steps and chosen per decode graph by the engine,
 // METRONOME_PDL=1 or 0 forces it), except that the residual-adding GEMVs
 // (both generations; not the skinny GEMM, whose graphs auto never gives PDL)
 // launch early only with late triggers (launch_gemv). Off, both calls are

@@ -339,15 +339,12 @@ struct options {
   std::string path = "auto"; // cuda_runner_options::small_batch_path
   std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
   int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
-  std::string profile_mixed;      // B:N: one mixed step inside a profiler range, then exit
+  std::string profile_mixed;      // B:N[,B:N...]: mixed steps timed, the first profiled, then exit
 };
 
-/// `--profile-mixed B:N`: B decodes at 1,024 keys beside one prompt chunk of
-/// N tokens (N = 0: the B decodes alone, uncaptured), the step's wall time
-/// with and without graphs, and one such step inside a profiler range for
-/// `ncu --profile-from-start off` (kernel by kernel, to set beside a decode
-/// step's). Returns the exit code.
-int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec) {
+/// One B:N spec of --profile-mixed; `profile`: its step inside the profiler range.
+int profile_mixed_one(bench_driver& d, model_runner& runner, const std::string& spec,
+                      bool profile) {
   const auto colon = spec.find(':');
   const auto b = parse_integer(spec.substr(0, colon));
   const auto n = colon == std::string::npos ? std::nullopt : parse_integer(spec.substr(colon + 1));
@@ -355,7 +352,7 @@ int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec
     std::fprintf(stderr, "gpu_bench: --profile-mixed: expected B:N, not '%s'\n", spec.c_str());
     return 2;
   }
-  auto all = d.prefill(int32_t(*b), 1024);
+  const auto all = d.prefill(int32_t(*b), 1024);
   const int32_t chunk = int32_t(*n);
   auto extra = d.add(1, std::max(1, 16 * chunk));
   auto chunks = [&](bool with_prompt) {
@@ -382,6 +379,12 @@ int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec
   std::printf("profile-mixed %s: decode captured %.3f ms, uncaptured %.3f ms; mixed captured "
               "%.3f ms, uncaptured %.3f ms\n",
               spec.c_str(), median(captured), median(eager), median(mixed), median(mixed_eager));
+  std::fflush(stdout);
+  if (!profile) {
+    d.release(all);
+    d.release(extra);
+    return 0;
+  }
   // The profiled step: with graphs as configured (ncu times each kernel of
   // a replayed graph too).
   if (std::getenv("METRONOME_PROFILE_EAGER"))
@@ -392,6 +395,32 @@ int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec
   METRONOME_CUDA(cudaDeviceSynchronize());
   METRONOME_CUDA(cudaProfilerStop());
   set_cuda_graphs(runner, true);
+  d.release(all);
+  d.release(extra);
+  return 0;
+}
+
+/// `--profile-mixed B:N`: B decodes at 1,024 keys beside one prompt chunk of
+/// N tokens (N = 0: the B decodes alone, uncaptured), the step's wall time
+/// with and without graphs, and one such step inside a profiler range for
+/// `ncu --profile-from-start off` (kernel by kernel, to set beside a decode
+/// step's). Several specs, separated by commas, are timed one after another
+/// on the same engine (one start-up); only the first is profiled. Returns
+/// the exit code.
+int profile_mixed(bench_driver& d, model_runner& runner, const std::string& specs) {
+  bool first = true;
+  for (size_t at = 0; at <= specs.size();) {
+    size_t end = specs.find(',', at);
+    if (end == std::string::npos)
+      end = specs.size();
+    const std::string spec = specs.substr(at, end - at);
+    at = end + 1;
+    if (spec.empty())
+      continue;
+    if (const int rc = profile_mixed_one(d, runner, spec, first); rc != 0)
+      return rc;
+    first = false;
+  }
   return 0;
 }
 

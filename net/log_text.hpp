@@ -1,18 +1,12 @@
 #pragma once
-// Client-provided text on its way into a log line: request ids, WebSocket
-// ids, paths, header values. Escaped so that a client cannot end the line
-// and forge the next one (log injection), and cut so that it cannot flood
-// the log.
+// log_text lives in metrics/log_text.hpp, below the engine, so that every
+// log line (the edge's, the engine's, structured events) escapes client
+// text the same way; the network edge keeps calling it by this name.
 
-#include <cstddef>
-#include <string>
-#include <string_view>
+#include "metrics/log_text.hpp"
 
 namespace metronome::net {
 
-/// `text` with control characters (below 0x20, and 0x7f) and backslashes
-/// written as C escapes (\n, \r, \t, \\, \xNN), cut after `max_bytes` input
-/// bytes with "..." appended. Any thread.
-std::string log_text(std::string_view text, size_t max_bytes = 200);
+using metronome::log_text;
 
 } // namespace metronome::net

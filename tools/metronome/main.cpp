@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "metrics/log_event.hpp"
 #include "model/model_error.hpp"
 #include "tools/metronome/command.hpp"
 
@@ -39,7 +40,9 @@ int main(int argc, char** argv) {
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [_, setup] : commands)
     setup(app);
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  // Logs go to stderr, leaving stdout to each command's output; `serve`
+  // sets its configured level and format (logging.*).
+  configure_logging(log_format::text, spdlog::level::info);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,6 @@
-#include "net/log_text.hpp"
+#include "metrics/log_text.hpp"
 
-namespace metronome::net {
+namespace metronome {
 
 std::string log_text(std::string_view text, size_t max_bytes) {
   static constexpr char hex[] = "0123456789abcdef";
@@ -31,4 +31,4 @@ std::string log_text(std::string_view text, size_t max_bytes) {
   return out;
 }
 
-} // namespace metronome::net
+} // namespace metronome

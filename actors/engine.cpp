@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/engine_metrics.hpp"
+#include "actors/stats_reporter.hpp"
 #include "actors/executor.hpp"
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -159,6 +160,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (o.drift.enabled && o.policy != "fcfs")
     e.drift_supervisor = spawn_drift_supervisor(sys, e.scheduler, {o.drift, o.policy, "fcfs"},
                                                 e.metrics);
+  if (o.stats_interval.count() > 0)
+    e.stats_reporter = spawn_stats_reporter(sys, e.scheduler, e.metrics, e.status,
+                                            o.stats_interval);
   executor_supervision supervision{o.max_restarts, o.restart_window};
   supervision.on_device_lost = o.on_device_lost;
   e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory), supervision,
@@ -177,7 +181,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
 }
 
 void engine::shutdown() const {
-  for (const auto& a : {frontend, supervisor, drift_supervisor, scheduler})
+  for (const auto& a : {frontend, supervisor, drift_supervisor, stats_reporter, scheduler})
     if (a)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }

@@ -60,6 +60,9 @@ struct engine_options {
   ladb_options ladb;
   srpt_options srpt;
   drift_options drift;
+  /// How often the stats line (actors/stats_reporter.hpp) is written while
+  /// the engine has work; 0: never.
+  std::chrono::milliseconds stats_interval{std::chrono::seconds(10)};
   /// Default and maximum time a request may take.
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   /// Longest one engine step may take before the executor counts as hung.
@@ -149,6 +152,8 @@ struct engine {
   caf::actor supervisor;
   /// The drift supervisor (null unless a latency-aware policy runs).
   caf::actor drift_supervisor;
+  /// Writes the stats line (null when options.stats_interval is 0).
+  caf::actor stats_reporter;
   std::shared_ptr<engine_status> status;
   std::shared_ptr<engine_metrics> metrics;
   std::shared_ptr<const tokenizer> tokens;

@@ -53,6 +53,11 @@ engine_metrics::engine_metrics()
     step_time_(registry_.add_histogram("metronome:step_duration_seconds",
                                        "Wall time of each engine step on the device.",
                                        itl_buckets())),
+    computed_tokens_(registry_.add_counter(
+      "metronome:step_computed_tokens_total",
+      "Tokens computed by engine steps, prompt and output (throughput as it happens).")),
+    sampled_tokens_(registry_.add_counter("metronome:step_sampled_tokens_total",
+                                          "Output tokens sampled by engine steps.")),
     prompt_tokens_(registry_.add_counter("metronome:prompt_tokens_total",
                                          "Prompt tokens of finished requests.")),
     generation_tokens_(registry_.add_counter("metronome:generation_tokens_total",
@@ -113,7 +118,12 @@ engine_metrics::engine_metrics()
   // nop
 }
 
-void engine_metrics::on_step(int32_t num_seqs, int32_t max_batch_size, int64_t, double seconds) {
+void engine_metrics::on_step(int32_t num_seqs, int32_t max_batch_size, int64_t num_tokens,
+                             int64_t sampled_tokens, double seconds) {
+  if (num_tokens > 0)
+    computed_tokens_.inc(double(num_tokens));
+  if (sampled_tokens > 0)
+    sampled_tokens_.inc(double(sampled_tokens));
   batch_size_.observe(num_seqs);
   if (max_batch_size > 0)
     batch_efficiency_.observe(double(num_seqs) / max_batch_size);
@@ -179,6 +189,19 @@ void engine_metrics::on_kv_buckets(int64_t bucketed, int64_t overflowed,
 
 void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {
   policy_switches_.with({policy, why}).inc();
+}
+
+engine_stats_sample engine_metrics::sample(const engine_status& s) const {
+  engine_stats_sample out;
+  out.computed_tokens = computed_tokens_.value();
+  out.sampled_tokens = sampled_tokens_.value();
+  out.prefix_queries = prefix_queries_.value();
+  out.prefix_hits = prefix_hits_.value();
+  out.running = s.running.load();
+  out.waiting = s.waiting.load();
+  out.kv_used_pages = s.kv_used_pages.load();
+  out.kv_total_pages = s.kv_total_pages.load();
+  return out;
 }
 
 std::string engine_metrics::render(const engine_status& s) {

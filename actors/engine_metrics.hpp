@@ -14,13 +14,31 @@ namespace metronome {
 
 struct engine_status;
 
+/// The counters and gauges the stats line reads (stats_reporter.hpp), from
+/// the same sources as /metrics.
+struct engine_stats_sample {
+  /// Since the start: tokens the steps computed (prompt and output), tokens
+  /// they sampled (output), prompt tokens looked up in the prefix cache and
+  /// found there.
+  double computed_tokens = 0;
+  double sampled_tokens = 0;
+  double prefix_queries = 0;
+  double prefix_hits = 0;
+  /// Now.
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t kv_used_pages = 0;
+  int32_t kv_total_pages = 0;
+};
+
 class engine_metrics {
 public:
   engine_metrics();
 
   /// One engine step ran: `num_seqs` sequences (of at most max_batch_size)
-  /// and `num_tokens` tokens in `seconds`.
-  void on_step(int32_t num_seqs, int32_t max_batch_size, int64_t num_tokens, double seconds);
+  /// computed `num_tokens` tokens and sampled `sampled_tokens` in `seconds`.
+  void on_step(int32_t num_seqs, int32_t max_batch_size, int64_t num_tokens,
+               int64_t sampled_tokens, double seconds);
 
   /// A request's first token: queue time and time to first token.
   void on_first_token(double queue_s, double ttft_s);
@@ -62,6 +80,9 @@ public:
   /// process metrics (memory, heap, descriptors, CPU) sampled now.
   std::string render(const engine_status& status);
 
+  /// The stats line's figures now, the gauges from `status`. Any thread.
+  engine_stats_sample sample(const engine_status& status) const;
+
   prometheus::registry& registry() {
     return registry_;
   }
@@ -75,6 +96,8 @@ private:
   prometheus::histogram& batch_size_;
   prometheus::histogram& batch_efficiency_;
   prometheus::histogram& step_time_;
+  prometheus::counter& computed_tokens_;
+  prometheus::counter& sampled_tokens_;
   prometheus::counter& prompt_tokens_;
   prometheus::counter& generation_tokens_;
   prometheus::counter& preemptions_;

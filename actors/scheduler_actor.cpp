@@ -127,7 +127,8 @@ void on_output(self_ptr self, const step_output& out) {
   auto& st = self->state;
   auto u = st.core->update_from_output(out, engine_now(self));
   if (st.metrics)
-    st.metrics->on_step(out.num_seqs, st.config.limits.max_batch_size, out.num_tokens, out.seconds);
+    st.metrics->on_step(out.num_seqs, st.config.limits.max_batch_size, out.num_tokens,
+                        int64_t(out.tokens.size()), out.seconds);
   for (auto& ev : u.tokens) {
     auto i = st.requests.find(ev.id);
     if (i == st.requests.end())

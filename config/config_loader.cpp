@@ -163,7 +163,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 // -- shorthand flags -------------------------------------------------------------
 
-constexpr std::array<config_flag, 17> flags = {{
+constexpr std::array<config_flag, 18> flags = {{
   {"--host", "server.host", "Address to listen on"},
   {"--port", "server.port", "TCP port (0 = any free port)"},
   {"--model", "model.path", "Hugging Face model folder"},
@@ -180,6 +180,7 @@ constexpr std::array<config_flag, 17> flags = {{
   {"--policy", "engine.policy", "fcfs, ladb or srpt"},
   {"--io-threads", "server.io_threads", "Network threads"},
   {"--log-level", "logging.level", "trace, debug, info, warn or error"},
+  {"--log-format", "logging.format", "Log lines on stderr: text or json"},
   {"--api-key", "server.api_keys",
    "API key(s) clients must send, comma-separated (visible to ps: prefer METRONOME_API_KEY or "
    "server.api_keys_file)"},

@@ -400,6 +400,8 @@ std::vector<config_key> make_keys() {
                "File with more API keys, one per line ('#' comments); empty: none."));
   add(boolean_key("server.metrics_without_key", METRONOME_FIELD(server.metrics_without_key),
                   "GET /metrics answers without an API key."));
+  add(boolean_key("server.chat_page", METRONOME_FIELD(server.chat_page),
+                  "GET / serves the chat page (no API key needed to load it; false: 404)."));
   add(list_key("server.allowed_origins", METRONOME_FIELD(server.allowed_origins),
                "Browser origins allowed besides the server's own (CORS and /v1/ws); \"*\" = any.",
                "origins (http[s]://host[:port], or \"*\")", &valid_origin));
@@ -555,6 +557,15 @@ std::vector<config_key> make_keys() {
                  std::array{log_level::trace, log_level::debug, log_level::info, log_level::warn,
                             log_level::error},
                  "Log verbosity."));
+  add(choice_key("logging.format", METRONOME_FIELD(logging.format),
+                 std::array{log_format_kind::text, log_format_kind::json},
+                 "Log lines on stderr as text, or as one JSON object a line."));
+  add(real_key("logging.stats_interval_s", METRONOME_FIELD(logging.stats_interval_s),
+               {0, 86400.0},
+               "Seconds between the engine's stats lines while it has work; 0 = none."));
+  add(boolean_key("logging.log_prompts", METRONOME_FIELD(logging.log_prompts),
+                  "Access lines also carry each request's prompt and output (off: never "
+                  "logged)."));
   return keys;
 }
 

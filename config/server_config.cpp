@@ -98,6 +98,14 @@ std::string_view to_string(log_level x) {
   return "?";
 }
 
+std::string_view to_string(log_format_kind x) {
+  switch (x) {
+    case log_format_kind::text: return "text";
+    case log_format_kind::json: return "json";
+  }
+  return "?";
+}
+
 std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text) {
   for (auto x : {scheduling_policy::fcfs, scheduling_policy::ladb, scheduling_policy::srpt,
                  scheduling_policy::ladb_literal})

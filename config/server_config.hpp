@@ -68,6 +68,9 @@ enum class fallback_policy_kind : uint8_t { immediate_dispatch, wait };
 /// Log verbosity, as spdlog names it.
 enum class log_level : uint8_t { trace, debug, info, warn, error };
 
+/// How log lines are written: text, or one JSON object a line.
+enum class log_format_kind : uint8_t { text, json };
+
 /// The YAML spelling of each value ("" for chat_template_kind::from_tokenizer).
 std::string_view to_string(chat_template_kind x);
 std::string_view to_string(scheduling_policy x);
@@ -76,6 +79,7 @@ std::string_view to_string(kv_strategy_kind x);
 std::string_view to_string(queue_strategy_kind x);
 std::string_view to_string(fallback_policy_kind x);
 std::string_view to_string(log_level x);
+std::string_view to_string(log_format_kind x);
 
 /// Parses a YAML spelling; nullopt when `text` is none of them.
 std::optional<scheduling_policy> parse_scheduling_policy(std::string_view text);
@@ -129,6 +133,8 @@ struct server_section {
   std::string api_keys_file;
   /// GET /metrics answers without a key (a scraper on a trusted network).
   bool metrics_without_key = false;
+  /// GET / serves the chat page (docs/protocol.md, "The chat page").
+  bool chat_page = true;
   /// Browser origins ("https://app.example.com", or "*" for any) allowed to
   /// call the API and open /v1/ws besides the server's own; empty: none.
   std::vector<std::string> allowed_origins;
@@ -293,6 +299,14 @@ struct supervisor_section {
 /// `logging`.
 struct logging_section {
   log_level level = log_level::info;
+  /// Text lines, or one JSON object a line (docs/operations.md).
+  log_format_kind format = log_format_kind::text;
+  /// The engine's stats line comes every this many seconds while it has
+  /// work; 0: never.
+  double stats_interval_s = 10.0;
+  /// Access lines also carry each request's prompt and output (escaped, cut
+  /// at 8 KiB). Off: no prompt or output text is ever logged.
+  bool log_prompts = false;
 
   bool operator==(const logging_section&) const = default;
 };

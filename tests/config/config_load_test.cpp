@@ -311,6 +311,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"server.api_keys", "sk-one,sk-\"two\"#"},
     {"server.api_keys_file", "/etc/metronome/keys"},
     {"server.metrics_without_key", "true"},
+    {"server.chat_page", "false"},
     {"server.allowed_origins", "https://chat.example.com,http://[::1]:8080"},
     {"server.allowed_hosts", ".example.com,llm.internal,*"},
     {"server.tls.cert_file", "/etc/metronome/cert.pem"},
@@ -362,6 +363,9 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"supervisor.executor.max_restarts", "1000"},
     {"supervisor.executor.restart_window_s", "604800"},
     {"logging.level", "trace"},
+    {"logging.format", "json"},
+    {"logging.stats_interval_s", "2.5"},
+    {"logging.log_prompts", "true"},
   };
   return values;
 }

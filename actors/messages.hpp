@@ -133,6 +133,11 @@ struct text_delta {
   /// Sequences in the engine step that produced the first token; set on the
   /// first delta only (0 afterwards).
   int32_t first_token_batch_size = 0;
+  /// The request's prompt tokens, and the tokens generated so far (this
+  /// delta's included): what the edge's access line reports of a request
+  /// that ends without generation_done (cancelled, failed).
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
 };
 
 /// The end of a request.
@@ -354,7 +359,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, text_delta& x) {
   return f(caf::meta::type_name("text_delta"), x.request_id, x.text, x.token_ids, x.logprobs,
-           x.first_token_batch_size);
+           x.first_token_batch_size, x.prompt_tokens, x.completion_tokens);
 }
 
 template <class Inspector>

@@ -140,7 +140,8 @@ void emit(self_ptr self, std::string text, std::vector<int32_t> ids) {
   auto& st = self->state;
   if (text.empty() && st.sent_first && st.held_logprobs.empty())
     return;
-  text_delta d{st.req.request_id, std::move(text), std::move(ids), {}, 0};
+  text_delta d{st.req.request_id, std::move(text), std::move(ids), {}, 0, st.prompt_tokens,
+               st.completion_tokens};
   d.logprobs.swap(st.held_logprobs);
   if (!st.sent_first) {
     d.first_token_batch_size = st.first_batch;

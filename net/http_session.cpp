@@ -69,7 +69,11 @@ http_session::http_session(connection_stream socket, strand_type strand,
     over_limit_(over_limit),
     idle_timer_(strand_),
     write_timer_(strand_),
-    outbox_(ctx_->opts.max_pending_write_bytes) {}
+    outbox_(ctx_->opts.max_pending_write_bytes) {
+  error_code ec;
+  auto peer = socket_.socket().remote_endpoint(ec);
+  client_ = ec ? std::string("-") : peer.address().to_string();
+}
 
 http_session::~http_session() {
   if (active_ && active_->sink)
@@ -223,6 +227,11 @@ void http_session::finish_read() {
 
 void http_session::on_read_error(error_code ec) {
   reading_ = false;
+  std::unique_ptr<access_record> access;
+  if (parser_ && parser_->is_header_done())
+    access = new_access(parser_->get().method_string(), parser_->get().target());
+  else
+    access = new_access("-", "-"); // unreadable: no method or route to name
   parser_.reset();
   if (closed_)
     return;
@@ -243,14 +252,18 @@ void http_session::on_read_error(error_code ec) {
   if (!answer) {
     // End of stream, reset, timeout: the client is gone. Whatever it asked
     // for is cancelled.
+    if (!access->has_request())
+      access->discard(); // a keep-alive connection closing: no request, no line
     close();
     return;
   }
   if (busy_) {
     pending_error_ = std::move(answer);
+    pending_access_ = std::move(access);
     return;
   }
   busy_ = true;
+  access_ = std::move(access);
   send_error(*answer, 11, false, true);
 }
 
@@ -261,15 +274,18 @@ void http_session::refuse_access(api_error err) {
   reading_ = false;
   ++idle_generation_;
   idle_timer_.cancel();
+  auto access = new_access(req.method_string(), req.target());
   if (busy_) {
     // Answered (and the connection closed) once the response in progress is out.
     pending_error_ = std::move(err);
+    pending_access_ = std::move(access);
     parser_.reset();
     return;
   }
   allow_origin_ = ctx_->access.allow_origin(req);
   parser_.reset();
   busy_ = true;
+  access_ = std::move(access);
   send_error(err, 11, false, true);
 }
 
@@ -277,6 +293,7 @@ void http_session::refuse_access(api_error err) {
 
 void http_session::dispatch(request_type req) {
   busy_ = true;
+  access_ = new_access(req.method_string(), req.target());
   auto target = std::string_view(req.target());
   auto path = target.substr(0, target.find('?'));
   auto r = route_of(path);
@@ -342,6 +359,11 @@ void http_session::start_generation(api_kind kind, request_type& req) {
     return;
   }
   p.request.request_id = ctx_->new_request_id(kind);
+  access_->set_request_id(p.request.request_id);
+  if (ctx_->opts.log_prompts) {
+    access_->set_prompt(prompt_text(p.request));
+    access_->keep_output();
+  }
   active_request a;
   a.tag = next_tag_++;
   a.meta.kind = kind;
@@ -389,7 +411,11 @@ void http_session::upgrade(request_type req) {
                req.version(), false, true);
     return;
   }
-  // From here on the socket belongs to the WebSocket session.
+  // From here on the socket belongs to the WebSocket session; its chats
+  // get their own access lines.
+  access_->on_status(101);
+  access_->write();
+  access_.reset();
   closed_ = true;
   ++idle_generation_;
   ++write_generation_;
@@ -397,7 +423,8 @@ void http_session::upgrade(request_type req) {
   write_timer_.cancel();
   if (port_)
     port_->close();
-  auto ws = std::make_shared<ws_session>(std::move(socket_), strand_, ctx_, std::move(slot_));
+  auto ws = std::make_shared<ws_session>(std::move(socket_), strand_, ctx_, std::move(slot_),
+                                         client_);
   ws->start(std::move(req));
 }
 
@@ -407,6 +434,8 @@ void http_session::on_delta(uint64_t tag, text_delta& d) {
   if (closed_ || !active_ || active_->tag != tag)
     return;
   auto& a = *active_;
+  if (access_)
+    access_->on_delta(d);
   if (a.first_token_batch_size == 0)
     a.first_token_batch_size = d.first_token_batch_size;
   if (!a.stream) {
@@ -425,6 +454,8 @@ void http_session::on_done(uint64_t tag, generation_done& done) {
     return;
   auto& a = *active_;
   a.sink = nullptr; // it quits on its own
+  if (access_)
+    access_->on_done(done);
   if (a.first_token_batch_size == 0)
     a.first_token_batch_size = done.first_token_batch_size;
   spdlog::debug("{} done: {} prompt={} completion={} e2e={:.3f}s", a.meta.id, done.finish_reason,
@@ -454,6 +485,8 @@ void http_session::on_error(uint64_t tag, generation_error& e) {
   a.sink = nullptr;
   auto err = api_error::from(e);
   spdlog::debug("{} failed: {} ({})", a.meta.id, log_text(err.message), err.status);
+  if (access_)
+    access_->on_error(err);
   if (a.stream && a.headers_sent) {
     // Too late for a status code: an error event, as OpenAI's streams do.
     send_stream_event(sse_event(err.to_json()) + std::string(sse_done), true);
@@ -484,6 +517,8 @@ void http_session::finish_drain() {
     fmt::format("the server shut down before the request finished (drain timeout {} ms)",
                 ctx_->opts.drain_timeout.count()));
   spdlog::debug("{} ended by the drain timeout", a.meta.id);
+  if (access_)
+    access_->on_error(err);
   if (a.stream && a.headers_sent) {
     // As on_error: an error event, then [DONE], so clients see a clean end.
     send_stream_event(sse_event(err.to_json()) + std::string(sse_done), true);
@@ -516,6 +551,11 @@ void http_session::send_response(response_type res, bool close) {
     res.set(http::field::access_control_allow_origin, allow_origin_);
     res.set(http::field::vary, "Origin");
   }
+  if (access_) {
+    access_->on_status(int(res.result_int()));
+    if (res.result_int() >= 400)
+      access_->on_error_body(res.body()); // the routes' own error answers
+  }
   res.prepare_payload();
   std::string out = header_text(res.base());
   out += res.body();
@@ -524,6 +564,8 @@ void http_session::send_response(response_type res, bool close) {
 
 void http_session::send_error(const api_error& err, unsigned version, bool keep_alive,
                               bool close_after) {
+  if (access_)
+    access_->on_error(err);
   response_type res{static_cast<http::status>(err.status), version};
   res.set(http::field::content_type, "application/json");
   if (err.retry_later())
@@ -548,6 +590,8 @@ void http_session::send_stream_headers(int32_t batch_size) {
     res.set(http::field::vary, "Origin");
   }
   add_generation_headers(res, batch_size);
+  if (access_)
+    access_->on_status(200);
   if (a.chunked)
     res.chunked(true);
   res.keep_alive(a.keep_alive);
@@ -630,6 +674,9 @@ void http_session::write_next() {
 
 void http_session::on_response_complete() {
   busy_ = false;
+  if (access_)
+    access_->write();
+  access_.reset();
   active_.reset();
   allow_origin_.clear();
   auto self = std::move(self_);
@@ -640,6 +687,7 @@ void http_session::on_response_complete() {
   if (pending_error_) {
     auto err = std::move(*pending_error_);
     pending_error_.reset();
+    access_ = std::move(pending_access_);
     busy_ = true;
     send_error(err, 11, false, true);
     return;
@@ -656,6 +704,13 @@ void http_session::on_response_complete() {
     read_header();
 }
 
+// -- access lines -------------------------------------------------------------------
+
+std::unique_ptr<access_record> http_session::new_access(std::string_view method,
+                                                        std::string_view target) const {
+  return std::make_unique<access_record>(method, target, client_);
+}
+
 // -- closing ------------------------------------------------------------------------
 
 void http_session::close() {
@@ -667,6 +722,12 @@ void http_session::close() {
     spdlog::debug("{} cancelled: the client went away", active_->meta.id);
     cancel_request_sink(active_->sink);
   }
+  if (access_) {
+    access_->on_client_gone();
+    access_->write();
+    access_.reset();
+  }
+  pending_access_.reset(); // its answer was never sent: written as 499
   active_.reset();
   pending_.reset();
   ++idle_generation_;

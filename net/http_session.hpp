@@ -17,6 +17,10 @@
 // no progress for write_timeout, or a queue above max_pending_write_bytes,
 // closes the connection.
 //
+// Logs: every request gets one access line (net/access_record.hpp), from
+// the record of the response in progress, written when its last byte is
+// out or the connection closes under it.
+//
 // Access: every request's header passes access_control (Host, Origin, API
 // key, Content-Type) before its body is read; a refused one is answered from
 // the header and the connection closes after the answer, so a stranger's body
@@ -51,6 +55,7 @@
 #include <boost/beast/http.hpp>
 
 #include "net/write_queue.hpp"
+#include "net/access_record.hpp"
 #include "net/api_error.hpp"
 #include "net/connection_stream.hpp"
 #include "net/http_routes.hpp"
@@ -173,6 +178,9 @@ private:
   void queue(std::string data, bool ends_response);
   void write_next();
   void on_response_complete();
+  /// Starts the access record of a request (`method`, `target`) now.
+  std::unique_ptr<access_record> new_access(std::string_view method,
+                                            std::string_view target) const;
 
   // -- closing ---------------------------------------------------------------------
 
@@ -224,6 +232,12 @@ private:
   std::string drain_buffer_;
   /// Access-Control-Allow-Origin of the response in progress (empty: none).
   std::string allow_origin_;
+  /// The client's address, for access lines.
+  std::string client_;
+  /// The access record of the response in progress, and of the refusal
+  /// parked in pending_error_.
+  std::unique_ptr<access_record> access_;
+  std::unique_ptr<access_record> pending_access_;
 };
 
 } // namespace metronome::net

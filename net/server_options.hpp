@@ -68,6 +68,9 @@ struct server_options {
   std::vector<std::string> api_keys;
   /// GET /metrics answers without a key.
   bool metrics_without_key = false;
+  /// Access lines carry each request's prompt and output
+  /// (logging.log_prompts; net/access_record.hpp).
+  bool log_prompts = false;
   /// Browser origins allowed besides the server's own ("*": any).
   std::vector<std::string> allowed_origins;
   /// Host names accepted besides the bound address and localhost names.

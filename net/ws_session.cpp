@@ -16,12 +16,14 @@ namespace websocket = beast::websocket;
 using error_code = boost::system::error_code;
 
 ws_session::ws_session(connection_stream socket, strand_type strand,
-                       std::shared_ptr<server_context> ctx, gauge_slot slot)
+                       std::shared_ptr<server_context> ctx, gauge_slot slot,
+                       std::string client)
   : ws_(std::move(socket)),
     strand_(std::move(strand)),
     ctx_(std::move(ctx)),
     slot_(std::move(slot)),
-    outbox_(ctx_->opts.max_pending_write_bytes) {}
+    outbox_(ctx_->opts.max_pending_write_bytes),
+    client_(std::move(client)) {}
 
 ws_session::~ws_session() {
   for (auto& [id, req] : live_)
@@ -98,54 +100,68 @@ void ws_session::on_read(error_code ec, size_t) {
 void ws_session::handle(std::string_view text) {
   if (going_away_)
     return;
+  const auto arrival = access_record::clock::now();
   auto msg = parse_ws_message(text, ctx_->defaults());
   if (auto* chat = std::get_if<ws_chat>(&msg)) {
-    start_chat(*chat);
+    start_chat(*chat, arrival);
   } else if (auto* c = std::get_if<ws_cancel>(&msg)) {
     cancel(c->id);
   } else if (auto* ping = std::get_if<ws_ping>(&msg)) {
     send(ws_pong_event(ping->id));
   } else {
     auto& bad = std::get<ws_bad>(msg);
+    log_refusal(bad.id, bad.error, arrival);
     send(ws_error_event(bad.id, bad.error));
   }
 }
 
-void ws_session::start_chat(ws_chat& chat) {
-  if (live_.contains(chat.id)) {
-    send(ws_error_event(chat.id, api_error::bad_request(
-                                   "a request with this id is still running", "id",
-                                   "duplicate_id")));
-    return;
-  }
-  if (live_.size() >= size_t(ctx_->opts.max_streams_per_connection)) {
-    send(ws_error_event(
-      chat.id, api_error{429,
-                         fmt::format("this connection already runs {} requests, the limit",
-                                     live_.size()),
-                         "rate_limit_error", "", "too_many_requests"}));
-    return;
-  }
-  if (ctx_->draining.load()) {
-    send(ws_error_event(chat.id, api_error::shutting_down(
-                                   "the server is shutting down and takes no new requests")));
-    return;
-  }
-  if (!ctx_->eng.frontend) {
-    send(ws_error_event(chat.id, api_error{503, "no engine is running",
-                                           "service_unavailable_error", "", "unavailable"}));
+void ws_session::log_refusal(const std::optional<std::string>& id, const api_error& error,
+                             access_record::clock::time_point arrival) const {
+  access_record access("WS", "/v1/ws", client_, arrival);
+  if (id)
+    access.set_ws_id(*id);
+  access.on_error(error);
+  access.write();
+}
+
+void ws_session::start_chat(ws_chat& chat, access_record::clock::time_point arrival) {
+  std::optional<api_error> refusal;
+  if (live_.contains(chat.id))
+    refusal = api_error::bad_request("a request with this id is still running", "id",
+                                     "duplicate_id");
+  else if (live_.size() >= size_t(ctx_->opts.max_streams_per_connection))
+    refusal = api_error{429,
+                        fmt::format("this connection already runs {} requests, the limit",
+                                    live_.size()),
+                        "rate_limit_error", "", "too_many_requests"};
+  else if (ctx_->draining.load())
+    refusal = api_error::shutting_down("the server is shutting down and takes no new requests");
+  else if (!ctx_->eng.frontend)
+    refusal = api_error{503, "no engine is running", "service_unavailable_error", "",
+                        "unavailable"};
+  if (refusal) {
+    log_refusal(chat.id, *refusal, arrival);
+    send(ws_error_event(chat.id, *refusal));
     return;
   }
   auto tag = next_tag_++;
   auto& req = chat.request.request;
   req.request_id = ctx_->new_request_id(api_kind::chat);
+  auto access = std::make_unique<access_record>("WS", "/v1/ws", client_, arrival);
+  access->set_ws_id(chat.id);
+  access->set_request_id(req.request_id);
+  if (ctx_->opts.log_prompts) {
+    access->set_prompt(prompt_text(req));
+    access->keep_output();
+  }
   spdlog::debug("{} websocket id={} max_tokens={}", req.request_id, log_text(chat.id),
                 req.params.max_tokens);
   const bool logprobs = req.params.logprobs >= 0;
   auto sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(req), port_, tag);
   ids_.emplace(tag, chat.id);
   live_.emplace(std::move(chat.id), live_request{tag, std::move(sink), logprobs,
-                                                gauge_slot(ctx_->requests_in_flight)});
+                                                gauge_slot(ctx_->requests_in_flight),
+                                                std::move(access)});
 }
 
 void ws_session::cancel(const std::string& id) {
@@ -156,6 +172,9 @@ void ws_session::cancel(const std::string& id) {
     return;
   }
   cancel_request_sink(i->second.sink);
+  i->second.access->on_status(200);
+  i->second.access->on_client_gone();
+  i->second.access->write();
   ids_.erase(i->second.tag);
   live_.erase(i);
   send(ws_cancelled_event(id));
@@ -182,6 +201,8 @@ void ws_session::on_delta(uint64_t tag, text_delta& d) {
   if (auto id = id_of(tag)) {
     auto live = live_.find(*id);
     const bool logprobs = live != live_.end() && live->second.logprobs;
+    if (live != live_.end())
+      live->second.access->on_delta(d);
     send(ws_delta_event(*id, d.text, logprobs ? &d.logprobs : nullptr));
   }
 }
@@ -190,6 +211,11 @@ void ws_session::on_done(uint64_t tag, generation_done& done) {
   if (closed_)
     return;
   if (auto id = id_of(tag)) {
+    if (auto live = live_.find(*id); live != live_.end()) {
+      live->second.access->on_status(200);
+      live->second.access->on_done(done);
+      live->second.access->write();
+    }
     send(ws_done_event(*id, done));
     forget(tag);
   }
@@ -199,7 +225,12 @@ void ws_session::on_error(uint64_t tag, generation_error& e) {
   if (closed_)
     return;
   if (auto id = id_of(tag)) {
-    send(ws_error_event(*id, api_error::from(e)));
+    auto err = api_error::from(e);
+    if (auto live = live_.find(*id); live != live_.end()) {
+      live->second.access->on_error(err);
+      live->second.access->write();
+    }
+    send(ws_error_event(*id, err));
     forget(tag);
   }
 }
@@ -216,6 +247,8 @@ void ws_session::finish_drain() {
                 ctx_->opts.drain_timeout.count()));
   for (auto& [id, req] : live_) {
     cancel_request_sink(req.sink);
+    req.access->on_error(err);
+    req.access->write();
     send(ws_error_event(id, err));
   }
   live_.clear();

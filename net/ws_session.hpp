@@ -16,6 +16,10 @@
 // (503 shutting_down); when the drain times out, finish_drain() ends every
 // request still running with that error and closes with 1001 (going away)
 // once the queued events are written.
+//
+// Logs: each chat gets one access line (net/access_record.hpp, method "WS",
+// status 200 for a done, the error's status otherwise, 499 for a chat its
+// client abandoned by closing the connection); a rejected message too.
 
 #include <cstdint>
 #include <deque>
@@ -29,6 +33,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket/stream.hpp>
 
+#include "net/access_record.hpp"
 #include "net/connection_stream.hpp"
 #include "net/write_queue.hpp"
 #include "net/request_sink.hpp"
@@ -42,9 +47,10 @@ public:
   using request_type = boost::beast::http::request<boost::beast::http::string_body>;
 
   /// `socket` must use `strand` as its executor; `slot` is the
-  /// connection's count, taken over from its HTTP session.
+  /// connection's count, taken over from its HTTP session; `client` its
+  /// address, for access lines.
   ws_session(connection_stream socket, strand_type strand, std::shared_ptr<server_context> ctx,
-             gauge_slot slot);
+             gauge_slot slot, std::string client);
 
   ~ws_session() override;
 
@@ -73,12 +79,17 @@ private:
     bool logprobs = false;
     /// Counts the request in requests_in_flight while it lives.
     gauge_slot in_flight;
+    /// Its access line, written when it ends.
+    std::unique_ptr<access_record> access;
   };
 
   void read();
   void on_read(boost::system::error_code ec, size_t bytes);
   void handle(std::string_view text);
-  void start_chat(ws_chat& chat);
+  void start_chat(ws_chat& chat, access_record::clock::time_point arrival);
+  /// Logs the access line of a message refused with `error`.
+  void log_refusal(const std::optional<std::string>& id, const api_error& error,
+                   access_record::clock::time_point arrival) const;
   void cancel(const std::string& id);
 
   void send(std::string event);
@@ -115,6 +126,7 @@ private:
   std::unordered_map<std::string, live_request> live_;
   std::unordered_map<uint64_t, std::string> ids_;
   uint64_t next_tag_ = 1;
+  std::string client_;
 };
 
 } // namespace metronome::net

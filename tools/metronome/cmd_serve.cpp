@@ -32,6 +32,7 @@
 #include "actors/engine.hpp"
 #include "config/config_error.hpp"
 #include "config/config_loader.hpp"
+#include "metrics/log_event.hpp"
 #include "net/access_control.hpp"
 #include "net/http_server.hpp"
 #include "sim/settings.hpp"
@@ -86,6 +87,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.max_queued_requests = c.server.max_queued_requests;
   o.policy = std::string(to_string(c.engine.policy));
   o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
+  o.stats_interval = std::chrono::milliseconds(int64_t(c.logging.stats_interval_s * 1000));
   o.step_timeout = std::chrono::milliseconds(c.engine.step_timeout_ms);
   o.max_restarts = c.supervisor.executor.max_restarts;
   o.restart_window = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
@@ -120,6 +122,7 @@ constexpr const char* api_key_env = "METRONOME_API_KEY";
 net::server_options server_options_from(const server_config& c) {
   auto o = net::server_options_from(c.server);
   o.served_model_name = c.model.served_model_name;
+  o.log_prompts = c.logging.log_prompts;
   if (!c.server.api_keys_file.empty())
     for (auto& key : net::read_api_keys_file(c.server.api_keys_file))
       o.api_keys.push_back(std::move(key));
@@ -155,7 +158,9 @@ void run(serve_args& a) {
     std::printf("%s", to_yaml(redacted(cfg), true).c_str());
     return;
   }
-  spdlog::set_level(spdlog::level::from_str(std::string(to_string(cfg.logging.level))));
+  configure_logging(cfg.logging.format == log_format_kind::json ? log_format::json
+                                                                : log_format::text,
+                    spdlog::level::from_str(std::string(to_string(cfg.logging.level))));
   fs::path model_dir = cfg.model.path;
   if (model_dir.empty()) {
     model_dir = default_model_dir();

@@ -62,7 +62,9 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /// `env` adds environment variables (METRONOME_API_KEY); with `ca` (a PEM
 /// certificate) the server speaks TLS and /health is probed over https.
 /// `fdLimit` runs it under `ulimit -n fdLimit`. The result's `exited`
-/// resolves to { code, signal } when the process ends.
+/// resolves to { code, signal } when the process ends; `log()` is stdout and
+/// stderr together (the last 100-200 kB), `stdout()` and `stderr()` each
+/// whole.
 export async function startServer(args = [],
                                   { readyTimeoutMs = 90_000, fdLimit, env = {}, ca } = {}) {
   const model = tinyModel();
@@ -78,13 +80,16 @@ export async function startServer(args = [],
       : spawn('/bin/sh', ['-c', `ulimit -n ${Number(fdLimit)} && exec "$0" "$@"`, BIN, ...argv],
               options);
     let log = '';
-    const keep = (chunk) => {
-      log += chunk.toString();
+    const streams = { stdout: '', stderr: '' };
+    const keep = (name) => (chunk) => {
+      const text = chunk.toString();
+      streams[name] += text;
+      log += text;
       if (log.length > 200_000)
         log = log.slice(-100_000);
     };
-    proc.stdout.on('data', keep);
-    proc.stderr.on('data', keep);
+    proc.stdout.on('data', keep('stdout'));
+    proc.stderr.on('data', keep('stderr'));
     let exited = null;
     const exitedPromise = new Promise((resolve) => proc.on('exit', (code, signal) => {
       exited = { code, signal };
@@ -102,6 +107,8 @@ export async function startServer(args = [],
           return {
             port, url, baseURL: `${url}/v1`, proc, exited: exitedPromise,
             log: () => log,
+            stdout: () => streams.stdout,
+            stderr: () => streams.stderr,
             async stop() { await stopProcess(proc); },
           };
         }

@@ -15,7 +15,9 @@
 //     Origin come from non-browser clients and pass.
 //  3. The API key (401): `Authorization: Bearer KEY`; on the WebSocket route
 //     also the subprotocol `bearer.KEY` or `?api_key=KEY`, since browsers
-//     cannot set headers on a WebSocket. Compared in constant time.
+//     cannot set headers on a WebSocket. Compared in constant time. The
+//     chat page (GET /) needs none: a navigation cannot carry one, and the
+//     page asks for it and sends it with the requests it makes.
 //  4. Content-Type (415) on the POST routes: only application/json, which a
 //     "simple" cross-site request (sent by browsers without a preflight)
 //     cannot carry.

@@ -32,6 +32,8 @@ info_response error_response(const api_error& err, unsigned version) {
 } // namespace
 
 route route_of(std::string_view path) {
+  if (path == "/")
+    return route::page;
   if (path == "/v1/chat/completions")
     return route::chat;
   if (path == "/v1/completions")

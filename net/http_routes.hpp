@@ -15,6 +15,8 @@ namespace metronome::net {
 
 /// What a request's path names.
 enum class route {
+  /// GET /: the chat page (net/chat_page.hpp).
+  page,
   chat,
   completions,
   models,

@@ -9,6 +9,7 @@
 #include <boost/beast/websocket/rfc6455.hpp>
 #include <spdlog/spdlog.h>
 
+#include "net/chat_page.hpp"
 #include "net/http_routes.hpp"
 #include "net/log_text.hpp"
 #include "net/ws_session.hpp"
@@ -309,7 +310,7 @@ void http_session::dispatch(request_type req) {
     allow_origin_.clear(); // the preflight answer carries its own
     res.keep_alive(keep_alive);
     send_response(std::move(res));
-  } else if (r == route::unknown) {
+  } else if (r == route::unknown || (r == route::page && !ctx_->opts.chat_page)) {
     send_error(api_error::not_found(fmt::format("no route for {}", path)), version, keep_alive);
   } else if (req.method() != method_of(r)) {
     auto res = method_not_allowed_response(r, req.method_string(), path, version);
@@ -317,6 +318,10 @@ void http_session::dispatch(request_type req) {
     send_response(std::move(res));
   } else if (r == route::chat || r == route::completions) {
     start_generation(r == route::chat ? api_kind::chat : api_kind::completion, req);
+  } else if (r == route::page) {
+    auto res = chat_page::get().response(req[http::field::if_none_match], version);
+    res.keep_alive(keep_alive);
+    send_response(std::move(res));
   } else if (r == route::websocket && beast::websocket::is_upgrade(req)) {
     upgraded = true;
     upgrade(std::move(req));

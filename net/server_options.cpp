@@ -37,6 +37,7 @@ server_options server_options_from(const server_section& s) {
   o.drain_timeout = to_ms(s.drain_timeout_s);
   o.api_keys = s.api_keys;
   o.metrics_without_key = s.metrics_without_key;
+  o.chat_page = s.chat_page;
   o.allowed_origins = s.allowed_origins;
   o.allowed_hosts = s.allowed_hosts;
   o.tls_cert_file = s.tls.cert_file;

@@ -68,6 +68,8 @@ struct server_options {
   std::vector<std::string> api_keys;
   /// GET /metrics answers without a key.
   bool metrics_without_key = false;
+  /// GET / serves the chat page (net/chat_page.hpp); false: 404.
+  bool chat_page = true;
   /// Access lines carry each request's prompt and output
   /// (logging.log_prompts; net/access_record.hpp).
   bool log_prompts = false;

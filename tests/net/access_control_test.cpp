@@ -404,6 +404,74 @@ TEST_F(AccessServer, MetricsCanBeExempted) {
   EXPECT_EQ(raw(http::verb::get, "/v1/models", {}).result_int(), 401u);
 }
 
+/// base64(SHA-256(text)), as a CSP hash source names a script or style.
+std::string csp_hash(std::string_view text) {
+  unsigned char d[32];
+  unsigned int n = 0;
+  EVP_Digest(text.data(), text.size(), d, &n, EVP_sha256(), nullptr);
+  unsigned char out[64] = {};
+  EVP_EncodeBlock(out, d, int(n));
+  return "'sha256-" + std::string(reinterpret_cast<char*>(out)) + "'";
+}
+
+/// The text between the last `open` and the next `close` in `html` (the
+/// page's one style and one script element come after its comments).
+std::string_view between(std::string_view html, std::string_view open, std::string_view close) {
+  auto begin = html.rfind(open);
+  if (begin == std::string_view::npos)
+    return {};
+  begin += open.size();
+  return html.substr(begin, html.find(close, begin) - begin);
+}
+
+TEST_F(AccessServer, TheChatPageLoadsWithoutAKeyUnderAStrictPolicy) {
+  opts_.api_keys = {"sk-one"};
+  start();
+  auto page = raw(http::verb::get, "/", {});
+  ASSERT_EQ(page.result_int(), 200u) << page;
+  EXPECT_EQ(page[http::field::content_type], "text/html; charset=utf-8");
+  EXPECT_EQ(page[http::field::cache_control], "no-cache");
+  EXPECT_EQ(page["X-Content-Type-Options"], "nosniff");
+  EXPECT_EQ(page["X-Frame-Options"], "DENY");
+  EXPECT_NE(page.body().find("/v1/ws"), std::string::npos);
+  // Exactly the page's own script and style run: by their digests, no
+  // 'unsafe-inline', nothing from elsewhere; connections to this server.
+  std::string csp(page["Content-Security-Policy"]);
+  EXPECT_NE(csp.find("default-src 'none'"), std::string::npos) << csp;
+  EXPECT_NE(csp.find("connect-src 'self'"), std::string::npos) << csp;
+  EXPECT_NE(csp.find("frame-ancestors 'none'"), std::string::npos) << csp;
+  EXPECT_EQ(csp.find("unsafe"), std::string::npos) << csp;
+  EXPECT_EQ(csp.find("http"), std::string::npos) << csp;
+  auto script = between(page.body(), "<script>", "</script>");
+  auto style = between(page.body(), "<style>", "</style>");
+  ASSERT_FALSE(script.empty());
+  ASSERT_FALSE(style.empty());
+  EXPECT_NE(csp.find("script-src " + csp_hash(script)), std::string::npos) << csp;
+  EXPECT_NE(csp.find("style-src " + csp_hash(style)), std::string::npos) << csp;
+  // Revalidation: the same ETag is a 304 without a body.
+  std::string etag(page[http::field::etag]);
+  ASSERT_FALSE(etag.empty());
+  auto again = raw(http::verb::get, "/", {{http::field::if_none_match, etag}});
+  EXPECT_EQ(again.result_int(), 304u);
+  EXPECT_TRUE(again.body().empty());
+  EXPECT_EQ(raw(http::verb::get, "/", {{http::field::if_none_match, R"("other")"}}).result_int(),
+            200u);
+  // The key is still needed for everything the page does, and the page is
+  // no way around the Origin and Host checks.
+  EXPECT_EQ(raw(http::verb::get, "/v1/models", {}).result_int(), 401u);
+  expect_error(raw(http::verb::get, "/", {{http::field::origin, "http://evil.example"}}), 403,
+               "origin_not_allowed");
+  expect_error(raw(http::verb::get, "/", {{http::field::host, "evil.example"}}), 421,
+               "host_not_allowed");
+  EXPECT_EQ(raw(http::verb::post, "/", {json_type}, "{}").result_int(), 405u);
+}
+
+TEST_F(AccessServer, TheChatPageCanBeTurnedOff) {
+  opts_.chat_page = false;
+  start();
+  expect_error(raw(http::verb::get, "/", {}), 404, "not_found");
+}
+
 TEST_F(AccessServer, WebSocketUpgradeNeedsTheKey) {
   opts_.api_keys = {"sk-one"};
   start();

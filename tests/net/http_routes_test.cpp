@@ -18,6 +18,8 @@ TEST(HttpRoutes, Table) {
   EXPECT_EQ(route_of("/health"), route::health);
   EXPECT_EQ(route_of("/metrics"), route::metrics);
   EXPECT_EQ(route_of("/v1/ws"), route::websocket);
+  EXPECT_EQ(route_of("/"), route::page);
+  EXPECT_EQ(method_of(route::page), boost::beast::http::verb::get);
   EXPECT_EQ(route_of("/v1/chat/completions/"), route::unknown);
   EXPECT_EQ(route_of(""), route::unknown);
   EXPECT_EQ(method_of(route::chat), http::verb::post);

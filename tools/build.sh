@@ -12,6 +12,7 @@ packages=(
   libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl
   python3 python3-prometheus-client
+  chromium
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -26,8 +27,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Node packages of the end-to-end tests (the official openai client, ws).
-if [ -f "$root/tests/e2e/package.json" ] && [ ! -d "$root/tests/e2e/node_modules" ]; then
+# Node packages of the end-to-end tests (the official openai client, ws,
+# playwright-core driving Debian's chromium above), again whenever
+# package-lock.json is newer than the installed tree.
+e2e="$root/tests/e2e"
+if [ -f "$e2e/package.json" ] && ! [ "$e2e/node_modules/.package-lock.json" -nt "$e2e/package-lock.json" ]; then
   (cd "$root/tests/e2e" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 

@@ -156,7 +156,7 @@ int32_t sample(const length_distribution& d, rng& g) {
           return sample(part, g);
         x -= w;
       }
-      return sample(d.parts.back().second, g);
+      return sample(d.parts.back().dist, g);
     }
   }
   return 1;
@@ -206,7 +206,7 @@ length_distribution parse_length_distribution(std::string_view text, const std::
       auto sub = parse_length_distribution(part, param);
       if (sub.type == k::mix)
         throw workload_error(param, "a mix cannot contain a mix");
-      d.parts.emplace_back(w, std::move(sub));
+      d.parts.push_back({w, std::move(sub)});
     }
     return d;
   }

@@ -63,11 +63,21 @@ struct length_distribution {
   double a = 1, b = 0;
   /// Clamp of normal and lognormal draws.
   int32_t min = 1, max = 1 << 20;
-  /// mix: (weight, component); weights need not sum to 1.
-  std::vector<std::pair<double, length_distribution>> parts;
+  /// mix: one weighted component.
+  struct part;
+  /// mix: the components; weights need not sum to 1. (A struct completed
+  /// below rather than std::pair: clang cannot instantiate a pair of this
+  /// still incomplete type with libstdc++ 12, and the sanitizer builds use
+  /// clang.)
+  std::vector<part> parts;
 
   /// The mean of the distribution before clamping (mix: weighted).
   double mean() const;
+};
+
+struct length_distribution::part {
+  double weight = 1;
+  length_distribution dist;
 };
 
 struct workload_spec {

@@ -204,7 +204,7 @@ int64_t tokenizer_max_id(const fs::path& file) {
   json doc;
   try {
     doc = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) { // parse_error, or out_of_range for a number like 1e400
     throw model_error(file.string(), "", std::string("malformed JSON: ") + e.what());
   }
   int64_t max_id = -1;

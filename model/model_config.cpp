@@ -1,5 +1,6 @@
 #include "model/model_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <numbers>
@@ -48,8 +49,13 @@ public:
   int64_t integer(const json& v, const std::string& field) const {
     if (v.is_number_integer() || v.is_number_unsigned())
       return v.get<int64_t>();
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>())
-      return static_cast<int64_t>(v.get<double>());
+    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      // Converting a double outside int64_t's range is undefined behaviour.
+      const double d = v.get<double>();
+      if (!(d >= -0x1p63 && d < 0x1p63))
+        fail(field, "integer out of range: " + v.dump());
+      return static_cast<int64_t>(d);
+    }
     fail(field, "expected an integer, got " + std::string(v.type_name()));
   }
 
@@ -180,8 +186,14 @@ void parse_sliding(const field_reader& r, model_config& cfg) {
       if (!enabled)
         break;
       int32_t first = cfg.num_layers;
-      if (auto* m = r.find(r.doc(), "max_window_layers"))
-        first = static_cast<int32_t>(r.integer(*m, "max_window_layers"));
+      if (auto* m = r.find(r.doc(), "max_window_layers")) {
+        // Layers from this index on slide; a negative one would index
+        // layer_sliding out of bounds, one past the last means none.
+        auto v = r.integer(*m, "max_window_layers");
+        if (v < 0)
+          r.fail("max_window_layers", "must not be negative, got " + std::to_string(v));
+        first = static_cast<int32_t>(std::min<int64_t>(v, cfg.num_layers));
+      }
       for (int32_t i = first; i < cfg.num_layers; ++i)
         cfg.layer_sliding[size_t(i)] = true;
       break;
@@ -202,13 +214,22 @@ void parse_sliding(const field_reader& r, model_config& cfg) {
     cfg.sliding_window = r.positive(*window, "sliding_window");
 }
 
+/// A token id: an integer that fits int32_t (a wider one would wrap to
+/// another id, maybe a valid one).
+int32_t parse_id(const field_reader& r, const json& v, const std::string& field) {
+  auto x = r.integer(v, field);
+  if (x < INT32_MIN || x > INT32_MAX)
+    r.fail(field, "token id out of range: " + std::to_string(x));
+  return static_cast<int32_t>(x);
+}
+
 std::vector<int32_t> parse_ids(const field_reader& r, const json& v, const std::string& field) {
   std::vector<int32_t> out;
   if (v.is_array()) {
     for (size_t i = 0; i < v.size(); ++i)
-      out.push_back(static_cast<int32_t>(r.integer(v[i], field + "[" + std::to_string(i) + "]")));
+      out.push_back(parse_id(r, v[i], field + "[" + std::to_string(i) + "]"));
   } else {
-    out.push_back(static_cast<int32_t>(r.integer(v, field)));
+    out.push_back(parse_id(r, v, field));
   }
   return out;
 }
@@ -264,7 +285,7 @@ model_config model_config::from_json(const json& doc, const std::string& file) {
   }
   parse_sliding(r, cfg);
   if (auto* b = r.find(doc, "bos_token_id"))
-    cfg.bos_token_id = static_cast<int32_t>(r.integer(*b, "bos_token_id"));
+    cfg.bos_token_id = parse_id(r, *b, "bos_token_id");
   if (auto* e = r.find(doc, "eos_token_id"))
     cfg.eos_token_ids = parse_ids(r, *e, "eos_token_id");
   for (auto id : cfg.eos_token_ids)
@@ -288,7 +309,7 @@ model_config model_config::load(const std::filesystem::path& path) {
   json doc;
   try {
     doc = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) { // parse_error, or out_of_range for a number like 1e400
     throw model_error(path.string(), "", std::string("malformed JSON: ") + e.what());
   }
   return from_json(doc, path.string());

@@ -87,30 +87,30 @@ uint64_t read_le64(const std::byte* p) {
 
 } // namespace
 
-void tensor_store::add_file(const fs::path& path) {
-  auto map = std::make_shared<mapped_file>(path);
-  const std::string file = path.string();
-  if (map->size() < 8)
+std::vector<tensor_view> parse_safetensors(std::span<const std::byte> bytes,
+                                           const std::string& file) {
+  if (bytes.size() < 8)
     throw model_error(file, "", "truncated file: shorter than the 8-byte header length");
-  uint64_t header_len = read_le64(map->data());
+  uint64_t header_len = read_le64(bytes.data());
   if (header_len > max_header_bytes)
     throw model_error(file, "", "malformed header: header length " + std::to_string(header_len)
                                   + " exceeds 100 MiB");
-  if (header_len > map->size() - 8)
+  if (header_len > bytes.size() - 8)
     throw model_error(file, "", "truncated file: header of " + std::to_string(header_len)
-                                  + " bytes but only " + std::to_string(map->size() - 8)
+                                  + " bytes but only " + std::to_string(bytes.size() - 8)
                                   + " bytes follow the length");
   json header;
   try {
-    auto* begin = reinterpret_cast<const char*>(map->data() + 8);
+    auto* begin = reinterpret_cast<const char*>(bytes.data() + 8);
     header = json::parse(begin, begin + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) { // parse_error, or out_of_range for a number like 1e400
     throw model_error(file, "", std::string("malformed header: ") + e.what());
   }
   if (!header.is_object())
     throw model_error(file, "", "malformed header: expected a JSON object");
-  const std::byte* data = map->data() + 8 + header_len;
-  const size_t data_size = map->size() - 8 - header_len;
+  const std::byte* data = bytes.data() + 8 + header_len;
+  const size_t data_size = bytes.size() - 8 - header_len;
+  std::vector<tensor_view> out;
   for (auto& [name, info] : header.items()) {
     if (name == "__metadata__")
       continue;
@@ -148,13 +148,29 @@ void tensor_store::add_file(const fs::path& path) {
       fail("truncated file: data ends at byte " + std::to_string(end) + " of the data section but the file holds only "
            + std::to_string(data_size));
     view.nbytes = end - begin;
-    if (view.nbytes != uint64_t(view.numel()) * dtype_size(view.type))
+    // Checked: a shape whose element count overflows would wrap to a small
+    // size that matches its data (and tensor_view::numel() would overflow).
+    uint64_t bytes = dtype_size(view.type);
+    for (auto d : view.shape)
+      if (__builtin_mul_overflow(bytes, uint64_t(d), &bytes) || bytes > uint64_t(INT64_MAX))
+        fail("size mismatch: shape " + view.shape_string() + " is larger than any file");
+    if (view.nbytes != bytes)
       fail("size mismatch: " + std::to_string(view.nbytes) + " bytes for shape "
            + view.shape_string() + " of " + std::string(dtype_name(view.type)));
     view.data = data + begin;
-    if (tensors_.contains(name))
-      fail("tensor appears twice (also in " + tensors_[name].file + ")");
-    tensors_.emplace(name, std::move(view));
+    out.push_back(std::move(view));
+  }
+  return out;
+}
+
+void tensor_store::add_file(const fs::path& path) {
+  auto map = std::make_shared<mapped_file>(path);
+  const std::string file = path.string();
+  for (auto& view : parse_safetensors({map->data(), map->size()}, file)) {
+    if (auto it = tensors_.find(view.name); it != tensors_.end())
+      throw model_error(file, view.name, "tensor appears twice (also in " + it->second.file + ")");
+    auto name = view.name;
+    tensors_.emplace(std::move(name), std::move(view));
   }
   maps_.push_back(std::move(map));
   paths_.push_back(file);
@@ -175,7 +191,7 @@ tensor_store tensor_store::open_folder(const fs::path& dir) {
     json doc;
     try {
       doc = json::parse(in);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) { // parse_error, or out_of_range for a number like 1e400
       throw model_error(index.string(), "", std::string("malformed JSON: ") + e.what());
     }
     if (!doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object())

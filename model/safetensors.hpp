@@ -66,6 +66,14 @@ struct tensor_view {
   std::string shape_string() const;
 };
 
+/// The tensors of one safetensors file held in memory (`bytes` is the whole
+/// file; `file` names it in errors), in header order; their data points into
+/// `bytes`. Throws model_error naming the file and tensor on a malformed or
+/// truncated header, data past the end, a size not matching shape and dtype,
+/// or an unsupported dtype. Pure; tensor_store reads every file through it.
+std::vector<tensor_view> parse_safetensors(std::span<const std::byte> bytes,
+                                           const std::string& file);
+
 /// All tensors of one model folder: a single model.safetensors, or shards
 /// listed by model.safetensors.index.json.
 class tensor_store {

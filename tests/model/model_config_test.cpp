@@ -129,6 +129,48 @@ TEST(model_config, errors_name_the_field) {
   EXPECT_EQ(failing_field(doc), "rms_norm_eps");
 }
 
+// Found by tests/fuzz/model_config_fuzz.cpp: an integral double beyond
+// int64_t was converted anyway (undefined behaviour; on x86 it read as
+// INT64_MIN).
+TEST(model_config, integral_doubles_out_of_range_are_refused) {
+  auto doc = llama();
+  doc["vocab_size"] = 1e300;
+  try {
+    model_config::from_json(doc, "config.json");
+    ADD_FAILURE() << "accepted vocab_size 1e300";
+  } catch (const model_error& e) {
+    EXPECT_EQ(e.field(), "vocab_size");
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+  doc["vocab_size"] = 128256.0; // in range: still read
+  EXPECT_EQ(model_config::from_json(doc, "config.json").vocab_size, 128256);
+}
+
+// A negative max_window_layers indexed the per-layer flags out of bounds.
+TEST(model_config, negative_max_window_layers_is_refused) {
+  auto doc = llama();
+  doc["architectures"] = {"Qwen2ForCausalLM"};
+  doc.erase("rope_scaling");
+  doc["use_sliding_window"] = true;
+  doc["sliding_window"] = 4096;
+  doc["max_window_layers"] = -3;
+  EXPECT_EQ(failing_field(doc), "max_window_layers");
+  doc["max_window_layers"] = 1000; // past the last layer: none slides
+  auto c = model_config::from_json(doc, "config.json");
+  for (int32_t i = 0; i < c.num_layers; ++i)
+    EXPECT_FALSE(c.is_sliding(i));
+}
+
+// Token ids wider than 32 bits wrapped to another id (2^32 + 2 read as 2).
+TEST(model_config, token_ids_beyond_32_bits_are_refused) {
+  auto doc = llama();
+  doc["eos_token_id"] = 4294967298LL;
+  EXPECT_EQ(failing_field(doc), "eos_token_id");
+  doc = llama();
+  doc["bos_token_id"] = -4294967296LL;
+  EXPECT_EQ(failing_field(doc), "bos_token_id");
+}
+
 TEST(model_config, presets_round_trip_through_config_json) {
   for (const auto& name : model_presets()) {
     auto c = *preset_config(name);

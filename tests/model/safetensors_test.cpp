@@ -95,6 +95,29 @@ TEST(safetensors, rejects_broken_files_naming_file_and_tensor) {
   EXPECT_TRUE(contains(error_of(open), "malformed header"));
 }
 
+// Found by tests/fuzz/safetensors_fuzz.cpp: a number the JSON parser cannot
+// hold escaped as nlohmann's out_of_range instead of a model_error naming
+// the file.
+TEST(safetensors, numbers_out_of_range_are_a_malformed_header) {
+  auto dir = test::scratch_dir("st-overflow");
+  auto f = dir / "x.safetensors";
+  write_raw(f, R"({"w":{"dtype":"F32","shape":[-1e400],"data_offsets":[0,4]}})", "1234");
+  auto e = error_of([&] { tensor_store::open_file(f); });
+  EXPECT_TRUE(contains(e, "x.safetensors")) << e;
+  EXPECT_TRUE(contains(e, "malformed header")) << e;
+}
+
+// A shape whose element count overflows 64 bits wrapped to a size that
+// matched the (empty) data: 2^62 * 4 elements of 4 bytes "fit" in 0 bytes.
+TEST(safetensors, shapes_that_overflow_are_refused) {
+  auto dir = test::scratch_dir("st-huge-shape");
+  auto f = dir / "x.safetensors";
+  write_raw(f, R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})",
+            "");
+  auto e = error_of([&] { tensor_store::open_file(f); });
+  EXPECT_TRUE(contains(e, "w: size mismatch")) << e;
+}
+
 TEST(safetensors, weights_are_views_into_the_file_mapping_not_copies) {
   auto model = model_folder::open(test::tiny_model("tiny-llama3"));
   const auto* embed = model->weights.embed;
@@ -165,6 +188,10 @@ TEST(model_folder, reports_missing_and_malformed_config_and_weights) {
   auto e = error_of(open);
   EXPECT_TRUE(contains(e, "config.json: cannot open file")) << e;
   std::ofstream(dst / "config.json") << "{ not json";
+  EXPECT_TRUE(contains(error_of(open), "config.json: malformed JSON"));
+  // A number JSON cannot hold is malformed JSON too, not an escaping
+  // nlohmann::json::out_of_range.
+  std::ofstream(dst / "config.json", std::ios::trunc) << R"({"vocab_size": 1e400})";
   EXPECT_TRUE(contains(error_of(open), "config.json: malformed JSON"));
   fs::copy_file(src / "config.json", dst / "config.json", fs::copy_options::overwrite_existing);
   e = error_of(open);

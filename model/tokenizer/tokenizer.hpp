@@ -146,8 +146,12 @@ private:
 /// Streaming detokenizer for one sequence. push(id) returns the text that is
 /// now final: never a partial UTF-8 character and never a U+FFFD standing
 /// for bytes that are still incomplete. The concatenation of all pushes and
-/// finish() equals tokenizer::decode(all ids). Not thread-safe; use one per
-/// sequence, on the thread that owns the sequence.
+/// finish() equals tokenizer::decode(all ids), with one exception: where a
+/// run of byte-fallback tokens (Llama 2, Mistral) is valid UTF-8 at first
+/// and a later byte of the run makes it invalid, decode() gives U+FFFD for
+/// every byte of the run while the stream keeps the part it already
+/// emitted; the text after the run is the same. Not thread-safe; use one
+/// per sequence, on the thread that owns the sequence.
 class incremental_decoder {
 public:
   explicit incremental_decoder(std::shared_ptr<const tokenizer> tok,

@@ -77,6 +77,32 @@ TEST(incremental_decoder, unfinished_bytes_come_out_at_finish) {
   EXPECT_EQ(tok->decode(ids), "\xEF\xBF\xBD");
 }
 
+TEST(incremental_decoder, recovers_after_a_byte_run_turns_invalid) {
+  // Mistral: <0x6D> ("m", valid alone) then <0xAC> (a stray continuation
+  // byte). decode() reads the run as two U+FFFD; the stream has emitted "m"
+  // by then, and must still deliver everything that follows the run (it
+  // used to deliver nothing more, for streaming and non-streaming requests).
+  auto tok = load_tokenizer("mistral");
+  const auto m = tok->token_to_id("<0x6D>");
+  const auto stray = tok->token_to_id("<0xAC>");
+  ASSERT_TRUE(m && stray);
+  std::vector<int32_t> ids{*m, *stray};
+  const auto rest = tok->encode(" and the rest of the answer", {.add_special_tokens = false});
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  ASSERT_EQ(tok->decode(ids), "\xEF\xBF\xBD\xEF\xBF\xBD  and the rest of the answer");
+  incremental_decoder dec(tok);
+  EXPECT_EQ(dec.push(ids[0]), "m");
+  EXPECT_EQ(dec.push(ids[1]), "");
+  std::string out;
+  for (size_t i = 2; i < ids.size(); ++i)
+    out += dec.push(ids[i]);
+  out += dec.finish();
+  EXPECT_EQ(out, "\xEF\xBF\xBD  and the rest of the answer");
+  // A run that is only incomplete for a while still comes out whole.
+  const auto han = tok->encode("\u4E2D\u4E2D", {.add_special_tokens = false});
+  EXPECT_EQ(stream(tok, han, true, true), tok->decode(han));
+}
+
 TEST(incremental_decoder, random_id_sequences) {
   std::mt19937 rng(5);
   for (const char* name : all_tokenizers) {

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "config/config_schema.hpp"
@@ -217,10 +218,73 @@ std::string unknown_key_hint(std::string_view key_path) {
   return " (known sections: " + join(config_children("")) + ")";
 }
 
+namespace {
+
+/// Counts a parse's events and throws once there are more than any input
+/// of `bytes` bytes can give: yaml-cpp 0.7 (Debian 12) never returns on some
+/// malformed input, emitting nodes until memory runs out. Found by
+/// tests/fuzz/config_yaml_fuzz.cpp; "&a,b" is one such input (a ',' after a
+/// top-level anchor, tag or flow collection).
+class bounded_events final : public YAML::EventHandler {
+public:
+  explicit bounded_events(size_t bytes) : limit_(4 * bytes + 16) {}
+
+  struct exceeded {};
+
+  void OnDocumentStart(const YAML::Mark&) override { tick(); }
+  void OnDocumentEnd() override { tick(); }
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override { tick(); }
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { tick(); }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    tick();
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    tick();
+  }
+  void OnSequenceEnd() override { tick(); }
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    tick();
+  }
+  void OnMapEnd() override { tick(); }
+
+private:
+  void tick() {
+    if (++count_ > limit_)
+      throw exceeded{};
+  }
+
+  size_t count_ = 0;
+  const size_t limit_;
+};
+
+/// YAML::LoadAll, after a first pass that makes sure the parse ends (see
+/// bounded_events; every event of a YAML text stands for at least a byte
+/// of it, but for a few per document). Throws YAML::Exception like LoadAll,
+/// or config_error for a text the parser would loop on.
+std::vector<YAML::Node> load_all_bounded(const std::string& text, const std::string& source) {
+  try {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    bounded_events events(text.size());
+    while (parser.HandleNextDocument(events)) {
+    }
+  } catch (const bounded_events::exceeded&) {
+    throw config_error(source, "",
+                       "invalid YAML: the parser does not terminate on this text (a ',' "
+                       "outside brackets after an anchor, a tag or a [...] or {...}?)");
+  }
+  return YAML::LoadAll(text);
+}
+
+} // namespace
+
 void merge_config_yaml(server_config& cfg, std::string_view yaml, const std::string& source) {
   std::vector<YAML::Node> docs;
   try {
-    docs = YAML::LoadAll(std::string(yaml));
+    docs = load_all_bounded(std::string(yaml), source);
   } catch (const YAML::Exception& e) {
     std::string where;
     if (!e.mark.is_null())

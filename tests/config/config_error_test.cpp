@@ -1,8 +1,13 @@
 // Every class of configuration error names the source and the key path, and
 // says what is allowed.
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -352,6 +357,38 @@ TEST(config_file, errors_name_the_file_as_given) {
   EXPECT_EQ(e.key_path(), "engine.page_size");
   EXPECT_EQ(e.problem(), "\"3\" is not a power of two (line 3)");
   std::filesystem::remove_all(dir);
+}
+
+} // namespace
+} // namespace metronome
+
+namespace metronome {
+namespace {
+
+// Found by tests/fuzz/config_yaml_fuzz.cpp: yaml-cpp 0.7 never returns on
+// these (a ',' after a top-level anchor, tag or flow collection) and fills
+// memory; `metronome serve --config` hung. They must be an error, at once.
+TEST(config_invalid_yaml, texts_the_parser_loops_on_are_errors) {
+  for (const std::string yaml : {"&a,b\n", "[a],b\n", "!t,b\n", "&a\n,b\n"}) {
+    SCOPED_TRACE(yaml);
+    auto done = std::make_shared<std::promise<std::string>>();
+    auto result = done->get_future();
+    std::thread([yaml, done] {
+      try {
+        load_config_string(yaml, "metronome.yaml");
+        done->set_value("no error");
+      } catch (const config_error& e) {
+        done->set_value(e.what());
+      }
+    }).detach();
+    if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "the YAML parser did not return within 20 s";
+      std::_Exit(1); // the thread cannot be stopped
+    }
+    const auto what = result.get();
+    EXPECT_NE(what.find("metronome.yaml"), std::string::npos) << what;
+    EXPECT_NE(what.find("invalid YAML"), std::string::npos) << what;
+  }
 }
 
 } // namespace

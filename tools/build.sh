@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Metronome into build/ (or $METRONOME_BUILD_DIR), first installing the
 # Debian 12 packages it needs when they are missing. Extra arguments go to the
-# CMake configure step (e.g. -DMETRONOME_CUDA=OFF).
+# CMake configure step (e.g. -DMETRONOME_CUDA=OFF). With METRONOME_DEPS_ONLY=1
+# it stops after installing the packages.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,6 +35,9 @@ e2e="$root/tests/e2e"
 if [ -f "$e2e/package.json" ] && ! [ "$e2e/node_modules/.package-lock.json" -nt "$e2e/package-lock.json" ]; then
   (cd "$root/tests/e2e" && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# METRONOME_DEPS_ONLY=1: the packages only (tools/check_sanitizers.sh).
+[ -z "${METRONOME_DEPS_ONLY:-}" ] || exit 0
 
 cmake -S "$root" -B "$build" -G Ninja "$@"
 cmake --build "$build" -j"$(nproc)"

@@ -33,6 +33,10 @@ forks=${METRONOME_FUZZ_FORKS:-1}
 # cannot compile the code (libstdc++ 12's std::expected needs C++20
 # concepts it lacks).
 "$root/tools/install_clang.sh"
+# Symbolized reports when an llvm-symbolizer is installed (any version).
+if sym=$(command -v llvm-symbolizer-19 || command -v llvm-symbolizer); then
+  export ASAN_SYMBOLIZER_PATH=${ASAN_SYMBOLIZER_PATH:-$(readlink -f "$sym")}
+fi
 
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang-19 CXX=clang++-19 cmake -S "$root" -B "$build" -G Ninja \

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The fuzz and sanitizer jobs of CI (docs/reliability.md, "Fuzzing and
+# sanitizers"), called by .ci/run after the normal build and tests:
+#   asan  clang 19 with ASan + UBSan (+ libFuzzer's coverage) into build-fuzz:
+#         the unit tests and the actor tests,
+#         then every fuzz target for METRONOME_FUZZ_SECONDS (30) from the same
+#         build through bench/fuzz/run.sh
+#   tsan  clang 19 with TSan into build-tsan: model_tests (the CPU runner's
+#         threads) and the deterministic actor tests; with
+#         METRONOME_TSAN_ACTORS=1 also the server tests (net_tests) and the
+#         threaded actor tests, which do not pass (see below)
+# Usage: tools/check_sanitizers.sh [asan] [tsan]   (default: both)
+# Environment: METRONOME_SANITIZE_JOBS (compile jobs, default nproc),
+#   METRONOME_FUZZ_SECONDS (default 30).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+jobs=${METRONOME_SANITIZE_JOBS:-$(nproc)}
+jobs_to_run=("$@")
+((${#jobs_to_run[@]})) || jobs_to_run=(asan tsan)
+
+# The Debian packages of the normal build, then clang 19 and its runtimes.
+METRONOME_DEPS_ONLY=1 "$root/tools/build.sh"
+"$root/tools/install_clang.sh"
+# Symbolized reports when an llvm-symbolizer is installed (any version).
+if sym=$(command -v llvm-symbolizer-19 || command -v llvm-symbolizer); then
+  export ASAN_SYMBOLIZER_PATH=${ASAN_SYMBOLIZER_PATH:-$(readlink -f "$sym")}
+fi
+
+configure() { # <dir> <cmake options...>
+  local dir=$1
+  shift
+  [ -f "$dir/build.ninja" ] && return 0
+  CC=clang-19 CXX=clang++-19 cmake -S "$root" -B "$dir" -G Ninja -DMETRONOME_CUDA=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-gline-tables-only" "$@" >/dev/null
+}
+
+# The tests of each job. Both need the CLI (tests run it), which every
+# metronome_test depends on.
+actor_tests=(engine_tests executor_tests scheduler_actor_tests drift_actor_tests
+             request_lifecycle_tests executor_faults_tests)
+unit_tests=(model_tests tokenizer_test config_tests metrics_tests sched_tests sim_tests
+            workload_tests net_tests bench_serve_tests)
+
+# Runs each test executable whole (one process for all its cases: faster
+# than ctest's process per case under a sanitizer), two at a time, each
+# into <dir>/sanitizer-logs/<name>.log; prints the logs of those that
+# failed and fails.
+run_tests() { # <build dir> <targets...>
+  local dir=$1 t bin logs=$1/sanitizer-logs
+  shift
+  mkdir -p "$logs"
+  rm -f "$logs"/*.failed
+  for t in "$@"; do
+    bin=$(find "$dir/tests" -name "$t" -type f -perm -u+x | head -1)
+    if [ -z "$bin" ]; then
+      echo "check_sanitizers: no executable $t" >&2
+      touch "$logs/$t.failed"
+      continue
+    fi
+    while (($(jobs -rp | wc -l) >= 2)); do wait -n || true; done
+    (
+      s=$SECONDS
+      if (cd "$dir" && "$bin" --gtest_brief=1) >"$logs/$t.log" 2>&1; then
+        echo "check_sanitizers: $t passed ($((SECONDS - s)) s)"
+      else
+        echo "check_sanitizers: $t FAILED ($((SECONDS - s)) s)"
+        touch "$logs/$t.failed"
+      fi
+    ) &
+  done
+  wait
+  local failed=()
+  for t in "$@"; do
+    if [ -f "$logs/$t.failed" ]; then
+      failed+=("$t")
+      echo "---- $t" >&2
+      tail -60 "$logs/$t.log" >&2
+    fi
+  done
+  if ((${#failed[@]})); then
+    echo "check_sanitizers: failed: ${failed[*]}" >&2
+    return 1
+  fi
+}
+
+timed() { # <label> <command...>: runs it and prints how long it took
+  local label=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "check_sanitizers: $label took $((SECONDS - start)) s"
+}
+
+for job in "${jobs_to_run[@]}"; do
+  case $job in
+    asan)
+      # The fuzz targets' build (bench/fuzz/run.sh configures it the same
+      # way): one sanitized build of the libraries serves both.
+      dir=${METRONOME_FUZZ_BUILD_DIR:-$root/build-fuzz}
+      configure "$dir" -DMETRONOME_FUZZ=ON
+      timed "asan build" ninja -C "$dir" -j"$jobs" "${unit_tests[@]}" "${actor_tests[@]}" fuzz_targets
+      export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+      export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+      timed "asan+ubsan tests" run_tests "$dir" "${unit_tests[@]}" "${actor_tests[@]}"
+      METRONOME_FUZZ_BUILD_DIR=$dir METRONOME_FUZZ_JOBS=$jobs timed "fuzz" "$root/bench/fuzz/run.sh" "${METRONOME_FUZZ_SECONDS:-30}"
+      ;;
+    tsan)
+      # model_tests: the CPU runner's worker threads (model/parallel.cpp,
+      # 4 of them whatever the cores), code without actors; the actor tests
+      # under CAF's deterministic coordinator. The server tests and the
+      # actor tests on CAF's threaded scheduler only with
+      # METRONOME_TSAN_ACTORS=1: Debian's CAF is not built with TSan, so
+      # every message and spawn handed between its threads through its
+      # atomics reads as a race (thousands a run; docs/reliability.md), and
+      # the only suppressions that silence them match all actor code, ours
+      # included.
+      tsan_tests=(model_tests scheduler_actor_tests request_lifecycle_tests executor_faults_tests)
+      [ -z "${METRONOME_TSAN_ACTORS:-}" ] ||
+        tsan_tests+=(net_tests engine_tests executor_tests drift_actor_tests)
+      export METRONOME_THREADS=4
+      dir=$root/build-tsan
+      configure "$dir" -DMETRONOME_TSAN=ON
+      timed "tsan build" ninja -C "$dir" -j"$jobs" "${tsan_tests[@]}"
+      export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+      [ -z "${ASAN_SYMBOLIZER_PATH:-}" ] ||
+        TSAN_OPTIONS+=" external_symbolizer_path=$ASAN_SYMBOLIZER_PATH"
+      timed "tsan tests" run_tests "$dir" "${tsan_tests[@]}"
+      ;;
+    *)
+      echo "check_sanitizers: unknown job '$job' (asan, tsan)" >&2
+      exit 2
+      ;;
+  esac
+done

@@ -5,7 +5,8 @@
 # target: executions, executions per second, coverage (libFuzzer's cov: edges
 # and ft: features) and corpus size; exits non-zero when any target crashed,
 # leaked, tripped a sanitizer or a FUZZ_CHECK, or timed out on one input (the
-# input is saved as <work>/<target>/crash-*, leak-*, timeout-*; reproduce with
+# input is saved as <work>/<target>/crash-*, leak-*, timeout-*, moved to
+# <work>/<target>/earlier/ by the next run; reproduce with
 # `<build>/tests/fuzz/<target>_fuzz <that file>`).
 #
 # Usage: bench/fuzz/run.sh [SECONDS] [TARGET...]
@@ -52,7 +53,11 @@ failed=()
 rows=()
 for t in "${targets[@]}"; do
   dir=$work/$t
-  mkdir -p "$dir/corpus"
+  mkdir -p "$dir/corpus" "$dir/earlier"
+  # Findings of earlier runs stay for replaying, out of this run's way.
+  for f in "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-*; do
+    [ -e "$f" ] && mv "$f" "$dir/earlier/"
+  done
   log=$dir/last.log
   args=(-max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1
         -artifact_prefix="$dir/")
@@ -73,7 +78,8 @@ for t in "${targets[@]}"; do
   ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+' || true)
   corpus=$(ls "$dir/corpus" | wc -l)
   result=ok
-  if ((rc != 0)) || ls "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-* >/dev/null 2>&1; then
+  if ((rc != 0)) || compgen -G "$dir/crash-*" >/dev/null || compgen -G "$dir/leak-*" >/dev/null ||
+     compgen -G "$dir/timeout-*" >/dev/null || compgen -G "$dir/oom-*" >/dev/null; then
     result="FAILED (rc $rc, see $log)"
     failed+=("$t")
   fi

@@ -101,6 +101,11 @@ for job in "${jobs_to_run[@]}"; do
       timed "asan build" ninja -C "$dir" -j"$jobs" "${unit_tests[@]}" "${actor_tests[@]}" fuzz_targets
       export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+      # The live drift test needs the tiny model to serve a jump in
+      # lengths within 60 s of wall clock; under ASan on a busy 2-core
+      # machine it may not (a timing bound, not a finding). It runs in the
+      # normal build.
+      export GTEST_FILTER='-live_drift_test.*'
       timed "asan+ubsan tests" run_tests "$dir" "${unit_tests[@]}" "${actor_tests[@]}"
       METRONOME_FUZZ_BUILD_DIR=$dir METRONOME_FUZZ_JOBS=$jobs timed "fuzz" "$root/bench/fuzz/run.sh" "${METRONOME_FUZZ_SECONDS:-30}"
       ;;

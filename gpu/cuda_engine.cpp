@@ -529,8 +529,9 @@ std::vector<std::pair<int32_t, int32_t>> cuda_engine::mixed_sizes() const {
 size_t cuda_engine::capture_mixed(const mixed_graph& m, graph_exec& out, int32_t slot) {
   const layout l = mixed_layout(m.singles, m.prompt);
   return capture(l, slot, out, [&] {
-    // As the eager steps with prompt tokens launch (enqueue_eager): PDL
-    // only where METRONOME_PDL turns it on everywhere.
+    // As the eager steps with prompt tokens launch (enqueue_eager): with
+    // METRONOME_PDL=auto, PDL only for graphs of prompt_pdl_min_rows rows
+    // or more.
     const pdl_scope with_pdl(prompt_pdl(l.tokens));
     enqueue_general(l, l.seqs - 1, false, 0);
   });

@@ -156,6 +156,13 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   sc.eos_ids = eos_ids(*model, *tok);
   sc.step_timeout = o.step_timeout;
   sc.policies = policy_context::make(o.predictor, o.ladb, o.srpt);
+  if (!o.step_trace.empty()) {
+    try {
+      sc.trace = std::make_shared<step_trace>(o.step_trace);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("logging.step_trace: ") + e.what());
+    }
+  }
   e.scheduler = spawn_scheduler(sys, sc, e.status, e.metrics);
   if (o.drift.enabled && o.policy != "fcfs")
     e.drift_supervisor = spawn_drift_supervisor(sys, e.scheduler, {o.drift, o.policy, "fcfs"},

@@ -63,6 +63,10 @@ struct engine_options {
   /// How often the stats line (actors/stats_reporter.hpp) is written while
   /// the engine has work; 0: never.
   std::chrono::milliseconds stats_interval{std::chrono::seconds(10)};
+  /// A CSV of every step's plan and measured time (sched/step_trace.hpp;
+  /// logging.step_trace); empty = none. spawn_engine throws
+  /// std::runtime_error when it cannot be written.
+  std::filesystem::path step_trace;
   /// Default and maximum time a request may take.
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
   /// Longest one engine step may take before the executor counts as hung.

@@ -449,7 +449,7 @@ typename Inspector::result_type inspect(Inspector& f, position_logprobs& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_output& x) {
   return f(caf::meta::type_name("step_output"), x.step, x.tokens, x.num_tokens, x.num_seqs,
-           x.seconds);
+           x.seconds, x.device_seconds);
 }
 
 template <class Inspector>

@@ -38,6 +38,8 @@ struct scheduler_actor_state {
   latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
   caf::actor drift_watcher;
+  /// The step trace's time zero (the actor's start).
+  sched_time trace_origin{0};
   static inline const char* name = "scheduler";
 };
 
@@ -125,7 +127,10 @@ void report_outcomes(self_ptr self) {
 
 void on_output(self_ptr self, const step_output& out) {
   auto& st = self->state;
-  auto u = st.core->update_from_output(out, engine_now(self));
+  const auto now = engine_now(self);
+  auto u = st.core->update_from_output(out, now);
+  if (st.config.trace && u.step)
+    st.config.trace->write(std::chrono::duration<double>(now - st.trace_origin).count(), *u.step);
   if (st.metrics)
     st.metrics->on_step(out.num_seqs, st.config.limits.max_batch_size, out.num_tokens,
                         int64_t(out.tokens.size()), out.seconds);
@@ -258,6 +263,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
   auto& st = self->state;
   auto policy = make_policy(config, config.policy);
   st.core = std::make_unique<scheduler>(config.limits, std::move(policy));
+  st.trace_origin = engine_now(self);
   st.config = std::move(config);
   st.status = std::move(status);
   st.metrics = std::move(metrics);

@@ -13,6 +13,7 @@
 
 #include "actors/interfaces.hpp"
 #include "sched/scheduler.hpp"
+#include "sched/step_trace.hpp"
 
 namespace metronome {
 
@@ -31,6 +32,9 @@ struct scheduler_actor_config {
   /// Settings and shared predictor of the latency-aware policies
   /// (sched/ladb_policy.hpp); null = defaults, a predictor per policy.
   std::shared_ptr<policy_context> policies;
+  /// Where each step's plan and measured time go (logging.step_trace);
+  /// null = nowhere. Written on the scheduler's thread only.
+  std::shared_ptr<step_trace> trace;
 };
 
 /// Engine time of an actor: nanoseconds of its system's actor clock, which

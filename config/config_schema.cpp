@@ -566,6 +566,9 @@ std::vector<config_key> make_keys() {
   add(boolean_key("logging.log_prompts", METRONOME_FIELD(logging.log_prompts),
                   "Access lines also carry each request's prompt and output (off: never "
                   "logged)."));
+  add(text_key("logging.step_trace", METRONOME_FIELD(logging.step_trace),
+               "CSV file of every engine step: its shape, predicted and measured time "
+               "(wall and device); empty = none."));
   return keys;
 }
 

@@ -307,6 +307,9 @@ struct logging_section {
   /// Access lines also carry each request's prompt and output (escaped, cut
   /// at 8 KiB). Off: no prompt or output text is ever logged.
   bool log_prompts = false;
+  /// A CSV file of every engine step (shape, predicted and measured time:
+  /// docs/operations.md); empty: none.
+  std::string step_trace;
 
   bool operator==(const logging_section&) const = default;
 };

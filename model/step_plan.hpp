@@ -79,6 +79,10 @@ struct step_output {
   /// Wall time of the step, seconds: from its submission, or from the end of
   /// the step it was queued behind (overlapped steps), to its end.
   double seconds = 0;
+  /// Device time of the step, seconds, where the runner measures it (CUDA:
+  /// event timing from its first operation on the stream to its last);
+  /// 0 where it does not (CPU).
+  double device_seconds = 0;
 };
 
 } // namespace metronome

@@ -410,7 +410,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   release_next_.clear();
   d.plan.step = next_step_++;
   d.predicted_ms = step_times_.predict_ms(d.shape);
-  inflight_.push_back({std::move(in_plan), d.shape});
+  inflight_.push_back({std::move(in_plan), d.shape, d.predicted_ms});
   ++steps_;
   if (cut)
     ++limited_steps_;
@@ -424,7 +424,14 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
   for (auto id : inflight_.front().ids)
     if (auto i = requests_.find(id); i != requests_.end())
       --i->second.inflight;
-  step_times_.observe(inflight_.front().shape, out.seconds * 1e3);
+  const auto& done = inflight_.front();
+  u.step = step_record{out.step,
+                       done.shape,
+                       done.predicted_ms,
+                       step_times_.prior().step_ms(done.shape),
+                       out.seconds * 1e3,
+                       out.device_seconds * 1e3};
+  step_times_.observe(done.shape, out.seconds * 1e3);
   inflight_.pop_front();
   for (const auto& t : out.tokens) {
     auto i = requests_.find(t.id);

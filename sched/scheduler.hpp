@@ -172,11 +172,26 @@ struct step_draft {
   std::optional<double> limit_ms;
 };
 
+/// One step as planned and as run (the step trace, metrics/step_trace.hpp).
+struct step_record {
+  uint64_t step = 0;
+  step_shape shape;
+  /// The estimator's prediction when the step was planned.
+  double predicted_ms = 0;
+  /// The prior cost model's (step_cost) for the same shape.
+  double prior_ms = 0;
+  /// step_output::seconds and device_seconds, in milliseconds.
+  double wall_ms = 0;
+  double device_ms = 0;
+};
+
 /// What update_from_output produced.
 struct step_update {
   std::vector<token_event> tokens;
   /// Requests that left the scheduler this update (finished or aborted).
   std::vector<uint64_t> finished;
+  /// The step this output ends; nullopt when no plan was in flight.
+  std::optional<step_record> step;
 };
 
 /// The scheduler. Not thread-safe: one owner (the scheduler actor, or the
@@ -320,6 +335,7 @@ private:
   struct plan_in_flight {
     std::vector<uint64_t> ids;
     step_shape shape;
+    double predicted_ms = 0;
   };
   /// Plans in flight, oldest first: their requests and their shape.
   std::deque<plan_in_flight> inflight_;

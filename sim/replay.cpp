@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "sched/step_trace.hpp"
+
 
 namespace metronome::sim {
 
@@ -65,6 +67,8 @@ public:
     sched_ = std::make_unique<scheduler>(limits_, std::move(policy));
     sched_->set_capacity(num_pages_, page_size_);
     sched_->set_step_cost(o.cost.step);
+    if (!o.step_trace.empty())
+      trace_out_ = std::make_unique<step_trace>(o.step_trace);
     detector_ = std::make_unique<drift_detector>(o.settings.drift);
     res_.policy = o.policy;
     res_.trace_name = t.name;
@@ -208,6 +212,7 @@ private:
     out.step = plan.step;
     out.num_seqs = int32_t(plan.chunks.size());
     out.seconds = p.ms / 1e3;
+    out.device_seconds = out.seconds;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       out.num_tokens += plan.chunks[i].num_tokens;
       if (!p.draft.samples[i])
@@ -218,6 +223,8 @@ private:
       out.tokens.push_back({id, last ? stop_token : other_token, 0});
     }
     auto u = sched_->update_from_output(out, now_);
+    if (trace_out_ && u.step)
+      trace_out_->write(seconds(now_), *u.step);
     res_.sum_batch += out.num_seqs;
     res_.busy_s += out.seconds;
     res_.sum_used_pages += sched_->used_pages();
@@ -273,6 +280,7 @@ private:
   std::shared_ptr<policy_context> ctx_;
   std::unique_ptr<scheduler> sched_;
   std::unique_ptr<drift_detector> detector_;
+  std::unique_ptr<step_trace> trace_out_; // o.step_trace, if any
   bool drift_on_ = false;
   std::optional<sched_time> disabled_since_;
   sched_time now_{0};

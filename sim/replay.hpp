@@ -21,6 +21,7 @@
 // random source, so the same input gives the same result.
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct replay_options {
   /// Never refuse a request for a full queue (the replay measures latency,
   /// not admission control).
   bool unbounded_queue = true;
+  /// Where to write the simulated steps in the step trace's columns
+  /// (sched/step_trace.hpp; wall and device time are the cost model's);
+  /// empty = nowhere.
+  std::filesystem::path step_trace;
 };
 
 /// One request's fate.

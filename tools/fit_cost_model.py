@@ -38,6 +38,15 @@ negative is dropped and the rest refitted, so every term stays physical.
         -o sim/cost_models/h200-llama3-8b.json
     python3 tools/fit_cost_model.py --provisional -o sim/cost_models/h200-llama3-8b.json
 
+Live steps: --trace CSV (repeatable) fits to the step traces that `serve`
+writes with logging.step_trace (sched/step_trace.hpp), alone or with a grid:
+each traced step is a row with its own features (the scheduler's step_shape,
+exactly what the replay's cost model sees) and its wall time on the step
+clock (--trace-time device: its device time), steps of more than
+--trace-max-ms left out (a step that waited on something else). --judge CSV
+(repeatable) reports the fitted model's error on other traces that took no
+part in the fit (choose constants on some workloads, report others).
+
 Rows that name a "model" (gpu_bench writes llama3-1b and llama3-8b into one
 grid) are kept only for --model (default llama3-8b). --steps adds the step
 figures of a later benchmark run (bench/gpu's results.json rows
@@ -139,6 +148,57 @@ def step_rows(path, model):
     return rows
 
 
+TRACE_COLUMNS = ("decode_seqs", "decode_kv_tokens", "prefill_seqs", "prefill_tokens",
+                 "prefill_attention_pairs", "wall_ms", "device_ms")
+
+
+def trace_rows(path, time_key, max_ms):
+    """(features, ms, kind) of each step of a step trace (CSV)."""
+    import csv
+    out = []
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                fail(f"{path}: not a step trace (missing columns {', '.join(missing)})")
+            for line, r in enumerate(reader, start=2):
+                try:
+                    v = {c: float(r[c]) for c in TRACE_COLUMNS}
+                except (TypeError, ValueError):
+                    fail(f"{path}: line {line}: expected numbers in {', '.join(TRACE_COLUMNS)}")
+                ms = v[time_key]
+                if not (ms > 0 and ms <= max_ms):
+                    continue
+                b, kv, n = v["decode_seqs"], v["decode_kv_tokens"], v["prefill_tokens"]
+                prompt = 1.0 if n > 0 else 0.0
+                kind = "decode" if n == 0 else ("mixed" if b > 0 else "prefill")
+                x = [1.0, b, kv, n, v["prefill_attention_pairs"], kv * prompt, prompt]
+                out.append((x, ms, kind))
+    except OSError as e:
+        fail(f"{path}: {e}")
+    if not out:
+        fail(f"{path}: no steps with a {time_key} in (0, {max_ms}] ms")
+    return out
+
+
+def error_stats(coef, xs, ys, kinds):
+    errs = {}
+    signed = []
+    for x, y, k in zip(xs, ys, kinds):
+        e = (predict(coef, x) - y) / y
+        errs.setdefault(k, []).append(abs(e))
+        signed.append(e)
+    every = [e for v in errs.values() for e in v]
+    return {"rows": len(xs),
+            "mean_abs_rel_error": sum(every) / len(every),
+            "mean_rel_error": sum(signed) / len(signed),
+            "max_abs_rel_error": max(every),
+            "predicted_over_measured_total": sum(predict(coef, x) for x in xs) / sum(ys),
+            "by_kind": {k: {"rows": len(v), "mean_abs_rel_error": sum(v) / len(v),
+                            "max_abs_rel_error": max(v)} for k, v in sorted(errs.items())}}
+
+
 def solve(a, y):
     """Solves the square system a x = y (lists) by Gaussian elimination."""
     n = len(y)
@@ -220,6 +280,24 @@ def provisional():
     return coef, kv_tokens, note, None
 
 
+def grid_rows(args):
+    """The rows of the step-time grid args.grid, for args.model."""
+    try:
+        with open(args.grid) as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        fail(f"{args.grid}: {e}")
+    rows = doc
+    if isinstance(doc, dict):
+        rows = doc.get("grid", doc.get("rows"))
+    if not isinstance(rows, list) or not rows:
+        fail(f"{args.grid}: expected a non-empty list of rows (or an object with 'grid')")
+    rows = [r for r in rows if not isinstance(r, dict) or r.get("model", args.model) == args.model]
+    if not rows:
+        fail(f"{args.grid}: no rows of model {args.model}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("grid", nargs="?", help="step-time grid JSON from bench/gpu/gpu_bench --grid")
@@ -235,27 +313,28 @@ def main():
     ap.add_argument("--steps", help="benchmark results whose step figures join the grid")
     ap.add_argument("--steps-replace", action="store_true",
                     help="the --steps figures replace the grid's rows of the same kind")
+    ap.add_argument("--trace", action="append", default=[],
+                    help="a step trace (serve's logging.step_trace CSV) to fit to; repeatable")
+    ap.add_argument("--judge", action="append", default=[],
+                    help="a step trace to report the fitted model's error on (not fitted); "
+                         "repeatable")
+    ap.add_argument("--trace-time", choices=("wall", "device"), default="wall",
+                    help="which measured time of a traced step to fit (default wall: the step "
+                         "clock the replay advances)")
+    ap.add_argument("--trace-max-ms", type=float, default=1000.0,
+                    help="leave out traced steps longer than this")
     args = ap.parse_args()
 
-    if args.provisional == bool(args.grid):
-        fail("give a grid file or --provisional (not both)")
+    if args.provisional == bool(args.grid or args.trace):
+        fail("give a grid file and/or --trace, or --provisional (not both)")
+    time_key = args.trace_time + "_ms"
     if args.provisional:
         coef, kv_tokens, note, stats = provisional()
     else:
-        try:
-            with open(args.grid) as f:
-                doc = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            fail(f"{args.grid}: {e}")
-        rows = doc
-        if isinstance(doc, dict):
-            rows = doc.get("grid", doc.get("rows"))
-        if not isinstance(rows, list) or not rows:
-            fail(f"{args.grid}: expected a non-empty list of rows (or an object with 'grid')")
-        rows = [r for r in rows if not isinstance(r, dict) or r.get("model", args.model) == args.model]
-        if not rows:
-            fail(f"{args.grid}: no rows of model {args.model}")
-        sources = [args.grid]
+        rows, sources = [], []
+        if args.grid:
+            rows = grid_rows(args)
+            sources.append(args.grid)
         if args.steps:
             extra = step_rows(args.steps, args.model)
             if args.steps_replace:
@@ -271,16 +350,21 @@ def main():
             xs.append(x)
             ys.append(y)
             kinds.append(row["kind"])
+        for path in args.trace:
+            for x, y, k in trace_rows(path, time_key, args.trace_max_ms):
+                xs.append(x)
+                ys.append(y)
+                kinds.append("live " + k)
+            sources.append(f"{path} ({args.trace_time} time)")
         coef = fit_nonnegative(xs, ys)
-        errs = {}
-        for x, y, k in zip(xs, ys, kinds):
-            errs.setdefault(k, []).append(abs(predict(coef, x) - y) / y)
-        every = [e for v in errs.values() for e in v]
-        stats = {"rows": len(xs),
-                 "mean_abs_rel_error": sum(every) / len(every),
-                 "max_abs_rel_error": max(every),
-                 "by_kind": {k: {"rows": len(v), "mean_abs_rel_error": sum(v) / len(v),
-                                 "max_abs_rel_error": max(v)} for k, v in sorted(errs.items())}}
+        stats = error_stats(coef, xs, ys, kinds)
+        if args.judge:
+            stats["judged"] = {}
+            for path in args.judge:
+                rows_j = trace_rows(path, time_key, args.trace_max_ms)
+                stats["judged"][path] = error_stats(coef, [r[0] for r in rows_j],
+                                                    [r[1] for r in rows_j],
+                                                    ["live " + r[2] for r in rows_j])
         _, kv_tokens, _, _ = provisional()
         note = (f"Fitted by tools/fit_cost_model.py to {len(xs)} steps of {args.model} measured "
                 f"on the device ({', '.join(sources)}"
@@ -303,6 +387,11 @@ def main():
         f.write("\n")
     print(f"{args.out}: " + ", ".join(f"{k}={c:.4g}" for k, c in zip(FEATURES, coef))
           + (f"; mean |rel err| {stats['mean_abs_rel_error']:.3f}" if stats else " (provisional)"))
+    for path, j in (stats or {}).get("judged", {}).items():
+        print(f"  judged on {path}: mean |rel err| {j['mean_abs_rel_error']:.3f}, predicted / "
+              f"measured time {j['predicted_over_measured_total']:.3f} ("
+              + ", ".join(f"{k} {v['mean_abs_rel_error']:.3f}" for k, v in j["by_kind"].items())
+              + ")")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@
 # bursty mix of long and short prompts (gamma arrivals, cv 2, lognormal
 # prompts around 1,200 tokens) at 22/s, near its knee in replay. Reports:
 # OUT_DIR/live-POLICY-NAME.json, the server's /metrics after each (counters
-# accumulate over a server's runs), sim-POLICY-NAME.json from replay.
+# accumulate over a server's runs), sim-POLICY-NAME.json from replay. With
+# METRONOME_LIVE_STEP_TRACE=1 each server also writes its step trace,
+# OUT_DIR/steps-POLICY.csv (logging.step_trace; a workload's steps are the
+# lines between the metronome:step_duration_seconds_count of the /metrics
+# saved before and after it).
 set -uo pipefail
 bin=$1 tok=$2 out=$3
 shift 3
@@ -55,7 +59,9 @@ for spec in "${policies[@]}"; do
   policy=${policy/:/-s}
   port=$((port + 1))
   stamp "serve $policy"
-  "$m" serve --model "$model" --device cuda:0 --port $port $(settings "$spec") \
+  trace=()
+  [ -n "${METRONOME_LIVE_STEP_TRACE:-}" ] && trace=(--set "logging.step_trace=$out/steps-$policy.csv")
+  "$m" serve --model "$model" --device cuda:0 --port $port $(settings "$spec") "${trace[@]}" \
     > "$out/serve-$policy.log" 2>&1 &
   pid=$!
   serve_up $pid $port "$out/serve-$policy.log" || continue
@@ -64,6 +70,7 @@ for spec in "${policies[@]}"; do
   "$m" bench-serve --url "http://127.0.0.1:$port" --tokenizer "$tok/llama3" --corpus "$corpus" \
     --workload "poisson:rate=10,prompt=uniform:130:900,output=uniform:16:64,n=40,seed=99" \
     --quiet --report "$work/warmup.json" >/dev/null 2>&1
+  curl -s "localhost:$port/metrics" > "$out/metrics-$policy-warmup.txt"
   # Each workload from its own stretch of the corpus: the server's prefix
   # cache would otherwise serve a workload the prompts an earlier one sent.
   wi=0

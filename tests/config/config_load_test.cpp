@@ -366,6 +366,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"logging.format", "json"},
     {"logging.stats_interval_s", "2.5"},
     {"logging.log_prompts", "true"},
+    {"logging.step_trace", "/tmp/steps.csv"},
   };
   return values;
 }

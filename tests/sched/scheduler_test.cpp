@@ -113,6 +113,36 @@ TEST_F(scheduler_test, prefill_then_pipelined_decodes_until_length) {
   EXPECT_EQ(s->used_pages(), 0);
 }
 
+TEST_F(scheduler_test, each_output_reports_its_step_as_planned_and_as_measured) {
+  make();
+  add(make_request(1, 10, 3));
+  auto p0 = next();
+  auto p1 = next();
+  ASSERT_TRUE(p0 && p1);
+  step_output out;
+  out.step = p0->plan.step;
+  out.num_seqs = 1;
+  out.tokens.push_back({1, 7, 0});
+  out.seconds = 0.012;
+  out.device_seconds = 0.011;
+  auto u = s->update_from_output(out, now);
+  ASSERT_TRUE(u.step);
+  EXPECT_EQ(u.step->step, p0->plan.step);
+  EXPECT_EQ(u.step->shape.prefill_tokens, 10);
+  EXPECT_EQ(u.step->shape.decode_seqs, 0);
+  EXPECT_DOUBLE_EQ(u.step->predicted_ms, p0->predicted_ms);
+  EXPECT_DOUBLE_EQ(u.step->prior_ms, s->step_times().prior().step_ms(p0->shape));
+  EXPECT_DOUBLE_EQ(u.step->wall_ms, 12.0);
+  EXPECT_DOUBLE_EQ(u.step->device_ms, 11.0);
+  // The next output is the decode planned second, with its own shape.
+  auto u1 = run(*p1);
+  ASSERT_TRUE(u1.step);
+  EXPECT_EQ(u1.step->shape.decode_seqs, 1);
+  EXPECT_EQ(u1.step->shape.prefill_tokens, 0);
+  // An output with no plan in flight reports no step.
+  EXPECT_FALSE(s->update_from_output(step_output{}, now).step);
+}
+
 TEST_F(scheduler_test, a_stop_token_finishes_and_a_sample_in_flight_is_dropped) {
   make();
   add(make_request(1, 4, 100, {2}));

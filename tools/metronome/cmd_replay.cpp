@@ -39,6 +39,7 @@ struct replay_args {
   std::string report;
   std::optional<std::string> plot;
   std::optional<std::string> requests_csv;
+  std::optional<std::string> step_trace;
   int32_t max_tokens = 0;
   std::vector<std::string> set;
   bool quiet = false;
@@ -219,6 +220,12 @@ void run(const replay_args& a) {
   }
   base.cost = cost;
   base.max_tokens = a.max_tokens;
+  if (a.step_trace) {
+    if (policies.size() != 1 || scales.size() != 1)
+      throw command_error("--step-trace: give one policy and one rate scale (the trace is one "
+                          "run's steps)");
+    base.step_trace = *a.step_trace;
+  }
   struct job {
     std::string policy;
     double scale;
@@ -350,6 +357,9 @@ void setup(CLI::App& app) {
   cmd->add_option("--requests", a->requests_csv,
                   "Where to write one CSV row per request and run (latencies, unloaded "
                   "latencies)");
+  cmd->add_option("--step-trace", a->step_trace,
+                  "Where to write one CSV row per simulated step (the columns of serve's "
+                  "logging.step_trace); one policy and one rate scale only");
   cmd->add_option("--max-tokens", a->max_tokens,
                   "max_tokens of every request (default: up to the context)")
     ->check(CLI::Range(0, 1 << 24));

@@ -88,6 +88,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.policy = std::string(to_string(c.engine.policy));
   o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
   o.stats_interval = std::chrono::milliseconds(int64_t(c.logging.stats_interval_s * 1000));
+  o.step_trace = c.logging.step_trace;
   o.step_timeout = std::chrono::milliseconds(c.engine.step_timeout_ms);
   o.max_restarts = c.supervisor.executor.max_restarts;
   o.restart_window = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));

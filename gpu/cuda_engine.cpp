@@ -80,8 +80,11 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
   METRONOME_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   METRONOME_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  // Timed (not DisableTiming): a step's device time is step_done_ - step_start_.
   for (auto& e : step_done_)
-    METRONOME_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    METRONOME_CUDA(cudaEventCreate(&e));
+  for (auto& e : step_start_)
+    METRONOME_CUDA(cudaEventCreate(&e));
   METRONOME_CUBLAS(cublasCreate(&cublas_));
   METRONOME_CUBLAS(cublasSetStream(cublas_, stream_));
   graphs_enabled_ = options_.cuda_graphs;
@@ -107,6 +110,9 @@ cuda_engine::~cuda_engine() {
   if (done_)
     cudaEventDestroy(done_);
   for (auto e : step_done_)
+    if (e)
+      cudaEventDestroy(e);
+  for (auto e : step_start_)
     if (e)
       cudaEventDestroy(e);
   if (stream_)
@@ -248,9 +254,13 @@ void cuda_engine::allocate_activations() {
   attention_shape sh = attention_of(0);
   attn_blocks_per_sm_ = decode_attention_blocks_per_sm(sh, kv_fp8_);
   max_splits_product_ = 1;
-  for (int32_t n = 1; n <= max_batch_; ++n)
+  // A mixed graph's singles and padding reach max_batch_ + 1 rows.
+  for (int32_t n = 1; n <= max_batch_ + 1; ++n)
     max_splits_product_ = std::max(
-      max_splits_product_, n * decode_attention_splits(sh, n, num_sms_, attn_blocks_per_sm_));
+      max_splits_product_,
+      n * (decode_attention_work_items(sh, n, num_sms_, attn_blocks_per_sm_) > 0
+             ? decode_attention_work_splits()
+             : decode_attention_splits(sh, n, num_sms_, attn_blocks_per_sm_)));
   part_o_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads)
                           * size_t(c.head_dim) * 4);
   part_ml_ = device_buffer(size_t(max_splits_product_) * size_t(c.num_heads) * 2 * 4);

@@ -84,6 +84,10 @@ struct engine_result {
   /// Per sampled chunk: empty, or (where it asked) the sampled token's model
   /// log-probability, then its `logprobs` alternatives.
   std::vector<std::vector<token_logprob>> model_logprobs;
+  /// Device time of the step in milliseconds: from its first operation on
+  /// the stream to its last (CUDA event timing), so neither the host's share
+  /// nor a wait behind the step before it counts.
+  double device_ms = 0;
 };
 
 class cuda_engine {
@@ -223,6 +227,10 @@ private:
     /// One-token chunks of a step with prompt chunks (0 otherwise): their
     /// attention runs in the decode kernel over the `single_*` arrays.
     int32_t singles = 0;
+    /// Items of the decode attention's work lists (balanced splits) over the
+    /// batch (a decode step's) and over the singles; 0: none.
+    int32_t work_items = 0, single_work_items = 0;
+    size_t work = 0, single_work = 0;
     size_t header = 0, ids = 0, positions = 0, token_seq = 0;
     size_t seq_slot = 0, seq_q_start = 0, seq_len = 0, sample_src = 0;
     size_t single_slot = 0, single_q_start = 0, single_len = 0;
@@ -251,8 +259,8 @@ private:
     logprob_rows logprobs;
   };
 
-  static layout make_layout(int32_t tokens, int32_t seqs, int32_t updates, int32_t penalties,
-                            int32_t items, int32_t singles = 0);
+  layout make_layout(int32_t tokens, int32_t seqs, int32_t updates, int32_t penalties,
+                     int32_t items, int32_t singles = 0) const;
   step_views views(const layout& l) const;
 
   void upload_weights();
@@ -382,6 +390,7 @@ private:
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   cudaEvent_t step_done_[2] = {nullptr, nullptr}; // per staging slot
+  cudaEvent_t step_start_[2] = {nullptr, nullptr}; // per staging slot; with step_done_: device_ms
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<gemm_tuner> tuner_;
 

@@ -27,7 +27,8 @@ int32_t updates_capacity(int32_t batch) {
 // -- the input block -----------------------------------------------------------------------
 
 cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32_t updates,
-                                             int32_t penalties, int32_t items, int32_t singles) {
+                                             int32_t penalties, int32_t items,
+                                             int32_t singles) const {
   layout l;
   l.singles = singles;
   l.tokens = tokens;
@@ -68,6 +69,14 @@ cuda_engine::layout cuda_engine::make_layout(int32_t tokens, int32_t seqs, int32
   l.single_slot = take(s * 4);
   l.single_q_start = take(s * 4);
   l.single_len = take(s * 4);
+  // Work lists where the decode attention reads them: over a decode step's
+  // batch (every row one token), and over a prompt step's singles.
+  const attention_shape sh = attention_of(0);
+  if (tokens == seqs && singles == 0 && items == 0)
+    l.work_items = decode_attention_work_items(sh, seqs, num_sms_, attn_blocks_per_sm_);
+  l.single_work_items = decode_attention_work_items(sh, singles, num_sms_, attn_blocks_per_sm_);
+  l.work = take(size_t(l.work_items) * 4);
+  l.single_work = take(size_t(l.single_work_items) * 4);
   l.bytes = align16(off);
   return l;
 }
@@ -91,6 +100,14 @@ cuda_engine::step_views cuda_engine::views(const layout& l) const {
   v.singles.seq_slot = i32(l.single_slot);
   v.singles.seq_q_start = i32(l.single_q_start);
   v.singles.seq_len = i32(l.single_len);
+  if (l.work_items > 0) {
+    v.batch.work = i32(l.work);
+    v.batch.work_items = l.work_items;
+  }
+  if (l.single_work_items > 0) {
+    v.singles.work = i32(l.single_work);
+    v.singles.work_items = l.single_work_items;
+  }
   v.ids = i32(l.ids);
   v.sample_src = i32(l.sample_src);
   v.header = i32(l.header);
@@ -251,6 +268,15 @@ void cuda_engine::pack(int32_t slot, const layout& l, std::span<const engine_chu
     upd[3 * i + 1] = updates[i].index;
     upd[3 * i + 2] = updates[i].page;
   }
+  if (l.work_items > 0 || l.single_work_items > 0) {
+    const attention_shape sh = attention_of(0);
+    if (l.work_items > 0)
+      decode_attention_work(sh, seq_len, l.seqs, num_sms_, attn_blocks_per_sm_, i32(l.work),
+                            l.work_items);
+    if (l.single_work_items > 0)
+      decode_attention_work(sh, i32(l.single_len), l.singles, num_sms_, attn_blocks_per_sm_,
+                            i32(l.single_work), l.single_work_items);
+  }
   if (!items.empty())
     std::memcpy(base + l.item_data, items.data(), items.size() * sizeof(prefill_item));
   if (mixed) {
@@ -322,8 +348,15 @@ void cuda_engine::skinny(gemv_epilogue ep, const gemv_args& a) {
 
 void cuda_engine::attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
                          int32_t seqs, bool raw_qkv, const bf16* qkv_bias, int32_t qkv_splits) {
-  const int32_t splits = decode_attention_splits(sh, seqs, num_sms_, attn_blocks_per_sm_);
-  const int32_t warps = decode_attention_warps(sh, seqs, splits, num_sms_, attn_blocks_per_sm_);
+  // A listed batch (balanced splits) launches with the list's stride; its
+  // warps follow the splits it averages (one a sequence from 33 up).
+  const int32_t splits = batch.work
+                           ? decode_attention_work_splits()
+                           : decode_attention_splits(sh, seqs, num_sms_, attn_blocks_per_sm_);
+  const int32_t warps = decode_attention_warps(
+    sh, seqs,
+    batch.work ? std::max(1, (batch.work_items - seqs) / std::max(1, seqs)) : splits, num_sms_,
+    attn_blocks_per_sm_);
   float* po = part_o_.get<float>();
   float* pml = part_ml_.get<float>();
   int32_t* counters = split_counters_.get<int32_t>();
@@ -606,6 +639,8 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     throw std::logic_error("cuda runner: a fed token without its row in the step in flight");
   if (n == 0 && updates.empty())
     return;
+  const int32_t slot = next_slot_;
+  METRONOME_CUDA(cudaEventRecord(step_start_[slot], stream_));
   // More page-table entries than a step's block holds (a long cached prefix
   // shared at admission): applied first, from a block of their own.
   if (int64_t(updates.size()) > update_capacity_) {
@@ -613,7 +648,6 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     updates = {};
   }
 
-  const int32_t slot = next_slot_;
   // Penalty entries travel in their own block (rare; grown on demand; only
   // with no other step in flight, checked above).
   if (penalties > 0) {
@@ -789,6 +823,11 @@ engine_result cuda_engine::finish() {
   const auto* out = results_[f.slot].get<unsigned char>();
   const auto* ids = reinterpret_cast<const int32_t*>(out);
   const auto* lp = reinterpret_cast<const float*>(out + size_t(max_batch_) * 4);
+  float device_ms = 0;
+  if (cudaEventElapsedTime(&device_ms, step_start_[f.slot], step_done_[f.slot]) == cudaSuccess)
+    result.device_ms = device_ms;
+  else
+    (void)cudaGetLastError(); // a timing that cannot be read is no step error
   result.tokens.assign(ids, ids + f.sampled);
   result.logprobs.assign(lp, lp + f.sampled);
   if (!f.logprobs.empty()) {

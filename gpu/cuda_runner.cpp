@@ -393,6 +393,7 @@ private:
                     .count();
     if (p.launched)
       last_finished_ = now;
+    out.device_seconds = result.device_ms * 1e-3;
     return out;
   }
 

@@ -278,7 +278,22 @@ __global__ void __launch_bounds__(WARPS * 32)
   __shared__ float mg_l[8];
   __shared__ bool last;
 
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  // The block's (sequence, split): from the grid, or from the host's work
+  // list (balanced splits: a long context is cut into as many splits as its
+  // keys need, so that one long sequence does not hold the step).
+  // A listed grid is (kv heads, items): the blocks of one item's heads
+  // run side by side, as the device rule's (splits, kv heads, sequences)
+  // grid has them (they read the same pages), and unused items come last.
+  int split = blockIdx.x, b = blockIdx.z, kvh = blockIdx.y, listed_splits = 0;
+  if (batch.work) {
+    const int32_t w = load_pinned(batch.work + blockIdx.y);
+    if (w < 0)
+      return;
+    kvh = blockIdx.x;
+    b = w >> 16;
+    listed_splits = (w >> 8) & 0xff;
+    split = w & 0xff;
+  }
   const int group = sh.num_heads / sh.kv_heads;
   const int h0 = kvh * group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -307,7 +322,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   const int32_t pos = len - 1;
   const int32_t lo = sh.window > 0 ? max(0, pos - sh.window + 1) : 0;
   const int32_t active =
-    max(1, min(splits, (len - lo + min_split_tokens - 1) / min_split_tokens));
+    listed_splits > 0 ? listed_splits
+                      : max(1, min(splits, (len - lo + min_split_tokens - 1) / min_split_tokens));
   if (split >= active)
     return;
   // Steps of 16 keys from lo rounded down; this split's share of them.
@@ -776,7 +792,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   // resets the counter for the next step or graph replay.
   __threadfence();
   __syncthreads();
-  int32_t* counter = counters + int64_t(b) * gridDim.y + blockIdx.y;
+  int32_t* counter = counters + int64_t(b) * sh.kv_heads + kvh;
   if (tid == 0)
     last = atomicAdd(counter, 1) == active - 1;
   __syncthreads();
@@ -857,7 +873,9 @@ template <int D, int WARPS, bool KV8>
 void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
                const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
                float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
-  const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
+  const dim3 grid = batch.work
+                     ? dim3(unsigned(sh.kv_heads), unsigned(batch.work_items), 1u)
+                     : dim3(unsigned(splits), unsigned(sh.kv_heads), unsigned(batch.num_seqs));
   const bool hint = stream_hint_on(hint_decode_kv);
   if (rope)
     launch_kernel("decode_attention_tc_kernel",
@@ -980,6 +998,70 @@ int32_t decode_attention_splits(const attention_shape& sh, int32_t num_seqs, int
   const int32_t wanted = (2 * num_sms + blocks - 1) / blocks;
   const int32_t one_wave = std::max(1, blocks_per_sm) * num_sms / blocks;
   return std::max(1, std::min({wanted, one_wave, max_splits}));
+}
+
+namespace {
+
+/// Batches of at least this many sequences take the work list: below it the
+/// device rule already splits every sequence (up to 33 splits at batch 1),
+/// and the list's extra load would sit on every block's critical path.
+constexpr int32_t work_min_seqs = 16;
+/// Most splits of one sequence from the work list (the partials' stride).
+constexpr int32_t work_max_splits = 32;
+
+/// Items that fill one wave of blocks, at least one a sequence.
+int32_t work_budget(const attention_shape& sh, int32_t num_seqs, int32_t num_sms,
+                    int32_t blocks_per_sm) {
+  return std::max(num_seqs, std::max(1, blocks_per_sm) * num_sms / std::max(1, sh.kv_heads));
+}
+
+} // namespace
+
+int32_t decode_attention_work_items(const attention_shape& sh, int32_t num_seqs,
+                                    int32_t num_sms, int32_t blocks_per_sm) {
+  if (num_seqs < work_min_seqs || !use_v2(sh))
+    return 0;
+  return num_seqs + work_budget(sh, num_seqs, num_sms, blocks_per_sm);
+}
+
+int32_t decode_attention_work_splits() {
+  return work_max_splits;
+}
+
+int32_t decode_attention_work(const attention_shape& sh, const int32_t* seq_len,
+                              int32_t num_seqs, int32_t num_sms, int32_t blocks_per_sm,
+                              int32_t* work, int32_t items) {
+  // Design note. The device rule gives every sequence of a large batch one
+  // split, so a step's attention lasts as long as its longest context: on
+  // the H200, 8B, 64 sequences with 65,536 keys in all took 6.8 ms a step
+  // at 1,024 each and 14.6 ms with four of them at 8,704 (gpu_bench
+  // --decode-spread). Here each sequence gets about keys / K splits, K the
+  // keys in all over the items that fill one wave (at least 64, as the
+  // device rule's), rounded to the nearest (a sequence a little over K
+  // keeps one split, as the device rule would), so that no block holds much
+  // more than K keys. Rounding adds at most half an item a sequence, hence
+  // the list's num_seqs items beyond the budget.
+  const int32_t budget = work_budget(sh, num_seqs, num_sms, blocks_per_sm);
+  auto keys_of = [&](int32_t b) {
+    const int32_t len = std::max(1, seq_len[b]);
+    return sh.window > 0 ? std::min(len, sh.window) : len;
+  };
+  int64_t total = 0;
+  for (int32_t b = 0; b < num_seqs; ++b)
+    total += keys_of(b);
+  const int64_t k = std::max<int64_t>(min_split_tokens, (total + budget - 1) / budget);
+  int32_t used = 0;
+  for (int32_t b = 0; b < num_seqs; ++b) {
+    const int64_t n = std::clamp<int64_t>((keys_of(b) + k / 2) / k, 1, work_max_splits);
+    if (used + n > items)
+      throw cuda_error("decode_attention_work: " + std::to_string(items)
+                       + " items cannot hold the batch's splits");
+    for (int32_t split = 0; split < n; ++split)
+      work[used++] = (b << 16) | int32_t(n << 8) | split;
+  }
+  for (int32_t i = used; i < items; ++i)
+    work[i] = -1;
+  return used;
 }
 
 int32_t decode_attention_warps(const attention_shape& sh, int32_t num_seqs, int32_t splits,

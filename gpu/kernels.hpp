@@ -60,6 +60,12 @@ struct batch_view {
   const int32_t* seq_slot = nullptr;    // [num_seqs] page-table row of each sequence
   const int32_t* seq_q_start = nullptr; // [num_seqs + 1] first token row of each sequence
   const int32_t* seq_len = nullptr;     // [num_seqs] KV length after this step
+  /// The decode attention's work list (balanced splits), or null for its
+  /// device rule. With it the grid is (kv heads, work_items) and block
+  /// (h, x) takes work[x]: -1 (nothing), or seq << 16 | splits << 8 | split,
+  /// each sequence's items contiguous, as decode_attention_work() makes them.
+  const int32_t* work = nullptr;
+  int32_t work_items = 0;
 };
 
 /// Attention shapes shared by the decode and prefill kernels.
@@ -221,6 +227,25 @@ int32_t decode_attention_blocks_per_sm(const attention_shape& shape, bool fp8 = 
 /// (decode_attention_blocks_per_sm). Host arithmetic only; any thread.
 int32_t decode_attention_splits(const attention_shape& shape, int32_t num_seqs,
                                 int32_t num_sms, int32_t blocks_per_sm);
+
+/// Size of the decode attention's work list (batch_view::work) for a batch
+/// of num_seqs sequences (padding rows included), or 0 where the kernel
+/// keeps its device rule (small batches, the first generation). Host
+/// arithmetic only; any thread.
+int32_t decode_attention_work_items(const attention_shape& shape, int32_t num_seqs,
+                                    int32_t num_sms, int32_t blocks_per_sm);
+
+/// Most splits a work list gives one sequence: the `splits` (partials'
+/// stride) to launch a listed batch with.
+int32_t decode_attention_work_splits();
+
+/// Fills the work list `work` [items] for the batch's KV lengths seq_len
+/// [num_seqs] (balanced splits: see its design note) and returns the items
+/// used; the rest become -1. Throws cuda_error when `items`
+/// (decode_attention_work_items) cannot hold them. Host only; any thread.
+int32_t decode_attention_work(const attention_shape& shape, const int32_t* seq_len,
+                              int32_t num_seqs, int32_t num_sms, int32_t blocks_per_sm,
+                              int32_t* work, int32_t items);
 
 /// Warps a block of the decode kernel: 4, or 2 where the grid of num_seqs x
 /// kv_heads x splits blocks needs more than one wave of 4-warp blocks

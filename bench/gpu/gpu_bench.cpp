@@ -238,6 +238,18 @@ public:
     return seqs_.at(id).computed;
   }
 
+  /// Shuffles the free pages: later sequences' pages are scattered over the
+  /// whole pool (as after hours of serving), not taken in order.
+  void scatter_free_pages(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::shuffle(free_pages_.begin(), free_pages_.end(), rng);
+  }
+
+  /// Gives the free pages back in order (the lowest page id taken first).
+  void order_free_pages() {
+    std::sort(free_pages_.begin(), free_pages_.end(), std::greater<>());
+  }
+
 private:
   /// The plan of one step of (sequence, tokens) chunks; counts the tokens
   /// computed (a plan never depends on the ids of the steps before it).
@@ -334,6 +346,7 @@ struct options {
   bool decode_only = false; // only the decode figures (batch 1, 8, 32, 64)
   bool headline = false;    // only the target figures (prefill 2048, decode bs1, bs64)
   bool kernels_only = false; // the per-kernel timings and nothing else (for profilers)
+  bool decode_spread = false; // decode steps of equal and uneven contexts, pages in order or not
   int32_t max_batch = 128;
   int32_t page_size = 16;    // cuda_runner_options::page_size (server: kv_cache.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
@@ -424,6 +437,61 @@ int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec
   return 0;
 }
 
+/// `--decode-spread`: decode steps of B sequences with the same KV tokens
+/// in all, their contexts equal or uneven (most short, a few long), their
+/// pages taken in order or scattered over the whole pool: what separates
+/// a live step from the grid's (equal contexts, fresh pages). Medians of
+/// overlapped steps. Returns the exit code.
+int decode_spread(bench_driver& d) {
+  struct shape {
+    const char* name;
+    std::vector<int32_t> lens;
+  };
+  auto equal = [](int32_t b, int32_t len) { return std::vector<int32_t>(size_t(b), len); };
+  auto uneven = [](int32_t b, int32_t total, int32_t longs, int32_t short_len) {
+    std::vector<int32_t> v(size_t(b - longs), short_len);
+    const int32_t long_len = (total - short_len * (b - longs)) / longs;
+    v.insert(v.end(), size_t(longs), long_len);
+    return v;
+  };
+  const std::vector<shape> shapes = {
+    {"64 x 1024", equal(64, 1024)},
+    {"64: 48 x 128 + 16 x 3712", uneven(64, 65536, 16, 128)},
+    {"64: 60 x 512 + 4 x 8704", uneven(64, 65536, 4, 512)},
+    {"32 x 2048", equal(32, 2048)},
+    {"32: 28 x 256 + 4 x 14592", uneven(32, 65536, 4, 256)},
+    {"96 x 512", equal(96, 512)},
+    {"96: 80 x 128 + 16 x 2432", uneven(96, 49152, 16, 128)},
+  };
+  for (bool scattered : {false, true}) {
+    if (scattered)
+      d.scatter_free_pages(7);
+    else
+      d.order_free_pages();
+    for (const auto& sh : shapes) {
+      std::vector<uint64_t> ids;
+      for (auto len : sh.lens) {
+        auto one = d.add(1, len);
+        ids.push_back(one[0]);
+      }
+      d.compute(ids);
+      const double ms = d.decode(ids, 5, 30);
+      int64_t kv = 0;
+      for (auto len : sh.lens)
+        kv += len;
+      std::printf("decode-spread %-28s kv %6lld  pages %-10s %.3f ms\n", sh.name,
+                  static_cast<long long>(kv), scattered ? "scattered" : "in order", ms);
+      std::fflush(stdout);
+      d.release(ids);
+      if (scattered)
+        d.scatter_free_pages(11);
+      else
+        d.order_free_pages();
+    }
+  }
+  return 0;
+}
+
 int run(const options& o) {
   std::printf("== %s (%s)\n", o.name.c_str(), o.model.c_str());
   const double bw = copy_bandwidth();
@@ -485,6 +553,8 @@ int run(const options& o) {
   bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size, o.logprobs);
   if (!o.profile_mixed.empty())
     return profile_mixed(d, *runner, o.profile_mixed);
+  if (o.decode_spread)
+    return decode_spread(d);
 
   // Prefill: one prompt per step, median of 5.
   for (int32_t n : {128, 2048}) {
@@ -689,6 +759,7 @@ constexpr const char* usage =
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
   "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
+  "       [--decode-spread]\n"
   "       gpu_bench --make-preset NAME --make-out DIR";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -716,6 +787,7 @@ std::string parse_args(int argc, char** argv, options& o) {
                  : a == "--decode-only"  ? &o.decode_only
                  : a == "--headline"     ? &o.headline
                  : a == "--kernels-only" ? &o.kernels_only
+                 : a == "--decode-spread" ? &o.decode_spread
                                          : nullptr;
     if (flag) {
       *flag = true;

@@ -211,6 +211,128 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
   }
 }
 
+// The work list of balanced splits (host arithmetic: runs without a device).
+// Each sequence's items are contiguous and numbered, large batches of equal
+// contexts keep one split a sequence (the device rule's), and a long
+// context is cut so that no item holds much more than its share of the keys.
+TEST(gpu_attention, decode_work_lists_balance_long_contexts_over_items) {
+  gpu::attention_shape sh{32, 8, 128, 0, 1.0f};
+  EXPECT_EQ(gpu::decode_attention_work_items(sh, 8, 132, 2), 0) << "small batches: device rule";
+  auto list = [&](const std::vector<int32_t>& lens) {
+    const int32_t n = int32_t(lens.size());
+    const int32_t items = gpu::decode_attention_work_items(sh, n, 132, 2);
+    EXPECT_GT(items, 0);
+    std::vector<int32_t> work(size_t(items), 7);
+    const int32_t used = gpu::decode_attention_work(sh, lens.data(), n, 132, 2, work.data(), items);
+    std::vector<int32_t> splits(size_t(n), 0);
+    int32_t prev_seq = -1, expect_split = 0;
+    for (int32_t i = 0; i < items; ++i) {
+      const int32_t w = work[size_t(i)];
+      if (i >= used) {
+        EXPECT_EQ(w, -1) << "item " << i;
+        continue;
+      }
+      const int32_t b = w >> 16, count = (w >> 8) & 0xff, split = w & 0xff;
+      if (b != prev_seq) {
+        EXPECT_EQ(b, prev_seq + 1) << "sequences in order, none left out";
+        expect_split = 0;
+        prev_seq = b;
+      }
+      EXPECT_EQ(split, expect_split++);
+      EXPECT_LT(split, count);
+      splits[size_t(b)] = count;
+    }
+    EXPECT_EQ(prev_seq, n - 1);
+    for (int32_t b = 0; b < n; ++b)
+      EXPECT_GT(splits[size_t(b)], 0) << "sequence " << b << " has no item";
+    return splits;
+  };
+  for (auto s : list(std::vector<int32_t>(64, 1024)))
+    EXPECT_EQ(s, 1);
+  for (auto s : list(std::vector<int32_t>(32, 2048)))
+    EXPECT_EQ(s, 1) << "one wave already: no second";
+  std::vector<int32_t> skewed(60, 512);
+  skewed.insert(skewed.end(), 4, 8704);
+  const auto sk = list(skewed);
+  int64_t total = 0, items_used = 0;
+  for (size_t b = 0; b < skewed.size(); ++b) {
+    total += skewed[b];
+    items_used += sk[b];
+  }
+  double worst = 0;
+  for (size_t b = 0; b < skewed.size(); ++b)
+    worst = std::max(worst, double(skewed[b]) / sk[b]);
+  EXPECT_GE(sk.back(), 6) << "a long context is cut";
+  EXPECT_EQ(sk.front(), 1);
+  EXPECT_LE(worst, 2.0 * double(total) / double(items_used)) << "no item holds far more keys";
+  // Past the most splits a sequence may have: capped, still valid.
+  std::vector<int32_t> extreme(15, 1);
+  extreme.push_back(1 << 20);
+  EXPECT_EQ(list(extreme).back(), gpu::decode_attention_work_splits());
+}
+
+// Listed batches (balanced splits) against the reference: large batches of
+// mixed lengths, a few long, on both cache layouts' shapes and a window.
+TEST(gpu_attention, decode_with_a_work_list_matches_reference) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("decode_attention_work");
+  auto batch = [](std::vector<int32_t> longs, int32_t shorts) {
+    std::vector<std::pair<int32_t, int32_t>> s;
+    for (int32_t i = 0; i < shorts; ++i)
+      s.push_back({3 + 37 * i % 211, 1});
+    for (auto l : longs)
+      s.push_back({l, 1});
+    return s;
+  };
+  std::vector<attn_case> cases = {
+    {32, 8, 128, 16, 0, batch({9000, 2500}, 18)},
+    {16, 2, 64, 16, 0, batch({4000}, 20)},
+    {28, 4, 128, 32, 333, batch({1500, 700}, 16)},
+    {4, 2, 16, 16, 0, batch({}, 17)},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
+    const size_t qn = size_t(kv.num_tokens()) * c.heads * c.head_dim;
+    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
+    auto d_q = test::upload_bf16(q);
+    const auto want = reference(c, kv, q);
+    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
+                            1.0f / std::sqrt(float(c.head_dim))};
+    const int32_t n = kv.num_seqs();
+    std::vector<int32_t> lens;
+    for (int32_t s = 0; s < n; ++s)
+      lens.push_back(kv.seq_len(s));
+    const int32_t items = gpu::decode_attention_work_items(sh, n, 132, 2);
+    ASSERT_GT(items, 0);
+    std::vector<int32_t> work(static_cast<size_t>(items), 0);
+    gpu::decode_attention_work(sh, lens.data(), n, 132, 2, work.data(), items);
+    int32_t most = 0;
+    for (int32_t i = 0; i < items; ++i)
+      most = std::max(most, work[size_t(i)] < 0 ? 0 : (work[size_t(i)] >> 8) & 0xff);
+    if (c.head_dim >= 64)
+      EXPECT_GT(most, 1) << "the case should split a long context";
+    dev_array<int32_t> d_work(work);
+    auto b = kv.batch();
+    b.work = d_work.get();
+    b.work_items = items;
+    const int32_t splits = gpu::decode_attention_work_splits();
+    for (int32_t warps : {4, 2}) {
+      SCOPED_TRACE("warps " + std::to_string(warps));
+      dev_array<float> part_o(size_t(n) * c.heads * splits * c.head_dim);
+      dev_array<float> part_ml(size_t(n) * c.heads * splits * 2);
+      dev_array<int32_t> counters(std::vector<int32_t>(size_t(n) * c.heads, 0));
+      dev_array<bf16> out(qn);
+      gpu::launch_decode_attention(sh, d_q.get(), kv.view(), b, splits, warps, part_o.get(),
+                                   part_ml.get(), counters.get(), out.get(), nullptr);
+      test::sync_check();
+      EXPECT_LT(test::relative_error(test::download_bf16(out), want), 5e-3);
+      for (auto v : counters.download())
+        ASSERT_EQ(v, 0);
+    }
+  }
+}
+
 // The lanes' share of a row in the decode attention (host arithmetic, so CI
 // checks it): for each head dim and both layouts (bf16's, and the fp8 cache's
 // 16-byte runs), the 4 lanes of a K row and the 8 of a V row hold every dim

@@ -172,6 +172,8 @@ public:
       auto& s = seqs_[c.id];
       s.computed += c.num_tokens;
     }
+    last_seconds = out.seconds;
+    last_device_seconds = out.device_seconds;
     last_logprobs.clear();
     for (const auto& t : out.tokens) {
       got[t.id] = t.token;
@@ -187,6 +189,8 @@ public:
 
   /// sampled_token::logprobs of the last step, by sequence.
   std::map<uint64_t, std::vector<token_logprob>> last_logprobs;
+  /// step_output::seconds and device_seconds of the last step.
+  double last_seconds = 0, last_device_seconds = 0;
 
   /// Releases every sequence (so ids can be reused on the same runner).
   void release_all() {
@@ -534,6 +538,23 @@ TEST_P(gpu_runner, mixed_graph_replays_give_the_ids_of_uncaptured_mixed_steps) {
                             GetParam() + " prompt " + std::to_string(i) + " (mixed graph vs eager)");
     expect_greedy_matches_cpu(model, prompts[i], captured[i],
                               GetParam() + " prompt " + std::to_string(i) + " (mixed graph)");
+  }
+}
+
+TEST_P(gpu_runner, every_step_reports_its_device_time_within_its_wall_time) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model(GetParam(), 11));
+  auto gpu = make_cuda_runner(model, test::small_runner_options());
+  driver d(*gpu, 64);
+  auto prompts = test_prompts(model->config.vocab_size);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    d.add(uint64_t(i + 1), prompts[i], greedy(), 1);
+  for (int s = 0; s < 6; ++s) { // prompt steps (eager or mixed graph), then decode graphs
+    d.step();
+    EXPECT_GT(d.last_device_seconds, 0.0) << "step " << s;
+    // The device part of a synchronous step cannot outlast the step
+    // (event timing resolves about half a microsecond).
+    EXPECT_LE(d.last_device_seconds, d.last_seconds + 1e-5) << "step " << s;
   }
 }
 

@@ -53,7 +53,8 @@ std::vector<int32_t> encode_chat(const tokenizer& tok, const chat_template& tmpl
   }
   const auto skeleton = tmpl.apply(chat, add_generation_prompt);
   const bool trims = tmpl.kind() != chat_template::format::chatml
-                     && tmpl.kind() != chat_template::format::mistral;
+                     && tmpl.kind() != chat_template::format::mistral
+                     && tmpl.kind() != chat_template::format::plain;
   std::vector<int32_t> ids;
   size_t pos = 0;
   for (size_t i = 0; i < marks.size(); ++i) {

@@ -1,5 +1,5 @@
 // Native renderers of the chat templates of Llama 3, Llama 3.1+, Llama 2,
-// Mistral, ChatML (Qwen 1.5/2/2.5) and Qwen3 (recognition of the template
+// Mistral, ChatML (Qwen 1.5/2/2.5), Qwen3 and plain text (recognition of the template
 // text is in chat_template_recognition.cpp).
 //
 // Design note: each renderer transcribes one Jinja template statement by
@@ -101,6 +101,8 @@ std::string chat_template::name() const {
       return "chatml";
     case format::qwen3:
       return "qwen3";
+    case format::plain:
+      return "plain";
   }
   return "unknown";
 }
@@ -123,6 +125,8 @@ std::string chat_template::apply(const std::vector<chat_message>& messages,
       return render_chatml(messages, add_generation_prompt);
     case format::qwen3:
       return render_qwen3(messages, add_generation_prompt, o);
+    case format::plain:
+      return render_plain(messages);
   }
   throw std::logic_error("chat_template: unknown format");
 }
@@ -282,6 +286,18 @@ std::string chat_template::render_qwen3(const std::vector<chat_message>& m, bool
     if (o.enable_thinking && !*o.enable_thinking)
       out += "<think>\n\n</think>\n\n";
   }
+  return out;
+}
+
+// -- plain text ----------------------------------------------------------------------------
+
+// {{ bos_token }}{% for message in messages %}{{ message['content'] + eos_token }}{% endfor %}
+// The generation prompt adds nothing: after an EOS the model starts a new
+// paragraph.
+std::string chat_template::render_plain(const std::vector<chat_message>& m) const {
+  std::string out = bos_;
+  for (const auto& msg : m)
+    out += msg.content + eos_;
   return out;
 }
 

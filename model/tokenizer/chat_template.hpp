@@ -36,10 +36,14 @@ public:
     mistral,  ///< Mistral Instruct: <s> [INST] ... [/INST] answer</s>
     chatml,   ///< <|im_start|>role\n...<|im_end|>\n (Qwen 1.5/2, with optional default system)
     qwen3,    ///< ChatML plus Qwen3's <think> handling of assistant turns
+    /// Plain text: BOS, then each message's content followed by EOS, roles
+    /// unmarked; for a model trained on text whose paragraphs end in EOS (the
+    /// default model, docs/default-model.md). A turn is one paragraph.
+    plain,
   };
 
   /// Reads chat_template, bos_token and eos_token from dir/tokenizer_config.json.
-  /// `forced` ("llama3", "llama3.1", "llama2", "mistral", "chatml", "qwen3")
+  /// `forced` ("llama3", "llama3.1", "llama2", "mistral", "chatml", "qwen3", "plain")
   /// picks the format instead of the file's template. Throws model_error
   /// naming the file when there is no template or it is not recognised and
   /// nothing is forced. Called once at start-up.
@@ -68,7 +72,7 @@ public:
     return apply(messages, add_generation_prompt, render_options{});
   }
 
-  /// "llama3", "llama3.1", "llama2", "mistral", "chatml" or "qwen3".
+  /// "llama3", "llama3.1", "llama2", "mistral", "chatml", "qwen3" or "plain".
   std::string name() const;
 
   format kind() const noexcept {
@@ -84,6 +88,7 @@ private:
   std::string render_chatml(const std::vector<chat_message>& m, bool gen) const;
   std::string render_qwen3(const std::vector<chat_message>& m, bool gen,
                            const render_options& o) const;
+  std::string render_plain(const std::vector<chat_message>& m) const;
 
   format format_;
   std::string bos_;

@@ -4,10 +4,10 @@
 // outside string literals dropped, Jinja's '-' trim markers and quote styles
 // unified, message.x and message['x'] spelled one way) and must then hold the
 // fragments that decide the output of the renderer for its family (Llama 3,
-// Llama 3.1+, Llama 2, Mistral, ChatML, Qwen3). A template of a known family
-// that differs in such a fragment is refused, so a model never silently gets
-// a prompt in a format it was not trained on; the operator can then name the
-// format explicitly.
+// Llama 3.1+, Llama 2, Mistral, ChatML, Qwen3); the plain-text template must
+// be all there is. A template of a known family that differs in such a
+// fragment is refused, so a model never silently gets a prompt in a format it
+// was not trained on; the operator can then name the format explicitly.
 
 #include <fstream>
 #include <regex>
@@ -138,6 +138,8 @@ std::optional<chat_template::format> parse_format(const std::string& name) {
     return f::chatml;
   if (name == "qwen3")
     return f::qwen3;
+  if (name == "plain")
+    return f::plain;
   return std::nullopt;
 }
 
@@ -162,7 +164,8 @@ chat_template chat_template::from_folder(const fs::path& dir, std::optional<std:
     if (!f)
       throw model_error(file.string(), "chat_template",
                         "unknown chat template format '" + *forced
-                          + "' (known: llama3, llama3.1, llama2, mistral, chatml, qwen3)");
+                          + "' (known: llama3, llama3.1, llama2, mistral, chatml, qwen3, "
+                            "plain)");
     // Folders without a tokenizer_config.json get the family's usual tokens.
     if (bos.empty() && (*f == format::llama2 || *f == format::mistral))
       bos = "<s>";
@@ -192,6 +195,14 @@ chat_template chat_template::from_folder(const fs::path& dir, std::optional<std:
                       "no chat template; configure one explicitly (llama3, llama3.1, llama2, "
                       "mistral, chatml, qwen3)");
   const std::string c = canonical(source);
+  // Plain text: the whole template, nothing else (a template that adds role
+  // markers or separators is another format).
+  if (c == "{{bos_token}}{%formessageinmessages%}{{message.content+eos_token}}{%endfor%}") {
+    if (bos.empty() || eos.empty())
+      throw model_error(file.string(), "chat_template",
+                        "the plain-text template needs bos_token and eos_token");
+    return chat_template(format::plain, bos, eos);
+  }
   auto unknown = [&](const std::string& family) -> model_error {
     return model_error(file.string(), "chat_template",
                        "not a recognised " + family
@@ -269,7 +280,7 @@ chat_template chat_template::from_folder(const fs::path& dir, std::optional<std:
   }
   throw model_error(file.string(), "chat_template",
                     "unknown chat template (recognised: Llama 3, Llama 3.1+, Llama 2, Mistral, "
-                    "ChatML/Qwen, Qwen3); configure the format explicitly");
+                    "ChatML/Qwen, Qwen3, plain text); configure the format explicitly");
 }
 
 } // namespace metronome

@@ -142,6 +142,32 @@ TEST(chat_template, chatml_from_template_text) {
   EXPECT_EQ(t.apply({{"user", "Hi"}}, false), "<|im_start|>user\nHi<|im_end|>\n");
 }
 
+// The default model's template (tools/train_default_model.py); what
+// transformers renders from it is checked against the model's golden file in
+// tests/model/default_model_test.cpp.
+TEST(chat_template, plain_text_from_template_text) {
+  auto dir = folder_with_template(
+    "plain",
+    "{{ bos_token }}{% for message in messages %}{{ message['content'] + eos_token }}"
+    "{% endfor %}");
+  auto t = chat_template::from_folder(dir);
+  EXPECT_EQ(t.name(), "plain");
+  EXPECT_EQ(t.kind(), chat_template::format::plain);
+  const msgs conversation = {{"system", "Be brief. "}, {"user", " Hi\n"}, {"assistant", "Hello."},
+                             {"user", "Bye"}};
+  // Content as it is (no trimming), roles unmarked, nothing after the last EOS.
+  EXPECT_EQ(t.apply(conversation, true), "<s>Be brief. </s> Hi\n</s>Hello.</s>Bye</s>");
+  EXPECT_EQ(t.apply(conversation, false), t.apply(conversation, true));
+  // Anything more (here a separator) is not the plain-text format.
+  auto other = folder_with_template(
+    "plain-with-separator",
+    "{{ bos_token }}{% for message in messages %}{{ message['content'] + '\n\n' + eos_token }}"
+    "{% endfor %}");
+  EXPECT_THROW(chat_template::from_folder(other), model_error);
+  auto forced = chat_template::from_folder(other, "plain");
+  EXPECT_EQ(forced.apply({{"user", "Hi"}}, true), "<s>Hi</s>");
+}
+
 TEST(chat_template, invalid_conversations_and_templates) {
   auto t = chat_template::from_folder(tokenizer_dir("llama3"));
   EXPECT_THROW(t.apply({}, true), std::invalid_argument);

@@ -11,6 +11,7 @@
 #include "actors/executor.hpp"
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "model/model_card.hpp"
 #include "model/model_error.hpp"
 #include "model/model_weights.hpp"
 #include "model/tokenizer/chat_template.hpp"
@@ -109,10 +110,16 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   e.metrics = std::make_shared<engine_metrics>();
   e.tokens = tok;
   auto& st = *e.status;
-  st.model_name = o.served_model_name.empty() ? o.model_dir.filename().string()
-                                              : o.served_model_name;
+  const auto card = read_model_card(o.model_dir);
+  st.model_name = o.served_model_name;
+  if (st.model_name.empty() && card)
+    st.model_name = card->id;
+  if (st.model_name.empty())
+    st.model_name = o.model_dir.filename().string();
   if (st.model_name.empty())
     st.model_name = o.model_dir.parent_path().filename().string();
+  if (card)
+    st.model_description = card->description;
   st.device = o.device;
   st.max_model_len = o.max_model_len > 0 ? o.max_model_len : cfg.max_position_embeddings;
 

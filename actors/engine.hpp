@@ -33,7 +33,8 @@ struct engine_options {
   /// "cpu" or "cuda:N".
   std::string device = "cpu";
   /// Name reported by /v1/models and checked against requests; defaults to
-  /// the model folder's name.
+  /// the id in the folder's metronome.json (model/model_card.hpp), else the
+  /// folder's name.
   std::string served_model_name;
   /// Force a chat template format (llama3, llama2, mistral, chatml).
   std::optional<std::string> chat_template;
@@ -138,6 +139,9 @@ struct engine_status {
 
   // Immutable after spawn_engine returns:
   std::string model_name;
+  /// What the model is, from its folder's metronome.json; "" when it says
+  /// nothing.
+  std::string model_description;
   int32_t max_model_len = 0;
   std::string device;
   std::string kv_cache_strategy;

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/model_card.hpp"
 #include "model/model_error.hpp"
 #include "model/parallel.hpp"
 #include "model/random.hpp"
@@ -251,6 +252,10 @@ void make_model(const make_model_options& o) {
   else if (!c.eos_token_ids.empty())
     gen["eos_token_id"] = c.eos_token_ids;
   write_json(o.out_dir / "generation_config.json", gen);
+  // Says what the folder is wherever Metronome shows a model (model_card.hpp).
+  write_json(o.out_dir / model_card_file,
+             {{"description", "random weights (metronome make-model, seed " + std::to_string(o.seed)
+                                + "): not a trained model, its text is noise"}});
 
   // Assign tensors (in name order) to shards of at most max_shard_bytes.
   auto shapes = tensor_shapes(c);

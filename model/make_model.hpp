@@ -39,7 +39,8 @@ struct make_model_options {
   uint64_t max_shard_bytes = 5'000'000'000ull;
 };
 
-/// Writes config.json, generation_config.json, the weights and the tokenizer
+/// Writes config.json, generation_config.json, metronome.json (a description
+/// saying the weights are random), the weights and the tokenizer
 /// files into options.out_dir (created if needed). Throws model_error when the
 /// tokenizer's ids do not fit the vocabulary or a file cannot be written.
 void make_model(const make_model_options& options);

@@ -89,7 +89,8 @@ info_response answer_info_route(route r, std::string_view path, unsigned version
     case route::models:
       return json_response(http::status::ok, version,
                            models_body(ctx.model_name, ctx.started,
-                                       status ? status->max_model_len : 0));
+                                       status ? status->max_model_len : 0,
+                                       status ? status->model_description : std::string()));
     case route::model: {
       auto name = percent_decode(path.substr(models_prefix.size()));
       if (name != ctx.model_name)
@@ -98,7 +99,8 @@ info_response answer_info_route(route r, std::string_view path, unsigned version
                               version);
       return json_response(http::status::ok, version,
                            model_body(ctx.model_name, ctx.started,
-                                      status ? status->max_model_len : 0));
+                                      status ? status->max_model_len : 0,
+                                      status ? status->model_description : std::string()));
     }
     case route::health: {
       // Draining first: a load balancer must stop sending here even while

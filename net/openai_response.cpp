@@ -170,15 +170,20 @@ std::string http_chunk(std::string_view data) {
   return fmt::format("{:x}\r\n{}\r\n", data.size(), data);
 }
 
-json model_body(const std::string& model, int64_t created, int32_t max_model_len) {
+json model_body(const std::string& model, int64_t created, int32_t max_model_len,
+                const std::string& description) {
   json m = {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "metronome"}};
   if (max_model_len > 0)
     m["max_model_len"] = max_model_len;
+  if (!description.empty())
+    m["description"] = description;
   return m;
 }
 
-json models_body(const std::string& model, int64_t created, int32_t max_model_len) {
-  return {{"object", "list"}, {"data", json::array({model_body(model, created, max_model_len)})}};
+json models_body(const std::string& model, int64_t created, int32_t max_model_len,
+                 const std::string& description) {
+  return {{"object", "list"},
+          {"data", json::array({model_body(model, created, max_model_len, description)})}};
 }
 
 } // namespace metronome::net

@@ -93,10 +93,13 @@ inline constexpr std::string_view http_last_chunk = "0\r\n\r\n";
 
 // -- other routes -----------------------------------------------------------------
 
-/// GET /v1/models.
-nlohmann::json models_body(const std::string& model, int64_t created, int32_t max_model_len);
+/// GET /v1/models. A non-empty `description` (the model folder's
+/// metronome.json) is added to the model object as "description".
+nlohmann::json models_body(const std::string& model, int64_t created, int32_t max_model_len,
+                           const std::string& description = {});
 
-/// GET /v1/models/{model}.
-nlohmann::json model_body(const std::string& model, int64_t created, int32_t max_model_len);
+/// GET /v1/models/{model}; `description` as in models_body().
+nlohmann::json model_body(const std::string& model, int64_t created, int32_t max_model_len,
+                          const std::string& description = {});
 
 } // namespace metronome::net

@@ -231,6 +231,10 @@ TEST(OpenaiResponse, Models) {
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][0]["created"], 123);
   EXPECT_TRUE(j["data"][0]["owned_by"].is_string());
+  EXPECT_FALSE(j["data"][0].contains("description"));
+  auto d = models_body("m", 123, 4096, "a small model");
+  EXPECT_EQ(d["data"][0]["description"], "a small model");
+  EXPECT_EQ(model_body("m", 123, 4096, "a small model")["description"], "a small model");
 }
 
 } // namespace

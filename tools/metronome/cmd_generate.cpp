@@ -14,6 +14,7 @@
 #include "model/model_weights.hpp"
 #include "model/tokenizer/tokenizer.hpp"
 #include "tools/metronome/command.hpp"
+#include "tools/metronome/default_model.hpp"
 
 namespace metronome::cli {
 
@@ -73,7 +74,9 @@ void run(const generate_args& a) {
   if (a.kv_cache_dtype == "fp8" && a.device == "cpu")
     throw command_error("--kv-cache-dtype fp8 needs --device cuda:N (the CPU engine keeps its "
                         "KV cache in fp32)");
-  auto model = model_folder::open(a.model);
+  const std::filesystem::path model_dir = a.model.empty() ? default_model_dir()
+                                                          : std::filesystem::path(a.model);
+  auto model = model_folder::open(model_dir);
   const auto& cfg = model->config;
   // The model folder's tokenizer: required for --prompt, used for printing
   // text whenever the folder has one.
@@ -183,7 +186,7 @@ void run(const generate_args& a) {
   const double decode_s = total_s - ttft;
   const double tps = out.size() > 1 && decode_s > 0 ? double(out.size() - 1) / decode_s : 0.0;
   if (a.json) {
-    nlohmann::json j = {{"model", a.model},
+    nlohmann::json j = {{"model", model_dir.string()},
                         {"device", runner->device()},
                         {"prompt_tokens", prompt.size()},
                         {"ids", out},
@@ -204,7 +207,8 @@ void run(const generate_args& a) {
 void setup(CLI::App& app) {
   auto a = std::make_shared<generate_args>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of one prompt");
-  cmd->add_option("--model", a->model, "Hugging Face model folder")->required();
+  cmd->add_option("--model", a->model,
+                  "Hugging Face model folder (default: the default model, metronome-tiny)");
   cmd->add_option("--prompt", a->prompt,
                   "Prompt text, encoded with the model folder's tokenizer");
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");

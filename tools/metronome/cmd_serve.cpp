@@ -37,6 +37,7 @@
 #include "net/http_server.hpp"
 #include "sim/settings.hpp"
 #include "tools/metronome/command.hpp"
+#include "tools/metronome/default_model.hpp"
 
 namespace metronome::cli {
 
@@ -56,13 +57,6 @@ struct serve_args {
   std::vector<config_override> flags;
   bool dump_config = false;
 };
-
-/// The model that ships with the build: build/models/default, next to the binary.
-fs::path default_model_dir() {
-  std::error_code ec;
-  auto exe = fs::read_symlink("/proc/self/exe", ec);
-  return (ec ? fs::current_path() : exe.parent_path()) / "models" / "default";
-}
 
 struct actor_config : caf::actor_system_config {
   actor_config() {
@@ -163,12 +157,8 @@ void run(serve_args& a) {
                                                                 : log_format::text,
                     spdlog::level::from_str(std::string(to_string(cfg.logging.level))));
   fs::path model_dir = cfg.model.path;
-  if (model_dir.empty()) {
+  if (model_dir.empty())
     model_dir = default_model_dir();
-    if (!fs::exists(model_dir / "config.json"))
-      throw command_error("no --model given and the default model is missing at "
-                          + model_dir.string() + " (rebuild, or pass --model DIR)");
-  }
 
   // Signals are taken by sigwait below: block them before any thread starts.
   sigset_t signals;
@@ -194,6 +184,11 @@ void run(serve_args& a) {
               METRONOME_VERSION, eng.status->model_name.c_str(), eng.status->device.c_str(),
               cfg.server.tls.cert_file.empty() ? "http" : "https", cfg.server.host.c_str(),
               unsigned(port));
+  // What the model is, as its folder's metronome.json says (nothing when it
+  // says nothing).
+  if (!eng.status->model_description.empty())
+    std::printf("  %s: %s\n", eng.status->model_name.c_str(),
+                eng.status->model_description.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);

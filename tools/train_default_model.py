@@ -477,9 +477,12 @@ def parse_args():
     ap.add_argument("--corpora", required=True, help="folder with " + ", ".join(CORPORA))
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--steps", type=int, help="optimizer steps (exact reproduction)")
-    ap.add_argument("--train-seconds", type=float, default=210.0,
+    ap.add_argument("--train-seconds", type=float, default=200.0,
                     help="without --steps: steps fixed from the speed of the first steps so "
-                         "that training takes about this long (default 210)")
+                         "that training takes about this long (default 200)")
+    ap.add_argument("--max-passes", type=float, default=30.0,
+                    help="without --steps: at most this many passes over the training split "
+                         "(default 30: more overfits a model this size on this data)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096, help="tokenizer size, special tokens included")
@@ -695,10 +698,13 @@ def main():
             sync()
             per_step = (time.time() - t_calib) / (calib_to - calib_from)
             left = args.train_seconds - (time.time() - t_train)
-            total_steps = max(calib_to + args.warmup, int(left / (per_step * 1.03)) + calib_to)
+            by_time = int(left / (per_step * 1.03)) + calib_to
+            by_passes = int(args.max_passes * len(train_ids) / (B * T))
+            total_steps = max(calib_to + args.warmup, min(by_time, by_passes))
             total_steps -= total_steps % 50
             log(f"{per_step * 1e3:.1f} ms a step: training for {total_steps} steps "
-                f"({total_steps * B * T / 1e6:.1f}M tokens); "
+                f"({total_steps * B * T / 1e6:.1f}M tokens, "
+                f"{'--max-passes' if by_passes < by_time else '--train-seconds'} decides); "
                 f"--steps {total_steps} repeats this run")
         lr = lr_at(step, total_steps or 10**9)
         for g in opt.param_groups:

@@ -111,8 +111,9 @@ class Transformers:
         if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
             die("transformers did not tie lm_head to the embedding")
         theta = getattr(cfg, "rope_theta", None)
-        if theta is None:
-            theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta")
+        rope = getattr(cfg, "rope_parameters", None)
+        if theta is None and isinstance(rope, dict):  # transformers 5
+            theta = rope.get("rope_theta")
         if theta is not None and float(theta) != 10000.0:
             die(f"transformers reads rope theta {theta}, not 10000")
         self.bos, self.eos = self.tok.bos_token_id, self.tok.eos_token_id

@@ -61,18 +61,20 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /// 200. `args` are extra command-line arguments (flags, --set key=value);
 /// `env` adds environment variables (METRONOME_API_KEY); with `ca` (a PEM
 /// certificate) the server speaks TLS and /health is probed over https.
-/// `fdLimit` runs it under `ulimit -n fdLimit`. The result's `exited`
-/// resolves to { code, signal } when the process ends; `log()` is stdout and
-/// stderr together (the last 100-200 kB), `stdout()` and `stderr()` each
-/// whole.
+/// `fdLimit` runs it under `ulimit -n fdLimit`. `defaultModel` starts it
+/// with neither --model nor --served-model-name: the build's default model.
+/// The result's `exited` resolves to { code, signal } when the process ends;
+/// `log()` is stdout and stderr together (the last 100-200 kB), `stdout()`
+/// and `stderr()` each whole.
 export async function startServer(args = [],
-                                  { readyTimeoutMs = 90_000, fdLimit, env = {}, ca } = {}) {
-  const model = tinyModel();
+                                  { readyTimeoutMs = 90_000, fdLimit, env = {}, ca,
+                                    defaultModel = false } = {}) {
+  const model = defaultModel ? null : tinyModel();
   let lastError;
   for (let attempt = 0; attempt < 3; ++attempt) {
     const port = await freePort();
-    const argv = ['serve', '--model', model, '--host', '127.0.0.1', '--port', String(port),
-                  '--served-model-name', MODEL_NAME, ...args];
+    const argv = ['serve', ...(model ? ['--model', model, '--served-model-name', MODEL_NAME] : []),
+                  '--host', '127.0.0.1', '--port', String(port), ...args];
     const options = { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } };
     const proc = fdLimit === undefined
       ? spawn(BIN, argv, options)

@@ -721,16 +721,17 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        loss_sum += float(loss)
+        loss_sum = loss_sum + loss.detach()  # read at the next print: no sync a step
         loss_n += 1
         last = total_steps is not None and step == total_steps
         if step % 50 == 0 or last:
             sync()
             now = time.time()
             tps = loss_n * B * T / (now - t_mark)
-            log(f"step {step:5d}  loss {loss_sum / loss_n:.4f}  lr {lr:.2e}  "
+            mean_loss = float(loss_sum) / loss_n
+            log(f"step {step:5d}  loss {mean_loss:.4f}  lr {lr:.2e}  "
                 f"{tps / 1e6:.2f}M tokens/s  {now - t_train:6.1f} s")
-            curve.append({"step": step, "train_loss": round(loss_sum / loss_n, 4)})
+            curve.append({"step": step, "train_loss": round(mean_loss, 4)})
             loss_sum, loss_n, t_mark = 0.0, 0, time.time()
         if step % args.eval_every == 0 or last:
             v, _ = mean_nll(val_windows)

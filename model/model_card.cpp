@@ -1,5 +1,6 @@
 #include "model/model_card.hpp"
 
+#include <cctype>
 #include <fstream>
 
 #include <nlohmann/json.hpp>

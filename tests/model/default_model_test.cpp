@@ -9,6 +9,7 @@
 // METRONOME_DEFAULT_MODEL_DIR and METRONOME_DEFAULT_MODEL_GOLDEN point them
 // elsewhere (e.g. at the output of the scripts' --smoke runs).
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>

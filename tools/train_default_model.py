@@ -799,8 +799,8 @@ def main():
                    "description": (f"a {n_params / 1e6:.1f}M-parameter Llama trained for "
                                    f"{minutes:.1f} min on public-domain English (the King James "
                                    "Bible, Moby-Dick, State of the Union addresses, Shakespeare): "
-                                   "it continues text in their style, it is no assistant "
-                                   f"(held-out perplexity {test_ppl:.1f}; docs/default-model.md)")},
+                                   "it continues text in their style and is no assistant "
+                                   "(docs/default-model.md)")},
                   f, indent=2)
     folder_bytes = sum(os.path.getsize(os.path.join(model_dir, n)) for n in os.listdir(model_dir))
     if folder_bytes > MAX_FOLDER_BYTES:

@@ -286,6 +286,7 @@ def tokenizer_config(max_len):
         "bos_token": BOS, "eos_token": EOS,
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_len,
+        "model_input_names": ["input_ids", "attention_mask"],
         "added_tokens_decoder": {str(e["id"]): {k: v for k, v in e.items() if k != "id"}
                                  for e in special_token_entries()},
         "chat_template": CHAT_TEMPLATE,
@@ -435,6 +436,8 @@ def hf_config(c):
         "num_attention_heads": c["heads"], "num_key_value_heads": c["kv_heads"],
         "head_dim": c["head_dim"], "max_position_embeddings": c["max_positions"],
         "rms_norm_eps": c["eps"], "rope_theta": c["rope_theta"], "rope_scaling": None,
+        # transformers 5's spelling of the same (4.x keeps it as an attribute).
+        "rope_parameters": {"rope_type": "default", "rope_theta": c["rope_theta"]},
         "tie_word_embeddings": True, "hidden_act": "silu", "initializer_range": 0.02,
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
         "use_cache": True, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",

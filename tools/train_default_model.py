@@ -480,9 +480,10 @@ def parse_args():
     ap.add_argument("--corpora", required=True, help="folder with " + ", ".join(CORPORA))
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--steps", type=int, help="optimizer steps (exact reproduction)")
-    ap.add_argument("--train-seconds", type=float, default=200.0,
+    ap.add_argument("--train-seconds", type=float,
                     help="without --steps: steps fixed from the speed of the first steps so "
-                         "that training takes about this long (default 200)")
+                         "that training takes about this long (default 200; with --smoke, "
+                         "none: 40 steps)")
     ap.add_argument("--max-passes", type=float, default=30.0,
                     help="without --steps: at most this many passes over the training split "
                          "(default 30: more overfits a model this size on this data)")
@@ -510,8 +511,12 @@ def parse_args():
         args.device = "cpu"
         args.hidden, args.layers, args.heads, args.kv_heads = 64, 2, 2, 1
         args.intermediate, args.seq, args.batch = 192, 128, 8
-        args.steps = args.steps or 40
-        args.warmup, args.eval_every = 10, 20
+        args.eval_every = 20
+        args.warmup = 10 if args.train_seconds is None else 30
+        if args.steps is None and args.train_seconds is None:
+            args.steps = 40
+    if args.train_seconds is None:
+        args.train_seconds = 200.0
     return args
 
 

@@ -528,9 +528,10 @@ def main():
         if not os.path.isfile(os.path.join(args.corpora, name)):
             die(f"--corpora {args.corpora}: {name} is missing")
     try:
+        import numpy  # noqa: F401 (tensor bytes for the safetensors file)
         import torch
     except ImportError as e:
-        die(f"cannot import torch: {e}")
+        die(f"cannot import torch and numpy: {e}")
     if not args.smoke:
         try:
             import tokenizers  # noqa: F401

@@ -49,7 +49,7 @@ train_extra=() ref_extra=()
 if [ -z "$smoke" ]; then
   logged python3 -c '
 import sys
-import torch, tokenizers, transformers
+import numpy, torch, tokenizers, transformers
 print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
       f"tokenizers {tokenizers.__version__}, transformers {transformers.__version__}")
 assert torch.cuda.is_available(), "torch sees no CUDA device"

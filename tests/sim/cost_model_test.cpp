@@ -78,6 +78,21 @@ TEST(cost_model, the_shipped_h200_model_loads_and_says_whether_it_is_measured) {
   EXPECT_LT(m.step_ms(s), 200.0);
 }
 
+// The model fitted to live steps (tools/fit_cost_model.py --trace) predicts
+// the same 8B shape within the bounds the grid's does: a decode step of 64
+// sequences at 1,024 keys within 5-9 ms (the H200 measured 6.8).
+TEST(cost_model, the_live_fitted_h200_model_loads_and_predicts_the_same_shape) {
+  auto live =
+    cost_model::load(test::env("SOURCE_DIR") + "/sim/cost_models/h200-llama3-8b-live.json");
+  EXPECT_EQ(live.name, "h200-llama3-8b-live");
+  EXPECT_FALSE(live.provisional);
+  step_shape s;
+  for (int i = 0; i < 64; ++i)
+    s.add_chunk(1023, 1, true);
+  EXPECT_GT(live.step_ms(s), 5.0);
+  EXPECT_LT(live.step_ms(s), 9.0);
+}
+
 TEST(cost_model, bad_documents_name_the_field) {
   auto error_of = [](const char* text) {
     try {

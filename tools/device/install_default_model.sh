@@ -27,9 +27,12 @@ assert size <= 16 * 2**20, f"{size} bytes: over 16 MiB"
 print(f"{folder}: {sorted(os.listdir(folder))}, {size / 2**20:.2f} MiB")
 PY
 rm -rf "$root/models/metronome-tiny"
+rm -f "$root/tools/golden/default-model.json"
 mkdir -p "$root/models"
 cp -r "$work/metronome-tiny" "$root/models/metronome-tiny"
 cp "$from/default-model.json" "$root/tools/golden/default-model.json"
+# A device run's files come back read-only; the copies need not be.
+chmod -R u+w "$root/models/metronome-tiny" "$root/tools/golden/default-model.json"
 echo "installed models/metronome-tiny and tools/golden/default-model.json; rebuild (the build"
 echo "reconfigures and copies the model to build/models/default), then run"
 echo "  ctest --test-dir build -R 'default_model' --output-on-failure"

@@ -827,7 +827,12 @@ def main():
                      "weight_decay": args.weight_decay, "dropout": args.dropout,
                      "seed": args.seed, "determinism": determinism,
                      "best_step": best["step"], "best_validation_loss": round(best["val_loss"], 4),
-                     "retrain": f"--steps {step} --seed {args.seed}"},
+                     "retrain": f"--steps {step} --seed {args.seed}",
+                     # How this run chose its step count (retrain repeats it).
+                     "made_with": (f"--steps {args.steps}" if args.steps else
+                                   f"--train-seconds {args.train_seconds:g} "
+                                   f"--max-passes {args.max_passes:g}")
+                                  + f" --seed {args.seed}"},
         "test": {"perplexity_bf16_autocast": round(test_ppl, 4), "per_corpus": per_corpus,
                  "window": T},
         "curve": curve,

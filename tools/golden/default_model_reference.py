@@ -343,6 +343,8 @@ def main():
         golden["training"] = {k: report["training"][k] for k in
                               ("steps", "tokens", "passes", "seconds", "tokens_per_s", "seed",
                                "determinism", "best_step", "retrain")}
+        if "made_with" in report["training"]:
+            golden["training"]["made_with"] = report["training"]["made_with"]
         golden["training"]["device"] = report["versions"]["device"]
         golden["training"]["versions"] = report["versions"]
         golden["training"]["train_tokens"] = report["data"]["train_tokens"]

@@ -62,6 +62,8 @@ describe('the default model', { skip: card ? false : 'no models/metronome-tiny i
     const found = text.toLowerCase().match(/[a-z]+/g) ?? [];
     assert.ok(found.length >= 5, text);
     const known = found.filter((w) => words.has(w)).length;
+    // Measured when the model was committed: 97-100% with seeds 1-5 and 7; a
+    // random-weight model's subword soup, 25-40% (default_model_test.cpp).
     assert.ok(known >= 0.9 * found.length, `${known} of ${found.length} words known: ${text}`);
     // A paragraph ends in EOS: the answer stops before max_tokens.
     assert.equal(res.choices[0].finish_reason, 'stop', text);

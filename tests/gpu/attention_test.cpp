@@ -67,6 +67,25 @@ std::vector<float> reference(const attn_case& c, const test::paged_kv& kv,
   return out;
 }
 
+/// One decode case's inputs: random pages and q (bf16 values), the
+/// reference output and the kernel's shape.
+struct decode_inputs {
+  test::paged_kv kv;
+  size_t qn;
+  std::vector<float> q;
+  dev_array<bf16> d_q;
+  std::vector<float> want;
+  gpu::attention_shape sh;
+
+  decode_inputs(std::mt19937_64& rng, const attn_case& c)
+    : kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true),
+      qn(size_t(kv.num_tokens()) * c.heads * c.head_dim),
+      q(test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)))),
+      d_q(test::upload_bf16(q)), want(reference(c, kv, q)),
+      sh{c.heads, c.kv_heads, c.head_dim, c.window, 1.0f / std::sqrt(float(c.head_dim))} {
+  }
+};
+
 // The launcher's split rule (host arithmetic: runs without a device too).
 // About two blocks an SM, but a grid that overshoots the blocks the SMs hold
 // at once leaves a second wave of a few blocks that costs a whole block's
@@ -179,13 +198,12 @@ TEST(gpu_attention, decode_matches_reference_with_and_without_splits) {
     cases.resize(3);
   for (const auto& c : cases) {
     SCOPED_TRACE(name_of(c));
-    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
-    const size_t qn = size_t(kv.num_tokens()) * c.heads * c.head_dim;
-    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
-    auto d_q = test::upload_bf16(q);
-    const auto want = reference(c, kv, q);
-    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
-                            1.0f / std::sqrt(float(c.head_dim))};
+    decode_inputs in(rng, c);
+    auto& kv = in.kv;
+    const size_t qn = in.qn;
+    auto& d_q = in.d_q;
+    const auto& want = in.want;
+    const auto& sh = in.sh;
     for (int gen : {2, 1}) {
       test::kernel_generation_scope scope(gen);
       for (int32_t splits : {1, 3, gpu::decode_attention_splits(sh, kv.num_seqs(), 132, 2), 64})
@@ -292,13 +310,12 @@ TEST(gpu_attention, decode_with_a_work_list_matches_reference) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(name_of(c));
-    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 3, true);
-    const size_t qn = size_t(kv.num_tokens()) * c.heads * c.head_dim;
-    auto q = test::from_bf16(test::to_bf16(test::random_floats(rng, qn, -1, 1)));
-    auto d_q = test::upload_bf16(q);
-    const auto want = reference(c, kv, q);
-    gpu::attention_shape sh{c.heads, c.kv_heads, c.head_dim, c.window,
-                            1.0f / std::sqrt(float(c.head_dim))};
+    decode_inputs in(rng, c);
+    auto& kv = in.kv;
+    const size_t qn = in.qn;
+    auto& d_q = in.d_q;
+    const auto& want = in.want;
+    const auto& sh = in.sh;
     const int32_t n = kv.num_seqs();
     std::vector<int32_t> lens;
     for (int32_t s = 0; s < n; ++s)

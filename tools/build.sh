@@ -15,18 +15,8 @@ packages=(
   python3 python3-prometheus-client
   chromium
 )
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
-if ((${#missing[@]})); then
-  echo "build.sh: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+"$root/tools/apt_install_missing.sh" build.sh "${packages[@]}"
 
 # Node packages of the end-to-end tests (the official openai client, ws,
 # playwright-core driving Debian's chromium above), again whenever

@@ -1,5 +1,7 @@
 #include "actors/engine_metrics.hpp"
 
+#include <algorithm>
+
 #include "actors/engine.hpp"
 
 namespace metronome {
@@ -20,6 +22,18 @@ std::vector<double> itl_buckets() {
 std::vector<double> request_buckets() {
   return {0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.8,   1.0,   1.5,   2.0,   2.5,   5.0,  10.0,
           15.0, 20.0,  30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+}
+
+/// Token counts of one request: powers of two up to 128k, with 1.5x steps
+/// between (vLLM's request_prompt_tokens uses 1, 2, 5 steps).
+std::vector<double> token_buckets() {
+  std::vector<double> b;
+  for (double x = 1; x <= 131072; x *= 2) {
+    b.push_back(x);
+    if (x >= 4)
+      b.push_back(x * 1.5);
+  }
+  return b;
 }
 
 std::vector<double> batch_buckets() {
@@ -69,6 +83,24 @@ engine_metrics::engine_metrics()
     finished_(registry_.add_counter_family("metronome:request_success_total",
                                            "Requests that ended, by finish reason.",
                                            {"finished_reason"})),
+    cancelled_(registry_.add_counter("metronome:request_cancelled_total",
+                                     "Requests cancelled by their client (stop, disconnect)")),
+    request_prompt_tokens_(registry_.add_histogram("metronome:request_prompt_tokens",
+                                                   "Prompt tokens of each finished request.",
+                                                   token_buckets())),
+    request_generation_tokens_(registry_.add_histogram(
+      "metronome:request_generation_tokens", "Output tokens of each finished request.",
+      token_buckets())),
+    prefill_time_(registry_.add_histogram(
+      "metronome:request_prefill_time_seconds",
+      "Time from a request's first scheduled step to its first token.", request_buckets())),
+    decode_time_(registry_.add_histogram(
+      "metronome:request_decode_time_seconds",
+      "Time from a request's first token to its last.", request_buckets())),
+    build_info_(registry_.add_gauge_family("metronome:build_info",
+                                           "1, labelled with the build's version and whether "
+                                           "it has CUDA.",
+                                           {"version", "cuda"})),
     errors_(registry_.add_counter_family("metronome:request_errors_total",
                                          "Requests that failed, by error code.", {"code"})),
     policy_switches_(registry_.add_counter_family("metronome:policy_switches_total",
@@ -115,7 +147,12 @@ engine_metrics::engine_metrics()
                                        "activations, graphs, kv_pool, ...).",
                                        {"part"})),
     process_(registry_) {
-  // nop
+#ifdef METRONOME_HAVE_CUDA
+  const char* cuda = "yes";
+#else
+  const char* cuda = "no";
+#endif
+  build_info_.with({METRONOME_VERSION, cuda}).set(1);
 }
 
 void engine_metrics::on_step(int32_t num_seqs, int32_t max_batch_size, int64_t num_tokens,
@@ -140,11 +177,22 @@ void engine_metrics::on_token_gap(double seconds) {
 }
 
 void engine_metrics::on_finish(const std::string& reason, double e2e_s, int32_t prompt_tokens,
-                               int32_t completion_tokens) {
-  finished_.with({reason}).inc();
-  e2e_.observe(e2e_s);
+                               int32_t completion_tokens, double queue_s, double ttft_s) {
+  // The tokens were computed either way (throughput counts them).
   prompt_tokens_.inc(prompt_tokens);
   generation_tokens_.inc(completion_tokens);
+  if (reason == "cancelled") {
+    cancelled_.inc();
+    return;
+  }
+  finished_.with({reason}).inc();
+  e2e_.observe(e2e_s);
+  request_prompt_tokens_.observe(prompt_tokens);
+  request_generation_tokens_.observe(completion_tokens);
+  if (completion_tokens > 0) {
+    prefill_time_.observe(std::max(0.0, ttft_s - queue_s));
+    decode_time_.observe(std::max(0.0, e2e_s - ttft_s));
+  }
 }
 
 void engine_metrics::on_error(const std::string& code) {

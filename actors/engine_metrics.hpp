@@ -46,9 +46,13 @@ public:
   /// The time between two consecutive output tokens of one request.
   void on_token_gap(double seconds);
 
-  /// A request ended normally (reason "stop", "length", "cancelled").
+  /// A request ended normally (reason "stop", "length"), or was cancelled
+  /// ("cancelled": counted apart, in no latency histogram). queue_s and
+  /// ttft_s as on_first_token's (0 when no token came): with e2e_s they
+  /// split the request into prefill (first scheduled to first token) and
+  /// decode (first token to last) time. Any thread.
   void on_finish(const std::string& reason, double e2e_s, int32_t prompt_tokens,
-                 int32_t completion_tokens);
+                 int32_t completion_tokens, double queue_s = 0, double ttft_s = 0);
 
   /// A request failed with error code `code` (its to_string).
   void on_error(const std::string& code);
@@ -103,6 +107,12 @@ private:
   prometheus::counter& preemptions_;
   prometheus::counter& restarts_;
   prometheus::family<prometheus::counter>& finished_;
+  prometheus::counter& cancelled_;
+  prometheus::histogram& request_prompt_tokens_;
+  prometheus::histogram& request_generation_tokens_;
+  prometheus::histogram& prefill_time_;
+  prometheus::histogram& decode_time_;
+  prometheus::family<prometheus::gauge>& build_info_;
   prometheus::family<prometheus::counter>& errors_;
   prometheus::family<prometheus::counter>& policy_switches_;
   prometheus::family<prometheus::counter>& scheduling_events_;

@@ -164,7 +164,8 @@ void finish(self_ptr self, const std::string& reason) {
   done.e2e_s = st.completion_tokens > 0 ? seconds(st.last_token - st.arrival) : 0.0;
   done.first_token_batch_size = st.first_batch;
   if (st.ctx->metrics)
-    st.ctx->metrics->on_finish(reason, done.e2e_s, done.prompt_tokens, done.completion_tokens);
+    st.ctx->metrics->on_finish(reason, done.e2e_s, done.prompt_tokens, done.completion_tokens,
+                               done.queue_s, done.ttft_s);
   self->send(st.sink, std::move(done));
   self->quit();
 }

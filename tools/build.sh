@@ -13,7 +13,7 @@ packages=(
   libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl
   python3 python3-prometheus-client
-  chromium
+  chromium prometheus
 )
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 "$root/tools/apt_install_missing.sh" build.sh "${packages[@]}"

@@ -141,7 +141,7 @@ test('the next message carries the conversation; Stop cancels a long answer',
   // The server ended it as cancelled, long before its 3500 tokens.
   const after = await eventually(async () => {
     const m = await serverMetrics();
-    const key = 'metronome:request_success_total{finished_reason="cancelled"}';
+    const key = 'metronome:request_cancelled_total';
     return (m.get(key) ?? 0) > (before.get(key) ?? 0) ? m : null;
   });
   assert.ok(after, 'the server counted a cancelled request');

@@ -121,7 +121,7 @@ function makePlans() {
   return plans;
 }
 
-const CANCELLED = 'metronome:request_success_total{finished_reason="cancelled"}';
+const CANCELLED = 'metronome:request_cancelled_total';
 
 test('1000 requests with random disconnects leave nothing behind', { timeout: 300_000 },
      async () => {

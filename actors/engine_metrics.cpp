@@ -103,6 +103,10 @@ engine_metrics::engine_metrics()
                                            {"version", "cuda"})),
     errors_(registry_.add_counter_family("metronome:request_errors_total",
                                          "Requests that failed, by error code.", {"code"})),
+    http_responses_(registry_.add_counter_family(
+      "metronome:http_responses_total",
+      "Responses by route (the API's routes; anything else is other) and status code.",
+      {"route", "status"})),
     policy_switches_(registry_.add_counter_family("metronome:policy_switches_total",
                                                   "Scheduling policy switches, by target policy "
                                                   "and cause.",
@@ -197,6 +201,18 @@ void engine_metrics::on_finish(const std::string& reason, double e2e_s, int32_t 
 
 void engine_metrics::on_error(const std::string& code) {
   errors_.with({code}).inc();
+}
+
+void engine_metrics::on_http_response(std::string_view route, int status) {
+  // A fixed set of label values: a client's path never becomes a series.
+  static constexpr std::string_view routes[] = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/ws", "/health", "/metrics",
+    "/",                    "/tokenize",       "/detokenize", "/version"};
+  std::string_view label = "other";
+  for (auto r : routes)
+    if (route == r)
+      label = r;
+  http_responses_.with({std::string(label), std::to_string(status)}).inc();
 }
 
 void engine_metrics::on_preemptions(int64_t n) {

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "metrics/process_metrics.hpp"
 #include "metrics/prometheus.hpp"
@@ -56,6 +57,10 @@ public:
 
   /// A request failed with error code `code` (its to_string).
   void on_error(const std::string& code);
+
+  /// The server answered `route` (a path; any other than the API's own
+  /// counts as "other") with `status`. Any thread.
+  void on_http_response(std::string_view route, int status);
 
   void on_preemptions(int64_t n);
   void on_executor_restart();
@@ -114,6 +119,7 @@ private:
   prometheus::histogram& decode_time_;
   prometheus::family<prometheus::gauge>& build_info_;
   prometheus::family<prometheus::counter>& errors_;
+  prometheus::family<prometheus::counter>& http_responses_;
   prometheus::family<prometheus::counter>& policy_switches_;
   prometheus::family<prometheus::counter>& scheduling_events_;
   prometheus::family<prometheus::gauge>& step_model_;

@@ -114,6 +114,8 @@ void access_record::write(clock::time_point now) {
   // state are logged where they happen (ready, degraded, draining).
   const bool probe = route_ == "/health" || (route_ == "/metrics" && status_ < 400);
   line.write(probe ? spdlog::level::debug : spdlog::level::info);
+  if (observer_)
+    observer_(route_, status_);
 }
 
 std::string prompt_text(const generate_request& req) {

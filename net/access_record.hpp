@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,6 +51,13 @@ public:
 
   /// Writes the line if nothing did yet, as on_client_gone().
   ~access_record();
+
+  /// Called with the route and status as the line is written (the HTTP
+  /// response counters); on the thread that writes it.
+  using observer = std::function<void(std::string_view route, int status)>;
+  void set_observer(observer o) {
+    observer_ = std::move(o);
+  }
 
   /// The request reached the engine as `id`: the line gets its tokens and
   /// times.
@@ -98,6 +106,7 @@ public:
 
 private:
   bool written_ = false;
+  observer observer_;
   /// Set by set_request_id, set_prompt and the sink's events.
   std::string method_;
   std::string route_;

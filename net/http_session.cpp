@@ -713,7 +713,9 @@ void http_session::on_response_complete() {
 
 std::unique_ptr<access_record> http_session::new_access(std::string_view method,
                                                         std::string_view target) const {
-  return std::make_unique<access_record>(method, target, client_);
+  auto record = std::make_unique<access_record>(method, target, client_);
+  record->set_observer(ctx_->response_counter());
+  return record;
 }
 
 // -- closing ------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #include "net/server_context.hpp"
 
+#include "actors/engine_metrics.hpp"
+
 #include <chrono>
 #include <random>
 
@@ -35,6 +37,14 @@ uint64_t mix(uint64_t x) {
 }
 
 } // namespace
+
+access_record::observer server_context::response_counter() const {
+  if (!eng.metrics)
+    return {};
+  return [m = eng.metrics](std::string_view route, int status) {
+    m->on_http_response(route, status);
+  };
+}
 
 server_context::server_context(caf::actor_system& sys, engine eng, server_options opts)
   : sys(sys),

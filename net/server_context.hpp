@@ -18,6 +18,7 @@
 #include "net/access_control.hpp"
 #include "net/openai_request.hpp"
 #include "net/request_sink.hpp"
+#include "net/access_record.hpp"
 #include "net/server_options.hpp"
 
 namespace metronome::net {
@@ -79,6 +80,9 @@ struct server_context {
   const std::shared_ptr<boost::asio::ssl::context> tls;
   /// Host, Origin, API key and Content-Type checks of every request.
   const access_control access;
+
+  /// What each access line reports to the engine's HTTP response counters.
+  access_record::observer response_counter() const;
 
   // -- gauges and the drain (atomics, any thread) ----------------------------------
 

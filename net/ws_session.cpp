@@ -118,6 +118,7 @@ void ws_session::handle(std::string_view text) {
 void ws_session::log_refusal(const std::optional<std::string>& id, const api_error& error,
                              access_record::clock::time_point arrival) const {
   access_record access("WS", "/v1/ws", client_, arrival);
+  access.set_observer(ctx_->response_counter());
   if (id)
     access.set_ws_id(*id);
   access.on_error(error);
@@ -148,6 +149,7 @@ void ws_session::start_chat(ws_chat& chat, access_record::clock::time_point arri
   auto& req = chat.request.request;
   req.request_id = ctx_->new_request_id(api_kind::chat);
   auto access = std::make_unique<access_record>("WS", "/v1/ws", client_, arrival);
+  access->set_observer(ctx_->response_counter());
   access->set_ws_id(chat.id);
   access->set_request_id(req.request_id);
   if (ctx_->opts.log_prompts) {

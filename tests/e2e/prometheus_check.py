@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -112,6 +113,17 @@ def main():
 
         p95 = wait_for("a scraped TTFT P95", ttft_value, 60)
         print(f"TTFT P95 from Prometheus: {p95 * 1e3:.1f} ms")
+        try: # a path the API does not have: counted as route "other"
+            get(base + "/no/such/path")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e.code
+
+        def responses():
+            ok = query('metronome:http_responses_total{route="/v1/chat/completions",status="200"}')
+            other = query('metronome:http_responses_total{route="other",status="404"}')
+            return ok and other and float(ok[0]["value"][1]) >= 12 and float(other[0]["value"][1]) >= 1
+
+        wait_for("the HTTP response counters (12 chats answered 200, one 404)", responses, 30)
         info = query("metronome:build_info")
         if not info or info[0]["value"][1] != "1":
             print(f"prometheus_check: metronome:build_info: {info}")

@@ -109,6 +109,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   e.status = std::make_shared<engine_status>();
   e.metrics = std::make_shared<engine_metrics>();
   e.tokens = tok;
+  e.chat = chat;
   auto& st = *e.status;
   const auto card = read_model_card(o.model_dir);
   st.model_name = o.served_model_name;

@@ -24,6 +24,7 @@
 namespace metronome {
 
 class tokenizer;
+class chat_template;
 class engine_metrics;
 
 /// How an engine is built; tools/metronome/cmd_serve.cpp fills it from the
@@ -165,6 +166,9 @@ struct engine {
   std::shared_ptr<engine_status> status;
   std::shared_ptr<engine_metrics> metrics;
   std::shared_ptr<const tokenizer> tokens;
+  /// The chat template requests are rendered with (POST /tokenize renders
+  /// with it too). Immutable, any thread.
+  std::shared_ptr<const chat_template> chat;
 
   /// Stops all actors of the engine (requests in flight get
   /// generation_error unavailable). Call from any thread.

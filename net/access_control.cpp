@@ -160,7 +160,7 @@ std::optional<api_error> access_control::check(const header_type& req) const {
     if (!key_matches(key))
       return refusal(401, "incorrect API key provided", "invalid_api_key");
   }
-  if ((r == route::chat || r == route::completions) && req.method() == http::verb::post) {
+  if (takes_json_body(r) && req.method() == http::verb::post) {
     std::string_view type = req[http::field::content_type];
     auto media = lower(trim(type.substr(0, type.find(';'))));
     if (media != "application/json")

@@ -38,6 +38,10 @@ route route_of(std::string_view path) {
     return route::chat;
   if (path == "/v1/completions")
     return route::completions;
+  if (path == "/tokenize")
+    return route::tokenize;
+  if (path == "/detokenize")
+    return route::detokenize;
   if (path == "/v1/models")
     return route::models;
   if (path.starts_with(models_prefix) && path.size() > models_prefix.size())
@@ -46,13 +50,44 @@ route route_of(std::string_view path) {
     return route::health;
   if (path == "/metrics")
     return route::metrics;
+  if (path == "/version")
+    return route::version;
   if (path == "/v1/ws")
     return route::websocket;
   return route::unknown;
 }
 
 http::verb method_of(route r) {
-  return r == route::chat || r == route::completions ? http::verb::post : http::verb::get;
+  return takes_json_body(r) ? http::verb::post : http::verb::get;
+}
+
+bool takes_json_body(route r) {
+  return r == route::chat || r == route::completions || r == route::tokenize
+         || r == route::detokenize;
+}
+
+nlohmann::json version_body() {
+#ifdef METRONOME_HAVE_CUDA
+  constexpr bool cuda = true;
+#else
+  constexpr bool cuda = false;
+#endif
+#ifdef METRONOME_BUILD_TYPE
+  const char* build_type = METRONOME_BUILD_TYPE;
+#else
+  const char* build_type = "";
+#endif
+#if defined(__clang__)
+  const std::string compiler = fmt::format("clang {}", __clang_version__);
+#elif defined(__GNUC__)
+  const std::string compiler = fmt::format("gcc {}", __VERSION__);
+#else
+  const std::string compiler = "unknown";
+#endif
+  return {{"version", METRONOME_VERSION},
+          {"cuda", cuda},
+          {"build_type", build_type},
+          {"compiler", compiler}};
 }
 
 std::string percent_decode(std::string_view s) {
@@ -119,6 +154,8 @@ info_response answer_info_route(route r, std::string_view path, unsigned version
       return json_response(ok ? http::status::ok : http::status::service_unavailable, version,
                            body);
     }
+    case route::version:
+      return json_response(http::status::ok, version, version_body());
     case route::metrics: {
       info_response res{http::status::ok, version};
       try {

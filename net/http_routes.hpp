@@ -1,13 +1,14 @@
 #pragma once
 // The server's routes, and the answers of those that need no engine round
-// trip: GET /v1/models, /v1/models/{model}, /health, /metrics, and the
-// error answers of the router itself (404, 405, 426). Called on a
+// trip: GET /v1/models, /v1/models/{model}, /health, /metrics, /version,
+// and the error answers of the router itself (404, 405, 426). Called on a
 // connection's strand; reads only atomics and immutable state of the engine.
 
 #include <string>
 #include <string_view>
 
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 
 #include "net/server_context.hpp"
 
@@ -19,10 +20,15 @@ enum class route {
   page,
   chat,
   completions,
+  /// POST /tokenize, POST /detokenize (vLLM's; net/tokenize_route.hpp).
+  tokenize,
+  detokenize,
   models,
   model,
   health,
   metrics,
+  /// GET /version: the build.
+  version,
   websocket,
   unknown,
 };
@@ -30,7 +36,8 @@ enum class route {
 /// The route of a path (without its query string).
 route route_of(std::string_view path);
 
-/// The one method a route accepts (POST for generation, GET otherwise).
+/// The one method a route accepts (POST for generation and the tokenizer
+/// routes, GET otherwise).
 boost::beast::http::verb method_of(route r);
 
 /// Percent-decodes a path segment ("%2F" -> "/"); invalid escapes stay.
@@ -38,8 +45,14 @@ std::string percent_decode(std::string_view s);
 
 using info_response = boost::beast::http::response<boost::beast::http::string_body>;
 
+/// Routes whose POST body is JSON (Content-Type checked by access_control).
+bool takes_json_body(route r);
+
+/// The body of GET /version: {"version", "cuda", "build_type", "compiler"}.
+nlohmann::json version_body();
+
 /// The answer of a GET route that needs no engine round trip (models, model,
-/// health, metrics) for `path`. Keep-alive is left to the caller.
+/// health, metrics, version) for `path`. Keep-alive is left to the caller.
 info_response answer_info_route(route r, std::string_view path, unsigned version,
                                 const server_context& ctx);
 

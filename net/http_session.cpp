@@ -12,6 +12,7 @@
 #include "net/chat_page.hpp"
 #include "net/http_routes.hpp"
 #include "net/log_text.hpp"
+#include "net/tokenize_route.hpp"
 #include "net/ws_session.hpp"
 
 namespace metronome::net {
@@ -318,6 +319,8 @@ void http_session::dispatch(request_type req) {
     send_response(std::move(res));
   } else if (r == route::chat || r == route::completions) {
     start_generation(r == route::chat ? api_kind::chat : api_kind::completion, req);
+  } else if (r == route::tokenize || r == route::detokenize) {
+    answer_tokenizer_route(r, req);
   } else if (r == route::page) {
     auto res = chat_page::get().response(req[http::field::if_none_match], version);
     res.keep_alive(keep_alive);
@@ -393,6 +396,38 @@ void http_session::start_generation(api_kind kind, request_type& req) {
   self_ = shared_from_this();
   active_->sink = spawn_request_sink(ctx_->sys, ctx_->eng.frontend, std::move(p.request), port_,
                                      active_->tag);
+}
+
+void http_session::answer_tokenizer_route(route r, const request_type& req) {
+  const auto version = req.version();
+  const bool keep_alive = req.keep_alive();
+  const auto& eng = ctx_->eng;
+  if (!eng.tokens) {
+    send_error(api_error{503, "no model is loaded", "service_unavailable_error", "",
+                         "unavailable"},
+               version, keep_alive);
+    return;
+  }
+  const int32_t max_model_len = eng.status ? eng.status->max_model_len : 0;
+  std::expected<nlohmann::json, api_error> answer;
+  if (r == route::tokenize) {
+    auto parsed = parse_tokenize_body(req.body(), ctx_->defaults());
+    answer = parsed ? tokenize_answer(*parsed, *eng.tokens, eng.chat.get(), max_model_len)
+                    : std::unexpected(std::move(parsed.error()));
+  } else {
+    auto parsed = parse_detokenize_body(req.body(), ctx_->defaults());
+    answer = parsed ? detokenize_answer(*parsed, *eng.tokens)
+                    : std::unexpected(std::move(parsed.error()));
+  }
+  if (!answer) {
+    send_error(answer.error(), version, keep_alive);
+    return;
+  }
+  response_type res{http::status::ok, version};
+  res.set(http::field::content_type, "application/json");
+  res.body() = dump_json(*answer);
+  res.keep_alive(keep_alive);
+  send_response(std::move(res));
 }
 
 void http_session::refuse(route r, http::verb method, std::string_view path, unsigned version) {

@@ -156,6 +156,9 @@ private:
 
   void dispatch(request_type req);
   void start_generation(api_kind kind, request_type& req);
+  /// POST /tokenize and /detokenize: answered here, with the engine's
+  /// tokenizer (no engine round trip; the body is at most max_body_bytes).
+  void answer_tokenizer_route(route r, const request_type& req);
   /// Over the limit or draining: one answer (see the top), then close.
   void refuse(route r, boost::beast::http::verb method, std::string_view path, unsigned version);
   void upgrade(request_type req);

@@ -458,6 +458,20 @@ check read_sampling(api_kind kind, const json& body, sampling_params& p) {
   return {};
 }
 
+/// `model`, when given and not empty, must name the served model.
+check read_model(const json& body, const parse_defaults& defaults) {
+  auto v = find(body, "model");
+  if (!v)
+    return {};
+  if (!v->is_string())
+    return type_error("model", "a string");
+  const auto& name = v->get_ref<const std::string&>();
+  if (!name.empty() && name != defaults.model_name)
+    return api_error{404, fmt::format("The model `{}` does not exist.", name),
+                     "invalid_request_error", "model", "model_not_found"};
+  return {};
+}
+
 } // namespace
 
 // -- public functions -------------------------------------------------------------------
@@ -488,14 +502,7 @@ std::expected<openai_request, api_error> parse_openai_request(api_kind kind, con
     req.timeout = defaults.timeout;
 
     out.model = defaults.model_name;
-    if (auto v = find(body, "model")) {
-      if (!v->is_string())
-        return std::unexpected(type_error("model", "a string"));
-      const auto& name = v->get_ref<const std::string&>();
-      if (!name.empty() && name != defaults.model_name)
-        return std::unexpected(api_error{404, fmt::format("The model `{}` does not exist.", name),
-                                         "invalid_request_error", "model", "model_not_found"});
-    }
+    METRONOME_TRY(read_model(body, defaults));
 
     if (source == request_source::http) {
       METRONOME_TRY(read_bool(body, "stream", out.stream));
@@ -556,6 +563,70 @@ std::optional<api_error> read_kv_headers(std::string_view mode, std::string_view
         fmt::format("X-No-Batch: '{}' is not true or false", no_batch), "", "invalid_value");
   }
   return std::nullopt;
+}
+
+std::expected<tokenize_request, api_error> parse_tokenize_body(std::string_view body,
+                                                               const parse_defaults& defaults) {
+  auto j = parse_json(body);
+  if (!j)
+    return std::unexpected(std::move(j.error()));
+  try {
+    if (!j->is_object())
+      return std::unexpected(api_error::bad_request("request body must be a JSON object", "",
+                                                    "invalid_type"));
+    METRONOME_TRY(read_model(*j, defaults));
+    tokenize_request out;
+    const json* prompt = find(*j, "prompt");
+    const json* messages = find(*j, "messages");
+    if (prompt && messages)
+      return std::unexpected(api_error::bad_request(
+        "give either 'prompt' or 'messages', not both", "messages", "invalid_value"));
+    if (!prompt && !messages)
+      return std::unexpected(api_error::bad_request("'prompt' or 'messages' is required",
+                                                    "prompt", "missing_required_parameter"));
+    if (prompt) {
+      if (!prompt->is_string())
+        return std::unexpected(type_error("prompt", "a string"));
+      out.prompt = prompt->get<std::string>();
+    } else {
+      generate_request req;
+      METRONOME_TRY(read_messages(*j, req));
+      out.chat = true;
+      out.messages = std::move(req.messages);
+      out.add_special_tokens = false;
+      METRONOME_TRY(read_bool(*j, "add_generation_prompt", out.add_generation_prompt));
+    }
+    METRONOME_TRY(read_bool(*j, "add_special_tokens", out.add_special_tokens));
+    return out;
+  } catch (const std::exception& e) {
+    return std::unexpected(
+      api_error::bad_request(fmt::format("malformed request: {}", e.what()), "", "invalid_value"));
+  }
+}
+
+std::expected<detokenize_request, api_error>
+parse_detokenize_body(std::string_view body, const parse_defaults& defaults) {
+  auto j = parse_json(body);
+  if (!j)
+    return std::unexpected(std::move(j.error()));
+  try {
+    if (!j->is_object())
+      return std::unexpected(api_error::bad_request("request body must be a JSON object", "",
+                                                    "invalid_type"));
+    METRONOME_TRY(read_model(*j, defaults));
+    auto v = find(*j, "tokens");
+    if (!v)
+      return std::unexpected(
+        api_error::bad_request("'tokens' is required", "tokens", "missing_required_parameter"));
+    if (!v->is_array())
+      return std::unexpected(type_error("tokens", "an array of token ids"));
+    detokenize_request out;
+    METRONOME_TRY(read_token_ids(*v, "tokens", out.tokens));
+    return out;
+  } catch (const std::exception& e) {
+    return std::unexpected(
+      api_error::bad_request(fmt::format("malformed request: {}", e.what()), "", "invalid_value"));
+  }
 }
 
 std::expected<openai_request, api_error>

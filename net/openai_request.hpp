@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -78,6 +79,39 @@ parse_openai_request(api_kind kind, const nlohmann::json& body, const parse_defa
 /// parse_json() then parse_openai_request(): an HTTP request body.
 std::expected<openai_request, api_error>
 parse_openai_body(api_kind kind, std::string_view body, const parse_defaults& defaults);
+
+/// A POST /tokenize body (vLLM's shape): a text prompt or a chat
+/// conversation, never both.
+struct tokenize_request {
+  /// `messages` was given (rendered with the chat template); else `prompt`.
+  bool chat = false;
+  std::string prompt;
+  std::vector<chat_turn> messages;
+  /// Add what the tokenizer's post-processor adds (a BOS token, for most
+  /// models). Default, as vLLM's: true for a prompt, false for messages,
+  /// whose chat template writes its own.
+  bool add_special_tokens = true;
+  /// messages: end with the assistant's turn header (default true).
+  bool add_generation_prompt = true;
+};
+
+/// A POST /detokenize body: {"tokens": [ids]}. The ids are non-negative;
+/// their range is the tokenizer's to check.
+struct detokenize_request {
+  std::vector<int32_t> tokens;
+};
+
+/// Parses a POST /tokenize body: `prompt` (a string) or `messages` (as in
+/// a chat request), optional `add_special_tokens`, `add_generation_prompt`
+/// and `model` (which must name the served model: 404 otherwise). A 400
+/// naming the field for anything else wrong. Never throws.
+std::expected<tokenize_request, api_error> parse_tokenize_body(std::string_view body,
+                                                               const parse_defaults& defaults);
+
+/// Parses a POST /detokenize body: `tokens` (an array of integer ids),
+/// optional `model`. Never throws.
+std::expected<detokenize_request, api_error>
+parse_detokenize_body(std::string_view body, const parse_defaults& defaults);
 
 /// The request headers X-KV-Cache-Mode ("paged", or "bucketed" where the
 /// server's strategy is bucketed) and X-No-Batch ("true"/"1" or

@@ -28,6 +28,18 @@ TEST(HttpRoutes, Table) {
   EXPECT_EQ(method_of(route::websocket), http::verb::get);
 }
 
+TEST(HttpRoutes, TokenizerAndVersionRoutes) {
+  EXPECT_EQ(route_of("/tokenize"), route::tokenize);
+  EXPECT_EQ(route_of("/detokenize"), route::detokenize);
+  EXPECT_EQ(route_of("/version"), route::version);
+  EXPECT_EQ(route_of("/v1/tokenize"), route::unknown);
+  EXPECT_EQ(method_of(route::tokenize), http::verb::post);
+  EXPECT_EQ(method_of(route::detokenize), http::verb::post);
+  EXPECT_EQ(method_of(route::version), http::verb::get);
+  EXPECT_TRUE(takes_json_body(route::tokenize));
+  EXPECT_FALSE(takes_json_body(route::version));
+}
+
 TEST(HttpRoutes, PercentDecoding) {
   EXPECT_EQ(percent_decode("meta-llama%2FLlama-3-8B"), "meta-llama/Llama-3-8B");
   EXPECT_EQ(percent_decode("a%20b%2fc"), "a b/c");

@@ -117,6 +117,37 @@ TEST_F(ServerTest, MetricsRendersTheEngineMetrics) {
   EXPECT_NE(res.body().find("# TYPE metronome:kv_cache_usage_perc gauge"), std::string::npos);
 }
 
+TEST_F(ServerTest, VersionNamesTheBuild) {
+  http_client c{port_};
+  auto res = c.request(http::verb::get, "/version");
+  ASSERT_EQ(res.result_int(), 200u) << res.body();
+  EXPECT_EQ(res[http::field::content_type], "application/json");
+  auto j = body_json(res);
+  EXPECT_EQ(j["version"], METRONOME_VERSION);
+#ifdef METRONOME_HAVE_CUDA
+  EXPECT_EQ(j["cuda"], true);
+#else
+  EXPECT_EQ(j["cuda"], false);
+#endif
+  EXPECT_TRUE(j["build_type"].is_string());
+  EXPECT_TRUE(j["compiler"].is_string());
+  expect_error_body(c.request(http::verb::post, "/version", "{}"), 405, "method_not_allowed");
+}
+
+TEST_F(ServerTest, TokenizerRoutesNeedAModelAndJson) {
+  // The fake engine has no tokenizer: 503, not a crash.
+  http_client c{port_};
+  expect_error_body(c.request(http::verb::post, "/tokenize", R"({"prompt": "a"})"), 503,
+                    "unavailable");
+  expect_error_body(c.request(http::verb::post, "/detokenize", R"({"tokens": [1]})"), 503,
+                    "unavailable");
+  expect_error_body(c.request(http::verb::get, "/tokenize"), 405, "method_not_allowed");
+  http_client d{port_};
+  d.send_raw("POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+             "Content-Length: 2\r\n\r\n{}");
+  expect_error_body(d.read(), 415, "unsupported_media_type");
+}
+
 // -- chat and completions ------------------------------------------------------------
 
 TEST_F(ServerTest, KvHeadersAreReadAndUnknownValuesRefused) {

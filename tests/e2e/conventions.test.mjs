@@ -1,0 +1,120 @@
+// The conventions users expect of an LLM server (issue 37, item 5), from the
+// real server on the tiny Llama 3 model: vLLM's POST /tokenize and
+// /detokenize, and GET /version.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import { MODEL_NAME, postJson, rawRequest, startServer } from './lib/harness.mjs';
+
+const KEY = 'sk-conventions-test-key';
+const auth = { authorization: `Bearer ${KEY}` };
+
+describe('tokenizer routes, /version', () => {
+  let server;
+  before(async () => { server = await startServer([], { env: { METRONOME_API_KEY: KEY } }); });
+  after(async () => { await server?.stop(); });
+
+  test('tokenize a prompt: the ids the completions route feeds the model', async () => {
+    const res = await postJson(server, '/tokenize', { prompt: 'How are you doing?' }, auth);
+    assert.equal(res.status, 200, res.body);
+    const j = JSON.parse(res.body);
+    // Llama 3's ids (shared/testdata/tokenizers/vectors.json); this
+    // tokenizer.json adds no BOS of its own.
+    assert.deepEqual(j.tokens, [4438, 527, 499, 3815, 30]);
+    assert.equal(j.count, 5);
+    assert.equal(typeof j.max_model_len, 'number');
+    assert.ok(j.max_model_len > 0);
+
+    const bare = JSON.parse((await postJson(server, '/tokenize',
+      { prompt: 'How are you doing?', add_special_tokens: false, model: MODEL_NAME }, auth)).body);
+    assert.deepEqual(bare.tokens, [4438, 527, 499, 3815, 30]);
+
+    // The count is the usage the completions route reports for the same prompt.
+    const done = await postJson(server, '/v1/completions',
+      { model: MODEL_NAME, prompt: 'How are you doing?', max_tokens: 1 }, auth);
+    assert.equal(done.status, 200, done.body);
+    assert.equal(JSON.parse(done.body).usage.prompt_tokens, j.count);
+  });
+
+  test('tokenize messages: the prompt tokens of the chat route', async () => {
+    const messages = [{ role: 'user', content: 'Name three rivers.' }];
+    const res = await postJson(server, '/tokenize', { messages }, auth);
+    assert.equal(res.status, 200, res.body);
+    const j = JSON.parse(res.body);
+    assert.equal(j.tokens[0], 128000);
+    assert.equal(j.count, j.tokens.length);
+    const chat = await postJson(server, '/v1/chat/completions',
+      { model: MODEL_NAME, messages, max_tokens: 1 }, auth);
+    assert.equal(chat.status, 200, chat.body);
+    assert.equal(JSON.parse(chat.body).usage.prompt_tokens, j.count);
+    // add_special_tokens adds what the tokenizer's post-processor adds:
+    // nothing here (the unit tests cover Llama 2's BOS).
+    const extra = JSON.parse((await postJson(server, '/tokenize',
+      { messages, add_special_tokens: true }, auth)).body);
+    assert.deepEqual(extra.tokens, j.tokens);
+  });
+
+  test('detokenize is the inverse, special tokens included', async () => {
+    const res = await postJson(server, '/detokenize', { tokens: [128000, 4438, 527, 499, 3815, 30] },
+                               auth);
+    assert.equal(res.status, 200, res.body);
+    assert.deepEqual(JSON.parse(res.body), { prompt: '<|begin_of_text|>How are you doing?' });
+  });
+
+  test('bad bodies get a 400 naming the field, and the server stays up', async () => {
+    const cases = [
+      ['/tokenize', {}, 'prompt', 'missing_required_parameter'],
+      ['/tokenize', { prompt: 7 }, 'prompt', 'invalid_type'],
+      ['/tokenize', { prompt: 'a', messages: [{ role: 'user', content: 'b' }] }, 'messages', 'invalid_value'],
+      ['/tokenize', { messages: [{ role: 'robot', content: 'b' }] }, 'messages[0].role', 'invalid_value'],
+      ['/tokenize', { prompt: 'a', add_special_tokens: 1 }, 'add_special_tokens', 'invalid_type'],
+      ['/tokenize', '{"prompt": ', null, 'invalid_json'],
+      ['/detokenize', {}, 'tokens', 'missing_required_parameter'],
+      ['/detokenize', { tokens: 'abc' }, 'tokens', 'invalid_type'],
+      ['/detokenize', { tokens: [1, -2] }, 'tokens', 'invalid_value'],
+      ['/detokenize', { tokens: [1, 2.5] }, 'tokens[1]', 'invalid_type'],
+      ['/detokenize', { tokens: [4438, 99999999] }, 'tokens', 'invalid_value'],
+    ];
+    for (const [route, body, param, code] of cases) {
+      const res = await postJson(server, route, body, auth);
+      assert.equal(res.status, 400, `${route} ${JSON.stringify(body)}: ${res.body}`);
+      const e = JSON.parse(res.body).error;
+      assert.equal(e.param, param, res.body);
+      assert.equal(e.code, code, res.body);
+      assert.equal(e.type, 'invalid_request_error');
+    }
+    const outside = JSON.parse((await postJson(server, '/detokenize', { tokens: [4438, 99999999] },
+                                               auth)).body).error;
+    assert.match(outside.message, /tokens\[1\]/);
+    const other = await postJson(server, '/tokenize', { prompt: 'a', model: 'other' }, auth);
+    assert.equal(other.status, 404);
+    assert.equal((await rawRequest(server, { path: '/health' })).status, 200);
+  });
+
+  test('the same key rules as the other routes', async () => {
+    for (const route of ['/tokenize', '/detokenize']) {
+      const none = await postJson(server, route, { prompt: 'a', tokens: [1] });
+      assert.equal(none.status, 401, none.body);
+      assert.equal(JSON.parse(none.body).error.code, 'missing_api_key');
+      const wrong = await postJson(server, route, { tokens: [1] }, { authorization: 'Bearer nope' });
+      assert.equal(wrong.status, 401);
+      assert.equal(JSON.parse(wrong.body).error.code, 'invalid_api_key');
+      const text = await rawRequest(server, { method: 'POST', path: route, body: '{}',
+                                              headers: { ...auth, 'content-type': 'text/plain' } });
+      assert.equal(text.status, 415);
+    }
+    assert.equal((await rawRequest(server, { path: '/version' })).status, 401);
+  });
+
+  test('GET /version', async () => {
+    const res = await rawRequest(server, { path: '/version', headers: auth });
+    assert.equal(res.status, 200, res.body);
+    const j = JSON.parse(res.body);
+    assert.match(j.version, /^\d+\.\d+\.\d+$/);
+    assert.equal(j.version, res.headers.server.replace('metronome/', ''));
+    assert.equal(typeof j.cuda, 'boolean');
+    assert.equal(typeof j.build_type, 'string');
+    assert.equal(typeof j.compiler, 'string');
+  });
+});

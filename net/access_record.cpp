@@ -88,8 +88,13 @@ void access_record::write(clock::time_point now) {
   log_event line("access");
   line.add("method", method_).add("route", route_).add("status", int64_t(status_));
   line.add("client", client_);
-  if (!request_id_.empty())
+  if (!client_request_id_.empty()) {
+    line.add("request_id", client_request_id_);
+    if (!request_id_.empty())
+      line.add("response_id", request_id_);
+  } else if (!request_id_.empty()) {
     line.add("request_id", request_id_);
+  }
   if (ws_id_)
     line.add("ws_id", *ws_id_);
   if (generation_) {

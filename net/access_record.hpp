@@ -12,7 +12,9 @@
 // from the request's arrival (its header read; a WebSocket chat: its message
 // read) to its first generated text and to its last byte queued. A request
 // the client abandoned before any status was sent reports 499 (nginx's
-// "client closed request"). The route is the path without its query (which
+// "client closed request"). A request that carried a valid X-Request-Id
+// is logged under that id (request_id), with the response's own id as
+// response_id. The route is the path without its query (which
 // may hold ?api_key=). Client text (paths, WebSocket ids) is escaped; the
 // prompt and the output appear only with logging.log_prompts.
 //
@@ -65,6 +67,11 @@ public:
     request_id_ = std::move(id);
     generation_ = true;
   }
+  /// The client's X-Request-Id (checked by valid_request_id): the line's
+  /// request_id; the engine's id, when there is one, becomes response_id.
+  void set_client_request_id(std::string id) {
+    client_request_id_ = std::move(id);
+  }
   /// The client's id of a WebSocket chat.
   void set_ws_id(std::string_view id);
   /// The prompt, kept only when `log_prompts`.
@@ -114,6 +121,7 @@ private:
   clock::time_point arrival_;
   std::optional<clock::time_point> first_token_;
   std::string request_id_;
+  std::string client_request_id_;
   std::optional<std::string> ws_id_;
   int status_ = 0;
   bool generation_ = false;

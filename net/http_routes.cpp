@@ -1,5 +1,6 @@
 #include "net/http_routes.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -88,6 +89,12 @@ nlohmann::json version_body() {
           {"cuda", cuda},
           {"build_type", build_type},
           {"compiler", compiler}};
+}
+
+bool valid_request_id(std::string_view id) {
+  if (id.empty() || id.size() > max_request_id_bytes)
+    return false;
+  return std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
 std::string percent_decode(std::string_view s) {

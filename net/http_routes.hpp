@@ -40,6 +40,14 @@ route route_of(std::string_view path);
 /// routes, GET otherwise).
 boost::beast::http::verb method_of(route r);
 
+/// Longest X-Request-Id a client may send that the server uses.
+inline constexpr size_t max_request_id_bytes = 128;
+
+/// Whether a client's X-Request-Id is used as the request's id: 1 to
+/// max_request_id_bytes visible ASCII characters (0x21-0x7E; no spaces or
+/// control bytes), so it is safe in a header and a log line as it is.
+bool valid_request_id(std::string_view id);
+
 /// Percent-decodes a path segment ("%2F" -> "/"); invalid escapes stay.
 std::string percent_decode(std::string_view s);
 

@@ -285,9 +285,10 @@ void http_session::refuse_access(api_error err) {
     return;
   }
   allow_origin_ = ctx_->access.allow_origin(req);
-  parser_.reset();
   busy_ = true;
   access_ = std::move(access);
+  read_request_id(req["X-Request-Id"]);
+  parser_.reset();
   send_error(err, 11, false, true);
 }
 
@@ -303,6 +304,7 @@ void http_session::dispatch(request_type req) {
   bool keep_alive = req.keep_alive();
   bool upgraded = false;
   allow_origin_ = ctx_->access.allow_origin(req);
+  read_request_id(req["X-Request-Id"]);
 
   if (over_limit_ || ctx_->draining.load()) {
     refuse(r, req.method(), path, version);
@@ -428,6 +430,20 @@ void http_session::answer_tokenizer_route(route r, const request_type& req) {
   res.body() = dump_json(*answer);
   res.keep_alive(keep_alive);
   send_response(std::move(res));
+}
+
+void http_session::read_request_id(std::string_view header) {
+  request_id_header_.clear();
+  if (header.empty())
+    return;
+  if (!valid_request_id(header)) {
+    spdlog::debug("ignoring an X-Request-Id that is not 1-{} visible ASCII characters: {}",
+                  max_request_id_bytes, log_text(header, 200));
+    return;
+  }
+  request_id_header_ = std::string(header);
+  if (access_)
+    access_->set_client_request_id(request_id_header_);
 }
 
 void http_session::refuse(route r, http::verb method, std::string_view path, unsigned version) {
@@ -575,7 +591,9 @@ void http_session::add_generation_headers(Message& res, int32_t batch_size) cons
     res.set("X-Batch-Size", std::to_string(batch_size));
   res.set("X-Inference-Version", METRONOME_VERSION);
   res.set("X-KV-Cache-Strategy", active_ ? active_->kv_strategy : ctx_->kv_cache_strategy());
-  if (active_)
+  if (!request_id_header_.empty())
+    res.set("X-Request-Id", request_id_header_);
+  else if (active_)
     res.set("X-Request-Id", active_->meta.id);
 }
 
@@ -591,6 +609,8 @@ void http_session::send_response(response_type res, bool close) {
     res.set(http::field::access_control_allow_origin, allow_origin_);
     res.set(http::field::vary, "Origin");
   }
+  if (!request_id_header_.empty())
+    res.set("X-Request-Id", request_id_header_);
   if (access_) {
     access_->on_status(int(res.result_int()));
     if (res.result_int() >= 400)
@@ -719,6 +739,7 @@ void http_session::on_response_complete() {
   access_.reset();
   active_.reset();
   allow_origin_.clear();
+  request_id_header_.clear();
   auto self = std::move(self_);
   if (close_after_) {
     linger_close();

@@ -19,7 +19,8 @@
 //
 // Logs: every request gets one access line (net/access_record.hpp), from
 // the record of the response in progress, written when its last byte is
-// out or the connection closes under it.
+// out or the connection closes under it. A valid X-Request-Id from the
+// client names the request in that line and is echoed on its answer.
 //
 // Access: every request's header passes access_control (Host, Origin, API
 // key, Content-Type) before its body is read; a refused one is answered from
@@ -159,6 +160,9 @@ private:
   /// POST /tokenize and /detokenize: answered here, with the engine's
   /// tokenizer (no engine round trip; the body is at most max_body_bytes).
   void answer_tokenizer_route(route r, const request_type& req);
+  /// Takes the client's X-Request-Id for the response in progress when it
+  /// is valid (valid_request_id); ignores it otherwise.
+  void read_request_id(std::string_view header);
   /// Over the limit or draining: one answer (see the top), then close.
   void refuse(route r, boost::beast::http::verb method, std::string_view path, unsigned version);
   void upgrade(request_type req);
@@ -235,6 +239,9 @@ private:
   std::string drain_buffer_;
   /// Access-Control-Allow-Origin of the response in progress (empty: none).
   std::string allow_origin_;
+  /// The client's X-Request-Id of the response in progress, echoed on it
+  /// (empty: none, or not valid; generation answers then carry their own id).
+  std::string request_id_header_;
   /// The client's address, for access lines.
   std::string client_;
   /// The access record of the response in progress, and of the refusal

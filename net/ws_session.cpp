@@ -5,6 +5,7 @@
 #include <boost/beast/websocket.hpp>
 #include <spdlog/spdlog.h>
 
+#include "net/http_routes.hpp"
 #include "net/log_text.hpp"
 
 namespace metronome::net {
@@ -45,11 +46,18 @@ void ws_session::start(request_type upgrade) {
   timeouts.idle_timeout = ctx_->opts.idle_timeout;
   timeouts.keep_alive_pings = true;
   ws_.set_option(timeouts);
+  // The client's X-Request-Id is echoed on the 101 as on every HTTP answer
+  // (http_session logs the upgrade under it).
+  const std::string_view client_id = upgrade_["X-Request-Id"];
   ws_.set_option(websocket::stream_base::decorator(
-    [subprotocol = ctx_->access.ws_subprotocol(upgrade_)](websocket::response_type& res) {
+    [subprotocol = ctx_->access.ws_subprotocol(upgrade_),
+     request_id = valid_request_id(client_id) ? std::string(client_id) : std::string()](
+      websocket::response_type& res) {
       res.set(http::field::server, "metronome/" METRONOME_VERSION);
       if (!subprotocol.empty())
         res.set(http::field::sec_websocket_protocol, subprotocol);
+      if (!request_id.empty())
+        res.set("X-Request-Id", request_id);
     }));
   ws_.async_accept(upgrade_, [self = shared_from_this()](error_code ec) {
     if (self->closed_)

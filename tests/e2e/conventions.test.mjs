@@ -1,16 +1,33 @@
 // The conventions users expect of an LLM server (issue 37, item 5), from the
 // real server on the tiny Llama 3 model: vLLM's POST /tokenize and
-// /detokenize, and GET /version.
+// /detokenize, GET /version, and a client's X-Request-Id echoed and used in
+// the access line.
 
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
-import { MODEL_NAME, postJson, rawRequest, startServer } from './lib/harness.mjs';
+import WebSocket from 'ws';
+
+import { MODEL_NAME, eventually, postJson, rawRequest, startServer } from './lib/harness.mjs';
 
 const KEY = 'sk-conventions-test-key';
 const auth = { authorization: `Bearer ${KEY}` };
 
-describe('tokenizer routes, /version', () => {
+/// Sends raw bytes on a fresh connection (without half-closing it: the
+/// server takes an end of stream for a client gone); resolves to what came
+/// back until the server closes.
+function rawExchange(server, bytes) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    const s = net.connect(server.port, '127.0.0.1', () => s.write(bytes, 'latin1'));
+    s.on('data', (c) => chunks.push(c));
+    s.on('end', () => resolve(Buffer.concat(chunks).toString('latin1')));
+    s.on('error', reject);
+  });
+}
+
+describe('tokenizer routes, /version, X-Request-Id', () => {
   let server;
   before(async () => { server = await startServer([], { env: { METRONOME_API_KEY: KEY } }); });
   after(async () => { await server?.stop(); });
@@ -116,5 +133,62 @@ describe('tokenizer routes, /version', () => {
     assert.equal(typeof j.cuda, 'boolean');
     assert.equal(typeof j.build_type, 'string');
     assert.equal(typeof j.compiler, 'string');
+  });
+
+  test('X-Request-Id is echoed and names the request in its access line', async () => {
+    const id = 'trace-3f9a2c71-e2e';
+    const res = await postJson(server, '/v1/chat/completions',
+      { model: MODEL_NAME, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
+      { ...auth, 'x-request-id': id });
+    assert.equal(res.status, 200, res.body);
+    assert.equal(res.headers['x-request-id'], id);
+    const responseId = JSON.parse(res.body).id;
+    assert.match(responseId, /^chatcmpl-/);
+    const line = await eventually(() => server.stderr().split('\n')
+      .find((l) => / access /.test(l) && l.includes(`request_id=${id}`)));
+    assert.ok(line, server.stderr().slice(-2000));
+    assert.ok(line.includes(`response_id=${responseId}`), line);
+    assert.ok(line.includes('route=/v1/chat/completions'), line);
+
+    // On the WebSocket upgrade too, whose access line names it.
+    const ws = new WebSocket(`ws://127.0.0.1:${server.port}/v1/ws`,
+                             { headers: { ...auth, 'x-request-id': 'ws-7' } });
+    const upgraded = await new Promise((resolve, reject) => {
+      ws.once('upgrade', (r) => resolve(r.headers['x-request-id']));
+      ws.once('error', reject);
+    });
+    ws.close();
+    assert.equal(upgraded, 'ws-7');
+    assert.ok(await eventually(() => server.stderr().split('\n')
+      .find((l) => / access /.test(l) && l.includes('status=101') && l.includes('request_id=ws-7'))));
+
+    // On a refusal too (no key).
+    const refused = await rawRequest(server, { path: '/v1/models', headers: { 'x-request-id': 'r-401' } });
+    assert.equal(refused.status, 401);
+    assert.equal(refused.headers['x-request-id'], 'r-401');
+    assert.ok(await eventually(() => server.stderr().includes('request_id=r-401')));
+  });
+
+  test('an invalid X-Request-Id is not used, nor logged as it is', async () => {
+    const long = 'x'.repeat(129);
+    const res = await postJson(server, '/v1/chat/completions',
+      { model: MODEL_NAME, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 },
+      { ...auth, 'x-request-id': long });
+    assert.equal(res.status, 200, res.body);
+    assert.equal(res.headers['x-request-id'], JSON.parse(res.body).id);
+    assert.ok(!server.stderr().includes(long));
+
+    // What a client library would refuse to send: a space and a non-ASCII
+    // byte.
+    const body = JSON.stringify({ model: MODEL_NAME, prompt: 'a', max_tokens: 1 });
+    const reply = await rawExchange(server,
+      'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n'
+      + `Authorization: Bearer ${KEY}\r\nContent-Type: application/json\r\n`
+      + 'X-Request-Id: evil id\xe9\r\n'
+      + `Content-Length: ${body.length}\r\n\r\n${body}`);
+    assert.match(reply, /^HTTP\/1\.1 200/);
+    const echoed = /\r\nX-Request-Id: ([^\r]*)\r\n/i.exec(reply)?.[1];
+    assert.match(echoed ?? '', /^cmpl-[0-9a-f]+$/, reply.slice(0, 600));
+    assert.ok(!server.stderr().includes('evil id'), 'the invalid id reached the log');
   });
 });

@@ -40,6 +40,21 @@ TEST(HttpRoutes, TokenizerAndVersionRoutes) {
   EXPECT_FALSE(takes_json_body(route::version));
 }
 
+TEST(HttpRoutes, RequestIdValidation) {
+  EXPECT_TRUE(valid_request_id("a"));
+  EXPECT_TRUE(valid_request_id("0b8c2f1e-7d2a-4c7e-9a53-5f3e1d2c4b6a"));
+  EXPECT_TRUE(valid_request_id("~!@#$%^&*()_+{}|:\"<>?[]\\;',./`"));
+  EXPECT_TRUE(valid_request_id(std::string(max_request_id_bytes, 'x')));
+  EXPECT_FALSE(valid_request_id(""));
+  EXPECT_FALSE(valid_request_id(std::string(max_request_id_bytes + 1, 'x')));
+  EXPECT_FALSE(valid_request_id("a b"));
+  EXPECT_FALSE(valid_request_id("a\tb"));
+  EXPECT_FALSE(valid_request_id("a\nb"));
+  EXPECT_FALSE(valid_request_id(std::string_view("a\0b", 3)));
+  EXPECT_FALSE(valid_request_id("a\x7f"));
+  EXPECT_FALSE(valid_request_id("caf\xC3\xA9"));
+}
+
 TEST(HttpRoutes, PercentDecoding) {
   EXPECT_EQ(percent_decode("meta-llama%2FLlama-3-8B"), "meta-llama/Llama-3-8B");
   EXPECT_EQ(percent_decode("a%20b%2fc"), "a b/c");

@@ -148,6 +148,52 @@ TEST_F(ServerTest, TokenizerRoutesNeedAModelAndJson) {
   expect_error_body(d.read(), 415, "unsupported_media_type");
 }
 
+TEST_F(ServerTest, ClientRequestIdIsEchoed) {
+  http_client c{port_};
+  // On a generation answer it replaces the response's own id in the header;
+  // the body keeps its id.
+  c.send(http::verb::post, "/v1/chat/completions", chat_body("echo a"),
+         {{"X-Request-Id", "req-42_abc.DEF"}});
+  auto res = c.read();
+  ASSERT_EQ(res.result_int(), 200u) << res.body();
+  EXPECT_EQ(res["X-Request-Id"], "req-42_abc.DEF");
+  EXPECT_TRUE(body_json(res)["id"].get<std::string>().starts_with("chatcmpl-"));
+  // Streaming, on another route, and on an error answer.
+  c.send(http::verb::post, "/v1/completions", completion_body("echo a", {{"stream", true}}),
+         {{"X-Request-Id", "s-1"}});
+  EXPECT_EQ(c.read()["X-Request-Id"], "s-1");
+  c.send(http::verb::get, "/v1/models", {}, {{"X-Request-Id", "m-1"}});
+  EXPECT_EQ(c.read()["X-Request-Id"], "m-1");
+  c.send(http::verb::get, "/nothing", {}, {{"X-Request-Id", "e-1"}});
+  auto missing = c.read();
+  EXPECT_EQ(missing.result_int(), 404u);
+  EXPECT_EQ(missing["X-Request-Id"], "e-1");
+  // The next request on the connection without one gets none (or its own).
+  auto plain = c.request(http::verb::get, "/v1/models");
+  EXPECT_EQ(plain.count("X-Request-Id"), 0u);
+  auto gen = c.request(http::verb::post, "/v1/chat/completions", chat_body("echo a"));
+  EXPECT_EQ(gen["X-Request-Id"], body_json(gen)["id"].get<std::string>());
+}
+
+TEST_F(ServerTest, InvalidClientRequestIdFallsBackToTheServersId) {
+  const std::string too_long(129, 'a');
+  for (const std::string& bad : {too_long, std::string("has space"), std::string("tab\tid"),
+                                 std::string("caf\xC3\xA9")}) {
+    http_client c{port_};
+    c.send(http::verb::post, "/v1/chat/completions", chat_body("echo a"),
+           {{"X-Request-Id", bad}});
+    auto res = c.read();
+    ASSERT_EQ(res.result_int(), 200u) << res.body();
+    EXPECT_EQ(res["X-Request-Id"], body_json(res)["id"].get<std::string>()) << bad;
+  }
+  // 128 visible characters are still taken.
+  http_client c{port_};
+  const std::string longest(128, 'b');
+  c.send(http::verb::post, "/v1/chat/completions", chat_body("echo a"),
+         {{"X-Request-Id", longest}});
+  EXPECT_EQ(c.read()["X-Request-Id"], longest);
+}
+
 // -- chat and completions ------------------------------------------------------------
 
 TEST_F(ServerTest, KvHeadersAreReadAndUnknownValuesRefused) {

@@ -41,7 +41,7 @@ stamp() { echo "== [${SECONDS} s] $*"; }
 model=$work/llama3-8b
 if [ ! -e "$model/config.json" ]; then
   stamp "make-model llama3-8b"
-  "$m" make-model --preset llama3-8b --seed 1 --tokenizer "$tok/llama3" --out "$model" >/dev/null || exit 1
+  "$m" make-model --preset llama3-8b --seed 1 --force --tokenizer "$tok/llama3" --out "$model" >/dev/null || exit 1
 fi
 
 port=18090

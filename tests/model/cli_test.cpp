@@ -65,8 +65,32 @@ TEST(cli, make_model_is_byte_identical_for_a_seed) {
     return run_command("sha256sum " + shell_quote((p / "model.safetensors").string())).output.substr(0, 64);
   };
   EXPECT_EQ(sum(a), sum(b));
-  ASSERT_EQ(run_command(bin() + " make-model --preset tiny-mistral --seed 4 --out " + shell_quote(b.string())).exit_code, 0);
+  ASSERT_EQ(run_command(bin() + " make-model --preset tiny-mistral --seed 4 --force --out " + shell_quote(b.string())).exit_code, 0);
   EXPECT_NE(sum(a), sum(b));
+}
+
+TEST(cli, make_model_refuses_a_folder_that_is_not_empty_unless_forced) {
+  auto dir = test::scratch_dir("cli-force"); // exists, empty: written
+  const auto make = [&](const std::string& extra) {
+    return run_command(bin() + " make-model --preset tiny-mistral --seed 1 --max-shard-mb 0 "
+                       + extra + " --out " + shell_quote(dir.string()));
+  };
+  ASSERT_EQ(make("").exit_code, 0);
+  const auto before = fs::last_write_time(dir / "model.safetensors");
+  auto again = make("");
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_TRUE(contains(again.output, "the output folder " + dir.string() + " is not empty"))
+    << again.output;
+  EXPECT_TRUE(contains(again.output, "--force")) << again.output;
+  EXPECT_EQ(fs::last_write_time(dir / "model.safetensors"), before); // untouched
+  auto forced = make("--force");
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  // A file where the folder should be.
+  auto file = test::scratch_dir("cli-force-file") / "model";
+  std::ofstream(file) << "x";
+  auto r = run_command(bin() + " make-model --preset tiny-mistral --out " + shell_quote(file.string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "exists and is not a folder")) << r.output;
 }
 
 TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {

@@ -1,7 +1,9 @@
 // metronome make-model: write a random-initialised Hugging Face model folder.
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <system_error>
 
 #include "model/make_model.hpp"
 #include "model/model_error.hpp"
@@ -19,9 +21,29 @@ struct make_model_args {
   uint64_t seed = 0;
   std::string dtype_name = "bf16";
   uint64_t max_shard_mb = 5000;
+  bool force = false;
 };
 
+/// Refuses an output path that holds anything, unless `force`: a mistyped
+/// --out must not overwrite a real model's files.
+void check_output(const std::string& out, bool force) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(out, ec);
+  if (!fs::exists(status))
+    return;
+  if (!fs::is_directory(status))
+    throw command_error("make-model: --out " + out + " exists and is not a folder");
+  if (fs::directory_iterator(out, ec) == fs::directory_iterator() && !ec)
+    return; // empty
+  if (!force)
+    throw command_error("make-model: the output folder " + out
+                        + " is not empty; pass --force to write into it anyway "
+                          "(files of the same names are replaced)");
+}
+
 void run(const make_model_args& a) {
+  check_output(a.out, a.force);
   make_model_options o;
   if (!a.config_file.empty()) {
     o.config = model_config::load(a.config_file);
@@ -71,6 +93,8 @@ void setup(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype_name, "Weight type: bf16 (default), f16, f32");
   cmd->add_option("--max-shard-mb", args->max_shard_mb,
                   "Split weights into shards of at most this many MB (0: one file)");
+  cmd->add_flag("--force", args->force,
+                "Write into an output folder that is not empty (refused otherwise)");
   cmd->callback([args, cmd, preset] {
     if (args->preset.empty() && args->config_file.empty())
       throw command_error("make-model: give --preset NAME or --config FILE");

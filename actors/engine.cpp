@@ -105,6 +105,15 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
     throw std::invalid_argument("engine.kv_cache_dtype '" + o.kv_cache_dtype + "': " + p);
 
+  // A context longer than the model's: positions it was never trained on
+  // (and RoPE tables it does not have). Refused here, naming both numbers.
+  if (cfg.max_position_embeddings > 0 && o.max_model_len > cfg.max_position_embeddings)
+    throw std::invalid_argument(
+      "model.max_model_len (--max-model-len) is " + std::to_string(o.max_model_len)
+      + " but the model's context is " + std::to_string(cfg.max_position_embeddings)
+      + " tokens (max_position_embeddings in " + (o.model_dir / "config.json").string()
+      + "); use at most " + std::to_string(cfg.max_position_embeddings) + ", or 0 for that");
+
   engine e;
   e.status = std::make_shared<engine_status>();
   e.metrics = std::make_shared<engine_metrics>();

@@ -93,6 +93,31 @@ TEST(cli, make_model_refuses_a_folder_that_is_not_empty_unless_forced) {
   EXPECT_TRUE(contains(r.output, "exists and is not a folder")) << r.output;
 }
 
+TEST(cli, serve_refuses_a_max_model_len_beyond_the_models_context) {
+  // With a tokenizer, so that the serve gets as far as the engine's checks.
+  auto model = test::scratch_dir("cli-context") / "tiny-llama3";
+  auto made = run_command(bin() + " make-model --preset tiny-llama3 --tokenizer "
+                          + shell_quote(test::env("TESTDATA") + "/tokenizers/llama3") + " --out "
+                          + shell_quote(model.string()));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const int context = json::parse(std::ifstream(model / "config.json"))["max_position_embeddings"];
+  const int asked = context * 2;
+  // `timeout`: a server that started anyway fails the test instead of hanging it.
+  auto r = run_command("timeout 60 " + bin() + " serve --port 0 --model " + shell_quote(model.string())
+                       + " --max-model-len " + std::to_string(asked));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 124) << "the server started: " << r.output;
+  EXPECT_TRUE(contains(r.output, "model.max_model_len (--max-model-len) is " + std::to_string(asked)
+                                   + " but the model's context is " + std::to_string(context)
+                                   + " tokens"))
+    << r.output;
+  // The same key from --set.
+  r = run_command("timeout 60 " + bin() + " serve --port 0 --model " + shell_quote(model.string())
+                  + " --set model.max_model_len=" + std::to_string(context + 1));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "but the model's context is " + std::to_string(context))) << r.output;
+}
+
 TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
   auto model = test::tiny_model("tiny-llama3");
   struct mistake {

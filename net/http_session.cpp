@@ -487,7 +487,10 @@ void http_session::upgrade(request_type req) {
 // -- sink events --------------------------------------------------------------------
 
 void http_session::on_delta(uint64_t tag, text_delta& d) {
-  if (closed_ || !active_ || active_->tag != tag)
+  // A request answered already (done, failed, or ended by the drain,
+  // which detaches its sink) takes no more events: a second answer would
+  // follow a response that said Connection: close.
+  if (closed_ || !active_ || active_->tag != tag || !active_->sink)
     return;
   auto& a = *active_;
   if (access_)
@@ -506,7 +509,7 @@ void http_session::on_delta(uint64_t tag, text_delta& d) {
 }
 
 void http_session::on_done(uint64_t tag, generation_done& done) {
-  if (closed_ || !active_ || active_->tag != tag)
+  if (closed_ || !active_ || active_->tag != tag || !active_->sink)
     return;
   auto& a = *active_;
   a.sink = nullptr; // it quits on its own
@@ -535,7 +538,7 @@ void http_session::on_done(uint64_t tag, generation_done& done) {
 }
 
 void http_session::on_error(uint64_t tag, generation_error& e) {
-  if (closed_ || !active_ || active_->tag != tag)
+  if (closed_ || !active_ || active_->tag != tag || !active_->sink)
     return;
   auto& a = *active_;
   a.sink = nullptr;

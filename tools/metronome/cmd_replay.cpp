@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -142,11 +143,20 @@ std::vector<std::string> parse_policies(const std::string& text) {
 }
 
 sim::cost_model load_cost_model(const std::optional<std::string>& path) {
+  namespace fs = std::filesystem;
   if (path)
     return sim::cost_model::load(*path);
-  const std::filesystem::path shipped = METRONOME_DEFAULT_COST_MODEL;
-  if (std::filesystem::exists(shipped))
-    return sim::cost_model::load(shipped);
+  // The source tree's, else the installed one: <prefix>/share/metronome/
+  // cost_models beside this executable's <prefix>/bin.
+  const fs::path shipped = METRONOME_DEFAULT_COST_MODEL;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path installed = ec ? fs::path()
+                                : exe.parent_path().parent_path() / "share" / "metronome"
+                                    / "cost_models" / shipped.filename();
+  for (const auto& candidate : {shipped, installed})
+    if (!candidate.empty() && fs::exists(candidate, ec))
+      return sim::cost_model::load(candidate);
   std::fprintf(stderr, "warning: %s not found: using the built-in provisional H200 model\n",
                shipped.c_str());
   return sim::cost_model{};

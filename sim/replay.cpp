@@ -188,8 +188,15 @@ private:
     r.non_alnum_share = q.non_alnum_share;
     res_.prompt_tokens += q.prompt_tokens;
     auto result = sched_->add(std::move(r), now_);
-    if (result != admit_result::ok)
+    if (result != admit_result::ok) {
       res_.requests[i].refused = describe(result);
+      settled();
+    }
+  }
+
+  void settled() {
+    if (o_.progress)
+      o_.progress->fetch_add(1, std::memory_order_relaxed);
   }
 
   void pump() {
@@ -243,8 +250,10 @@ private:
       last_token_[idx] = now_;
       ++rec.produced;
       ++res_.output_tokens;
-      if (!ev.finish_reason.empty())
+      if (!ev.finish_reason.empty()) {
         rec.e2e_s = seconds(now_ - arrived);
+        settled();
+      }
     }
     auto outcomes = ctx_->state.model->drain_outcomes();
     for (const auto& o : outcomes) {

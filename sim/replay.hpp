@@ -20,6 +20,7 @@
 // drift supervisor actor does in the server. Nothing reads a wall clock or a
 // random source, so the same input gives the same result.
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -50,6 +51,10 @@ struct replay_options {
   /// (sched/step_trace.hpp; wall and device time are the cost model's);
   /// empty = nowhere.
   std::filesystem::path step_trace;
+  /// Incremented (relaxed) once per request as it is settled: refused at
+  /// admission or finished. Another thread may read it to show progress;
+  /// null = nothing counted. Several replays may share one counter.
+  std::atomic<int64_t>* progress = nullptr;
 };
 
 /// One request's fate.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 namespace metronome::sim {
@@ -98,10 +99,12 @@ nlohmann::json latency_report(const std::vector<request_record>& requests,
   std::vector<const request_record*> done;
   std::vector<double> ttft, e2e, queue;
   int64_t refused = 0;
+  std::map<std::string, int64_t> refused_by_reason;
   double longest_wait = 0;
   for (const auto& q : requests) {
     if (!q.refused.empty()) {
       ++refused;
+      ++refused_by_reason[q.refused];
       continue;
     }
     if (q.e2e_s < 0)
@@ -115,6 +118,8 @@ nlohmann::json latency_report(const std::vector<request_record>& requests,
   nlohmann::json j;
   j["requests"] = done.size();
   j["refused"] = refused;
+  j["refused_by_reason"] = refused_by_reason.empty() ? nlohmann::json::object()
+                                                     : nlohmann::json(refused_by_reason);
   j["throughput_tokens_per_s"] = ratio(double(output_tokens), makespan_s);
   j["total_tokens_per_s"] = ratio(double(output_tokens + prompt_tokens), makespan_s);
   j["makespan_s"] = makespan_s;

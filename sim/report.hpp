@@ -23,7 +23,8 @@ nlohmann::json percentiles(std::vector<double> values);
 double percentile_sorted(const std::vector<double>& sorted, double p);
 
 /// The keys that replay and `metronome bench-serve` reports share, from
-/// per-request records: requests, refused, throughput_tokens_per_s,
+/// per-request records: requests, refused, refused_by_reason ({reason:
+/// count}, {} when none was refused), throughput_tokens_per_s,
 /// total_tokens_per_s, makespan_s, ttft_ms, itl_ms, e2e_ms, queue_ms,
 /// p95_over_p50, longest_wait_ms, slowdown_by_output_decile. A record with
 /// `refused` set counts as refused; one with e2e_s < 0 (never finished) is

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <sstream>
 
@@ -18,12 +19,6 @@ constexpr int margin_l = 70;
 constexpr int margin_r = 20;
 constexpr int margin_t = 36;
 constexpr int margin_b = 50;
-
-const char* color(size_t i) {
-  static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
-                                  "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-  return palette[i % 8];
-}
 
 std::string escape(const std::string& s) {
   std::string out;
@@ -141,29 +136,60 @@ void render_panel(std::ostringstream& os, const plot_panel& p, int ox, int oy) {
                     margin_t + h / 2, escape(p.y_label));
   for (size_t i = 0; i < p.series.size(); ++i) {
     const auto& s = p.series[i];
+    const auto style = style_of(s.label);
+    const auto label = escape(s.label);
+    const auto dash
+      = style.dash.empty() ? std::string() : fmt::format(" stroke-dasharray=\"{}\"", style.dash);
     std::string path;
     for (auto [x, y] : s.points) {
       if ((p.log_x && x <= 0) || (p.log_y && y <= 0))
         continue;
       path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "M" : " L", fx(x), fy(y));
     }
-    os << fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", path,
-                      color(i));
+    os << fmt::format("<path data-series=\"{}\" d=\"{}\" fill=\"none\" stroke=\"{}\"{} "
+                      "stroke-width=\"2\"/>\n",
+                      label, path, style.color, dash);
     if (s.points.size() <= 20)
       for (auto [x, y] : s.points)
         if (!((p.log_x && x <= 0) || (p.log_y && y <= 0)))
           os << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", fx(x),
-                            fy(y), color(i));
+                            fy(y), style.color);
     const int ly = margin_t + 16 + int(i) * 18;
-    os << fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"{3}\" "
-                      "stroke-width=\"3\"/><text x=\"{4}\" y=\"{5}\" font-size=\"12\">{6}</text>\n",
-                      margin_l + 10, margin_l + 34, ly, color(i), margin_l + 40, ly + 4,
-                      escape(s.label));
+    os << fmt::format("<line data-legend=\"{6}\" x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" "
+                      "stroke=\"{3}\"{7} stroke-width=\"3\"/><text x=\"{4}\" y=\"{5}\" "
+                      "font-size=\"12\">{6}</text>\n",
+                      margin_l + 10, margin_l + 44, ly, style.color, margin_l + 50, ly + 4, label,
+                      dash);
   }
   os << "</g>\n";
 }
 
 } // namespace
+
+series_style style_of(std::string_view label) {
+  struct fixed {
+    std::string_view label, color, dash;
+  };
+  // The policies: distinct colours, and distinct dashes for a reader
+  // without colour (a grey print, colour blindness).
+  static constexpr fixed policies[] = {
+    {"fcfs", "#1f77b4", ""},                // blue, solid
+    {"ladb", "#d62728", "9,4"},             // red, dashed
+    {"srpt", "#2ca02c", "2,3"},             // green, dotted
+    {"ladb-literal", "#ff7f0e", "9,3,2,3"}, // orange, dash-dot
+    {"srpt-literal", "#9467bd", "5,5"},     // purple, even dashes
+  };
+  for (const auto& p : policies)
+    if (p.label == label)
+      return {std::string(p.color), std::string(p.dash)};
+  static constexpr std::string_view colors[] = {"#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+                                                "#17becf"};
+  static constexpr std::string_view dashes[] = {"", "12,4", "1,4", "12,3,1,3,1,3"};
+  uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
+  for (char c : label)
+    h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+  return {std::string(colors[h % 5]), std::string(dashes[(h / 5) % 4])};
+}
 
 std::string render_svg(const std::vector<plot_panel>& panels, int columns) {
   columns = std::max(1, std::min<int>(columns, int(std::max<size_t>(panels.size(), 1))));
@@ -220,10 +246,12 @@ std::vector<plot_panel> replay_panels(const std::vector<replay_result>& runs,
   for (const auto& r : runs)
     scales[r.rate_scale] = 1;
   if (scales.size() > 1) {
-    plot_panel pe{fmt::format("P95 E2E latency against load, {}", trace), "rate scale",
-                  "P95 end-to-end latency (ms)", false, true, {}};
-    plot_panel pt{fmt::format("P95 TTFT against load, {}", trace), "rate scale",
-                  "P95 time to first token (ms)", false, true, {}};
+    plot_panel pe{fmt::format("P95 E2E latency against load, {}", trace),
+                  "rate scale (x the trace's arrival rate)", "P95 end-to-end latency (ms)", false,
+                  true, {}};
+    plot_panel pt{fmt::format("P95 TTFT against load, {}", trace),
+                  "rate scale (x the trace's arrival rate)", "P95 time to first token (ms)", false,
+                  true, {}};
     std::map<std::string, std::pair<plot_series, plot_series>> by_policy;
     std::vector<std::string> order;
     for (const auto& j : reports) {

@@ -3,6 +3,7 @@
 // latency against load. No dependencies; the output opens in any browser.
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,21 @@ struct plot_panel {
   bool log_y = false;
   std::vector<plot_series> series;
 };
+
+/// How a series is drawn: a stroke colour ("#rrggbb") and an SVG
+/// stroke-dasharray ("" for a solid line).
+struct series_style {
+  std::string color;
+  std::string dash;
+};
+
+/// The style of the series labelled `label`. Each policy (fcfs, ladb, srpt,
+/// ladb-literal, srpt-literal) has a fixed colour and dash pattern of its
+/// own; any other label gets one picked by a hash of its text. The style
+/// depends on the label alone, never on the order of the series, so a
+/// policy looks the same in every plot. render_svg() draws each series,
+/// its points and its legend entry with it.
+series_style style_of(std::string_view label);
 
 /// Renders panels in a grid of `columns` as one SVG document.
 std::string render_svg(const std::vector<plot_panel>& panels, int columns = 2);

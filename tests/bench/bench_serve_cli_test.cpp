@@ -90,8 +90,9 @@ double counter_sum(const std::string& metrics, const std::string& name) {
 /// Every key of a replay report (sim/report.cpp make_report) and the live
 /// run's own.
 const char* const report_keys[] = {
-  "policy", "trace", "rate_scale", "requests", "refused", "throughput_tokens_per_s",
-  "total_tokens_per_s", "makespan_s", "ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "p95_over_p50",
+  "policy", "trace", "rate_scale", "requests", "refused", "refused_by_reason",
+  "throughput_tokens_per_s", "total_tokens_per_s", "makespan_s", "ttft_ms", "itl_ms", "e2e_ms",
+  "queue_ms", "p95_over_p50",
   "unloaded", "e2e_p95_over_unloaded_p95", "steps", "mean_batch_size", "batch_efficiency",
   "busy_fraction", "preemptions", "longest_wait_ms", "slowdown_by_output_decile", "predictor",
   "supervisor", "engine", "cost_model", "prefix_cache_queries", "prefix_cache_hits",

@@ -1,7 +1,12 @@
 // `metronome replay` as a user runs it: reports, sweeps with the comparison
-// against fcfs, SVG plots, and clear errors.
+// against fcfs, SVG plots, the printed summary (units, legend, refused
+// requests, a progress bar only on a terminal), and clear errors.
 
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -31,6 +36,55 @@ protected:
   nlohmann::json read_json(const std::filesystem::path& p) {
     std::ifstream in(p);
     return nlohmann::json::parse(in);
+  }
+
+  /// 20 requests, the 8th with a prompt of 200,000 tokens: longer than the
+  /// default cost model's context (131,072), so the scheduler refuses it.
+  std::string write_trace_with_a_too_long_request() {
+    auto path = dir / "too_long.csv";
+    std::ofstream out(path);
+    out << "arrival_s,prompt_tokens,output_tokens\n";
+    for (int i = 0; i < 20; ++i)
+      out << i * 0.02 << "," << (i == 7 ? 200000 : 300) << ",12\n";
+    return path.string();
+  }
+
+  static std::string read_text(const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+  /// The lines of `text`.
+  static std::vector<std::string> lines(const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      out.push_back(line);
+    return out;
+  }
+
+  /// {series label: "stroke|dasharray"} of the plotted lines in `svg`, and
+  /// the same of the legend entries under "legend:" + label; fails the test
+  /// when one label is drawn two ways.
+  static std::map<std::string, std::string> styles(const std::string& svg) {
+    std::map<std::string, std::string> out;
+    static const std::regex element(R"re(<(path|line) data-(series|legend)="([^"]*)"[^>]*>)re");
+    static const std::regex stroke(R"re( stroke="([^"]*)")re");
+    static const std::regex dash(R"re( stroke-dasharray="([^"]*)")re");
+    for (std::sregex_iterator it(svg.begin(), svg.end(), element), end; it != end; ++it) {
+      const std::string tag = (*it)[0].str();
+      std::smatch m;
+      std::string style;
+      if (std::regex_search(tag, m, stroke))
+        style = m[1].str();
+      style += "|";
+      if (std::regex_search(tag, m, dash))
+        style += m[1].str();
+      const std::string key = ((*it)[2] == "legend" ? "legend:" : "") + (*it)[3].str();
+      auto [at, added] = out.emplace(key, style);
+      EXPECT_EQ(at->second, style) << key << " is drawn two ways";
+    }
+    return out;
   }
 };
 
@@ -68,6 +122,119 @@ TEST_F(replay_cli, a_sweep_compares_every_policy_with_fcfs_and_plots) {
   EXPECT_EQ(text.rfind("<svg", 0), 0u);
   EXPECT_NE(text.find("P95 E2E latency against load"), std::string::npos);
   EXPECT_NE(text.find("E2E latency CDF"), std::string::npos);
+}
+
+TEST_F(replay_cli, the_summary_counts_refused_requests_in_the_table_and_the_report) {
+  auto report = dir / "refused.json";
+  auto r = replay("--trace " + write_trace_with_a_too_long_request()
+                  + " --policy fcfs --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = read_json(report);
+  EXPECT_EQ(j["refused"], 1);
+  EXPECT_EQ(j["refused_by_reason"], nlohmann::json({{"too_long", 1}}));
+  EXPECT_EQ(j["requests"], 19);
+  // The table's refused column (last) and the reasons under the table.
+  bool row = false;
+  for (const auto& line : lines(r.output))
+    if (line.starts_with("fcfs ")) {
+      row = true;
+      EXPECT_TRUE(line.ends_with(" 1")) << "refused column: " << line;
+    }
+  EXPECT_TRUE(row) << r.output;
+  EXPECT_NE(r.output.find("fcfs x1: 1 of 20 requests refused (too_long 1)"), std::string::npos)
+    << r.output;
+
+  // None refused: 0 in the column, {} in the report, no reasons line.
+  auto clean = dir / "clean.json";
+  r = replay("--trace " + write_trace() + " --policy fcfs --report " + clean.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  j = read_json(clean);
+  EXPECT_EQ(j["refused"], 0);
+  EXPECT_EQ(j["refused_by_reason"], nlohmann::json::object());
+  EXPECT_EQ(r.output.find("requests refused ("), std::string::npos) << r.output;
+}
+
+TEST_F(replay_cli, the_summary_gives_every_figure_a_unit_and_explains_the_columns) {
+  auto r = replay("--trace " + write_trace() + " --policy fcfs,ladb --report "
+                  + (dir / "units.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto out = lines(r.output);
+  // The header names the columns, the next line their units.
+  size_t header = out.size();
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i].starts_with("policy "))
+      header = i;
+  ASSERT_LT(header + 1, out.size()) << r.output;
+  std::istringstream names(out[header]), units(out[header + 1]);
+  std::vector<std::string> n{std::istream_iterator<std::string>(names), {}};
+  std::vector<std::string> u{std::istream_iterator<std::string>(units), {}};
+  const std::vector<std::string> want_names{"policy", "rate",  "ttft50", "ttft95", "ttft99",
+                                            "e2e50",  "e2e95", "e2e99",  "tok/s",  "slow10",
+                                            "cached", "refused"};
+  const std::vector<std::string> want_units{"x",  "ms",    "ms", "ms", "ms",      "ms",
+                                            "ms", "tok/s", "x",  "%",  "requests"};
+  EXPECT_EQ(n, want_names) << out[header];
+  EXPECT_EQ(u, want_units) << "every column but the policy's has a unit: " << out[header + 1];
+  // The first line's duration, and a legend line for every column.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(": 60 requests over [0-9.]+ s, cost model ")))
+    << r.output;
+  for (const char* legend : {"rate     ", "ttftNN   ", "e2eNN    ", "tok/s    ", "slow10   ",
+                             "cached   ", "refused  "}) {
+    bool found = false;
+    for (const auto& line : out)
+      found = found || line.starts_with(legend);
+    EXPECT_TRUE(found) << "no legend line for '" << legend << "'\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("NNth percentile (ms)"), std::string::npos) << r.output;
+}
+
+TEST_F(replay_cli, no_progress_bar_when_stderr_is_not_a_terminal) {
+  // run_command reads stdout and stderr through a pipe, as a log would.
+  auto r = replay("--trace " + write_trace() + " --policy all --rate-scale 1,2 --report "
+                  + (dir / "pipe.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("runs, "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("6 replays in"), std::string::npos) << "still a summary: " << r.output;
+}
+
+TEST_F(replay_cli, a_progress_bar_when_stderr_is_a_terminal) {
+  // script(1) runs the command on a pseudo-terminal.
+  if (test::run_command("command -v script").exit_code != 0)
+    GTEST_SKIP() << "no script(1) to give the command a terminal";
+  const std::string cmd = test::shell_quote(test::env("BIN")) + " replay --trace "
+                          + write_trace() + " --policy fcfs,ladb --report "
+                          + (dir / "tty.json").string();
+  auto r = test::run_command("script -qec " + test::shell_quote(cmd) + " /dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\r["), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("100% 120/120 requests, 2/2 runs, "), std::string::npos) << r.output;
+  // --quiet: nothing, terminal or not.
+  auto q = test::run_command("script -qec " + test::shell_quote(cmd + " --quiet") + " /dev/null");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_TRUE(q.output.empty()) << q.output;
+}
+
+TEST_F(replay_cli, each_policy_keeps_its_colour_and_dash_whatever_the_order) {
+  auto plot = [&](const std::string& policies) {
+    auto svg = dir / ("order-" + policies + ".svg");
+    auto r = replay("--trace " + write_trace() + " --policy " + policies
+                    + " --rate-scale 1,2 --quiet --report " + (dir / "order.json").string()
+                    + " --plot " + svg.string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return styles(read_text(svg));
+  };
+  const auto a = plot("fcfs,ladb,srpt");
+  const auto b = plot("srpt,fcfs,ladb");
+  const auto c = plot("ladb");
+  EXPECT_EQ(a, b);
+  ASSERT_TRUE(a.contains("ladb"));
+  EXPECT_EQ(c.at("ladb"), a.at("ladb")) << "alone or with others";
+  for (const char* p : {"fcfs", "ladb", "srpt"})
+    EXPECT_EQ(a.at(p), a.at(std::string("legend:") + p)) << p << ": the legend matches the line";
+  EXPECT_NE(a.at("fcfs"), a.at("ladb"));
+  EXPECT_NE(a.at("ladb"), a.at("srpt"));
 }
 
 TEST_F(replay_cli, bad_input_gets_a_message_naming_it) {

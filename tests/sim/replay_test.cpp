@@ -1,7 +1,8 @@
 // The replay loop: a lone request takes its unloaded latency, admission order
 // shows in who gets the first token, the same input gives the same report,
-// reports have the keys other tools read, refusals are counted, and a drift in
-// output lengths makes the drift logic switch the policy off and on again.
+// reports have the keys other tools read, refusals are counted (by reason),
+// the progress counter settles every request once, and a drift in output
+// lengths makes the drift logic switch the policy off and on again.
 
 #include <gtest/gtest.h>
 
@@ -106,6 +107,18 @@ TEST(replay, requests_longer_than_the_context_are_refused_and_counted) {
   auto j = make_report(r);
   EXPECT_EQ(j["requests"], 1);
   EXPECT_EQ(j["refused"], 1);
+  EXPECT_EQ(j["refused_by_reason"], nlohmann::json({{"too_long", 1}}));
+}
+
+TEST(replay, the_progress_counter_settles_every_request_once) {
+  auto o = options("fcfs");
+  o.settings.limits.max_model_len = 1000;
+  std::atomic<int64_t> settled{0};
+  o.progress = &settled;
+  replay(csv("0,100,5\n0.1,2000,5\n0.2,50,1\n"), o);
+  EXPECT_EQ(settled.load(), 3) << "two finished, one refused";
+  replay(csv("0,100,5\n"), o);
+  EXPECT_EQ(settled.load(), 4) << "runs may share a counter";
 }
 
 TEST(replay, a_jump_in_output_lengths_disables_the_policy_for_the_cool_down) {

@@ -6,14 +6,18 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <system_error>
 #include <thread>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -162,21 +166,121 @@ sim::cost_model load_cost_model(const std::optional<std::string>& path) {
   return sim::cost_model{};
 }
 
+/// A one-line progress bar on stderr while the replays run, in bench-serve's
+/// style: requests settled (finished or refused) over all runs, runs done,
+/// wall time. Its own thread redraws it ten times a second; stop() draws the
+/// last state and ends the line. Make one only when stderr is a terminal.
+class progress_bar {
+public:
+  progress_bar(int64_t total_requests, size_t runs)
+    : total_(total_requests), runs_(runs), start_(std::chrono::steady_clock::now()),
+      thread_([this] { loop(); }) {}
+
+  ~progress_bar() {
+    stop();
+  }
+
+  progress_bar(const progress_bar&) = delete;
+  progress_bar& operator=(const progress_bar&) = delete;
+
+  /// Requests settled so far (sim::replay_options::progress).
+  std::atomic<int64_t> settled{0};
+  /// Runs finished so far.
+  std::atomic<size_t> runs_done{0};
+
+  /// Stops the redraws, draws the final state and a newline. Idempotent.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopped_)
+        return;
+      stopped_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    draw();
+    std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (!stopped_) {
+      draw();
+      wake_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
+
+  void draw() const {
+    const int width = 30;
+    const int64_t done = std::min(settled.load(std::memory_order_relaxed), total_);
+    const int filled = total_ > 0 ? int(done * width / total_) : width;
+    const int percent = total_ > 0 ? int(done * 100 / total_) : 100;
+    const double elapsed
+      = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::fprintf(stderr, "\r[%s%s] %3d%% %lld/%lld requests, %zu/%zu runs, %.1f s ",
+                 std::string(size_t(filled), '=').c_str(),
+                 std::string(size_t(width - filled), ' ').c_str(), percent, (long long)done,
+                 (long long)total_, runs_done.load(std::memory_order_relaxed), runs_, elapsed);
+    std::fflush(stderr);
+  }
+
+  const int64_t total_;
+  const size_t runs_;
+  const std::chrono::steady_clock::time_point start_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopped_ = false;
+  std::thread thread_; // last: starts once the rest is set
+};
+
+/// The summary table: one row per run under a row of the columns' units,
+/// then the refused requests' reasons of each run that refused any.
 void print_table(const std::vector<nlohmann::json>& reports) {
-  std::printf("%-13s %6s %8s %8s %8s %8s %8s %8s %9s %7s %7s\n", "policy", "rate", "ttft50",
-              "ttft95", "ttft99", "e2e50", "e2e95", "e2e99", "tok/s", "slow10", "cached");
+  const char* row = "%-13s %6s %8s %8s %8s %8s %8s %8s %9s %7s %7s %8s\n";
+  std::printf(row, "policy", "rate", "ttft50", "ttft95", "ttft99", "e2e50", "e2e95", "e2e99",
+              "tok/s", "slow10", "cached", "refused");
+  std::printf(row, "", "x", "ms", "ms", "ms", "ms", "ms", "ms", "tok/s", "x", "%", "requests");
   for (const auto& r : reports) {
     double worst = 0;
     for (const auto& d : r["slowdown_by_output_decile"])
       worst = std::max(worst, d["mean_slowdown"].get<double>());
-    std::printf("%-13s %6.3g %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9.1f %7.2f %6.1f%%\n",
+    std::printf("%-13s %6.3g %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9.1f %7.2f %7.1f %8lld\n",
                 r["policy"].get<std::string>().c_str(), r["rate_scale"].get<double>(),
                 r["ttft_ms"]["p50"].get<double>(), r["ttft_ms"]["p95"].get<double>(),
                 r["ttft_ms"]["p99"].get<double>(), r["e2e_ms"]["p50"].get<double>(),
                 r["e2e_ms"]["p95"].get<double>(), r["e2e_ms"]["p99"].get<double>(),
                 r["throughput_tokens_per_s"].get<double>(), worst,
-                100.0 * r["prefix_cache_hit_rate"].get<double>());
+                100.0 * r["prefix_cache_hit_rate"].get<double>(),
+                (long long)r["refused"].get<int64_t>());
   }
+  for (const auto& r : reports) {
+    if (r["refused"].get<int64_t>() == 0)
+      continue;
+    std::string reasons;
+    for (const auto& [reason, n] : r["refused_by_reason"].items())
+      reasons += fmt::format("{}{} {}", reasons.empty() ? "" : ", ", reason, n.get<int64_t>());
+    std::printf("  %s x%g: %lld of %lld requests refused (%s)\n",
+                r["policy"].get<std::string>().c_str(), r["rate_scale"].get<double>(),
+                (long long)r["refused"].get<int64_t>(),
+                (long long)(r["refused"].get<int64_t>() + r["requests"].get<int64_t>()),
+                reasons.c_str());
+  }
+}
+
+/// What the table's columns mean.
+void print_legend() {
+  std::printf(
+    "\n"
+    "rate     arrival rate multiplier (x the trace's arrival rate)\n"
+    "ttftNN   time to first token from arrival, NNth percentile (ms)\n"
+    "e2eNN    end-to-end latency, arrival to last token, NNth percentile (ms)\n"
+    "tok/s    output tokens per second of simulated time, first arrival to last token\n"
+    "slow10   worst output-length decile's mean slowdown (e2e / e2e alone on an idle engine)\n"
+    "cached   prompt tokens found in the prefix cache (%% of those looked up)\n"
+    "refused  requests the scheduler refused at admission (too long for the context, too\n"
+    "         large for the KV cache); left out of every other column\n");
 }
 
 void run(const replay_args& a) {
@@ -251,16 +355,23 @@ void run(const replay_args& a) {
   std::vector<std::string> errors(jobs.size());
   std::atomic<size_t> next{0};
   const auto start = std::chrono::steady_clock::now();
+  // On a terminal only: nothing in logs or pipes.
+  std::unique_ptr<progress_bar> bar;
+  if (!a.quiet && isatty(STDERR_FILENO))
+    bar = std::make_unique<progress_bar>(int64_t(t.requests.size() * jobs.size()), jobs.size());
   auto worker = [&] {
     for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
       auto o = base;
       o.policy = jobs[i].policy;
       o.rate_scale = jobs[i].scale;
+      o.progress = bar ? &bar->settled : nullptr;
       try {
         results[i] = sim::replay(t, o);
       } catch (const std::exception& e) {
         errors[i] = e.what();
       }
+      if (bar)
+        bar->runs_done.fetch_add(1, std::memory_order_relaxed);
     }
   };
   const size_t threads
@@ -271,6 +382,8 @@ void run(const replay_args& a) {
   worker();
   for (auto& th : pool)
     th.join();
+  if (bar)
+    bar->stop();
   for (size_t i = 0; i < jobs.size(); ++i)
     if (!errors[i].empty())
       throw command_error(jobs[i].policy + " at rate scale " + fmt::format("{}", jobs[i].scale)
@@ -323,7 +436,7 @@ void run(const replay_args& a) {
                            q.unloaded_e2e_s, q.refused);
   }
   if (!a.quiet) {
-    std::printf("%s: %zu requests over %.0f s, cost model %s%s\n", t.name.c_str(),
+    std::printf("%s: %zu requests over %.1f s, cost model %s%s\n", t.name.c_str(),
                 t.requests.size(), t.duration_s(), cost.name.c_str(),
                 cost.provisional ? " (provisional)" : "");
     print_table(reports);
@@ -339,6 +452,7 @@ void run(const replay_args& a) {
                       (long long)e["samples"].get<int64_t>());
         std::printf(")\n");
       }
+    print_legend();
     std::fprintf(stderr, "[%zu replays in %.1f s]\n", jobs.size(), wall);
   }
 }
@@ -377,7 +491,9 @@ void setup(CLI::App& app) {
                   "KEY=VALUE: a configuration key (engine.max_batch_size=64), or a policy "
                   "setting without one (ladb.step_time_factor=2, ladb.aging_tokens_per_s=100, "
                   "drift.relative_to_baseline=false, ...); repeatable");
-  cmd->add_flag("--quiet", a->quiet, "Print nothing");
+  cmd->add_flag("--quiet", a->quiet,
+                "Print nothing (otherwise: a summary table with its units and legend, and a "
+                "progress bar while stderr is a terminal)");
   cmd->callback([a] { run(*a); });
 }
 

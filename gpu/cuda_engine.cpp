@@ -313,8 +313,6 @@ void cuda_engine::allocate_activations() {
     const size_t cells = size_t(prefill_split_parts) * size_t(c.num_heads) * 128;
     prefill_part_o_ = device_buffer(cells * size_t(c.head_dim) * 4);
     prefill_part_ml_ = device_buffer(cells * 2 * 4);
-    prefill_counters_ = device_buffer(size_t(prefill_split_parts) * size_t(c.num_heads) * 4);
-    METRONOME_CUDA(cudaMemset(prefill_counters_.get(), 0, prefill_counters_.bytes()));
   }
   update_capacity_ = max_tokens_ + 4 * max_batch_ + 64;
   item_capacity_ = max_tokens_ / prefill_min_tile + max_batch_ + 1;
@@ -479,7 +477,6 @@ prefill_split cuda_engine::prefill_split_of(int32_t items, int32_t busy) const {
     return s;
   s.o = prefill_part_o_.get<float>();
   s.ml = prefill_part_ml_.get<float>();
-  s.counters = prefill_counters_.get<int32_t>();
   s.splits = splits;
   return s;
 }

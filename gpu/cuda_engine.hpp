@@ -413,7 +413,7 @@ private:
   // The prefill attention's split-key partials (prefill_split): tiles x
   // splits <= prefill_split_parts, per head.
   static constexpr int32_t prefill_split_parts = 64;
-  device_buffer prefill_part_o_, prefill_part_ml_, prefill_counters_;
+  device_buffer prefill_part_o_, prefill_part_ml_;
   // fp8 cache, GEMV and skinny paths: rotated k, v rows [max_batch][2][kv_size] fp32.
   device_buffer kv_stage_;
   std::map<int32_t, split_choice> splits_;

@@ -316,14 +316,14 @@ constexpr int32_t prefill_min_tile = 64;
 
 /// Splitting each tile's keys over `splits` blocks (the second generation):
 /// when few tiles (a short chunk) attend to a long context, one block per
-/// tile and head would leave most of the device idle. Scratch for
-/// num_items x heads x splits partial tiles: o (tile rows x head_dim fp32),
-/// ml (tile rows x 2 fp32), counters (num_items x heads int32, zero before
-/// the first launch; each launch leaves them zero).
+/// tile and head would leave most of the device idle; a second launch merges
+/// the splits. Scratch for num_items x heads x splits partial tiles: o (tile
+/// rows x head_dim fp32) and ml (tile rows x 2 fp32), read and written only
+/// by the two launches of one call (a later call on the same stream may
+/// reuse it).
 struct prefill_split {
   float* o = nullptr;
   float* ml = nullptr;
-  int32_t* counters = nullptr;
   int32_t splits = 1;
 };
 

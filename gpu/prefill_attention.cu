@@ -22,6 +22,18 @@
 // items (sequence, tile) are listed longest first by the host so the last
 // wave is short.
 //
+// Split keys. A short chunk after a long cached context (a prefix-cache hit)
+// is one tile a head: 32 blocks on 132 SMs, each streaming every key. The
+// host then asks for up to 8 splits (prefill_split): blockIdx.z takes a run
+// of at least two key tiles and writes its unnormalised output with its row
+// maxima and sums; a second kernel merges them, 8 rows of one head a block.
+// The merge is a kernel of its own because it is wide: a merge by the last
+// split block to finish (the threadfence reduction the decode attention uses
+// for its one row a head) leaves one block reading 100 rows x 8 splits, 400
+// KB, latency-bound with 128 threads, while the device idles (8B shape on the
+// H200: 2.0-2.4 ms a step for a 100-token chunk after 1,000-4,000 cached
+// tokens, about 70 us a layer).
+//
 // The fp8 cache (kv_view::k8; head_dim <= 128): cp.async fills the ring with
 // the tiles' e4m3 bytes and row scales instead, and once a tile has landed
 // the block turns it into one K and V tile in the layout above, so the math
@@ -105,6 +117,46 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+/// A tile's rows and keys: the query rows it holds and the keys they see.
+struct tile_span {
+  int32_t row0;       // first row of the sequence's chunk in q and out
+  int32_t rows_valid; // rows of the tile that exist (<= tile_rows)
+  int32_t first_pos;  // position of the tile's first row
+  int32_t lo;         // first key any row sees (the window's edge)
+  int32_t kv_end;     // one past the last key any row sees
+};
+
+__device__ __forceinline__ tile_span span_of(const attention_shape& sh, const batch_view& batch,
+                                             const prefill_item& item) {
+  tile_span t;
+  t.row0 = batch.seq_q_start[item.seq];
+  const int32_t n = batch.seq_q_start[item.seq + 1] - t.row0;
+  const int32_t start_pos = batch.seq_len[item.seq] - n;
+  t.rows_valid = min(tile_rows, n - item.row);
+  t.first_pos = start_pos + item.row;
+  t.lo = sh.window > 0 ? max(0, t.first_pos - sh.window + 1) : 0;
+  t.kv_end = t.first_pos + t.rows_valid;
+  return t;
+}
+
+/// How a tile's keys are split over at most `splits` blocks: `used` runs of
+/// `per` key tiles of BN keys from `kt_first` (runs of at least two tiles).
+/// The attention kernel and the merge both derive it from this.
+struct key_split {
+  int32_t kt_first, per, used;
+};
+
+template <int BN>
+__device__ __forceinline__ key_split split_of(const tile_span& t, int32_t splits) {
+  key_split k;
+  k.kt_first = t.lo / BN * BN;
+  const int32_t tiles = (t.kv_end - k.kt_first + BN - 1) / BN;
+  const int32_t want = min(splits, max(1, tiles / 2));
+  k.per = (tiles + want - 1) / want;
+  k.used = (tiles + k.per - 1) / k.per;
+  return k;
+}
+
 template <int D, bool KV8>
 __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_blocks)
   prefill_attention_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
@@ -132,30 +184,24 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
 
-  const int32_t seq = item.seq;
-  const int32_t row0 = batch.seq_q_start[seq];
-  const int32_t n = batch.seq_q_start[seq + 1] - row0;
-  const int32_t kv_len = batch.seq_len[seq];
-  const int32_t start_pos = kv_len - n;
-  const int32_t rows_valid = min(BM, n - item.row);
-  const int32_t first_pos = start_pos + item.row;
-  const int32_t last_pos = first_pos + rows_valid - 1;
+  const tile_span span = span_of(sh, batch, item);
+  const int32_t row0 = span.row0, rows_valid = span.rows_valid, first_pos = span.first_pos;
   const int32_t window = sh.window;
-  const int32_t lo = window > 0 ? max(0, first_pos - window + 1) : 0;
-  const int32_t kv_end = last_pos + 1;
-  const int32_t* pt = kv.page_table + int64_t(batch.seq_slot[seq]) * kv.page_table_stride;
+  const int32_t lo = span.lo, kv_end = span.kv_end;
+  const int32_t* pt = kv.page_table + int64_t(batch.seq_slot[item.seq]) * kv.page_table_stride;
   const int32_t ps = kv.page_size;
   // Split over keys (blockIdx.z): each of `used` blocks takes a run of at
-  // least two key tiles; the last to finish combines their partial outputs.
-  const int32_t kt_first = lo / BN * BN;
-  const int32_t tiles = (kv_end - kt_first + BN - 1) / BN;
-  int32_t used = min(int32_t(gridDim.z), max(1, tiles / 2));
-  const int32_t per = (tiles + used - 1) / used;
-  used = (tiles + per - 1) / per;
-  if (int32_t(blockIdx.z) >= used)
-    return;
-  const int32_t k_begin = kt_first + int32_t(blockIdx.z) * per * BN;
-  const int32_t k_stop = min(kv_end, k_begin + per * BN);
+  // least two key tiles; prefill_merge_kernel combines their partials.
+  int32_t k_begin, k_stop;
+  bool split_out;
+  {
+    const key_split plan = split_of<BN>(span, int32_t(gridDim.z));
+    if (int32_t(blockIdx.z) >= plan.used)
+      return;
+    k_begin = plan.kt_first + int32_t(blockIdx.z) * plan.per * BN;
+    k_stop = min(kv_end, k_begin + plan.per * BN);
+    split_out = plan.used > 1;
+  }
   const int32_t ps_shift = (ps & (ps - 1)) == 0 ? __ffs(ps) - 1 : -1;
   const int64_t q_stride = int64_t(sh.num_heads) * D;
 
@@ -402,12 +448,12 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
   }
   cp_async_wait<0>();
 
-  if (used > 1) {
+  if (split_out) {
     // Partial output (unnormalised, against this block's row maxima), the
-    // row maxima and sums; the last block of the item's head combines them.
-    const int64_t cell = int64_t(blockIdx.y) * gridDim.x + head;
-    float* po = split.o + (cell * gridDim.z + blockIdx.z) * BM * D;
-    float* pml = split.ml + (cell * gridDim.z + blockIdx.z) * BM * 2;
+    // row maxima and sums, for prefill_merge_kernel.
+    const int64_t part = (int64_t(blockIdx.y) * gridDim.x + head) * gridDim.z + blockIdx.z;
+    float* po = split.o + part * BM * D;
+    float* pml = split.ml + part * BM * 2;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -427,49 +473,6 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
           *reinterpret_cast<float2*>(po + r * D + j * 8 + 2 * t4) =
             make_float2(o[mt][j][2 * i], o[mt][j][2 * i + 1]);
       }
-    __threadfence();
-    __syncthreads();
-    __shared__ bool last;
-    if (tid == 0)
-      last = atomicAdd(split.counters + cell, 1) == used - 1;
-    __syncthreads();
-    if (!last)
-      return;
-    __threadfence();
-    // Per row: each split's weight exp2(m_s - M) / L, in the K tile's
-    // shared memory (no longer read).
-    float* w = reinterpret_cast<float*>(ks);
-    const float* ml0 = split.ml + cell * gridDim.z * BM * 2;
-    for (int r = tid; r < rows_valid; r += T) {
-      float mx = -INFINITY;
-      for (int z = 0; z < used; ++z)
-        mx = fmaxf(mx, __ldcg(ml0 + (z * BM + r) * 2));
-      float sum = 0.0f;
-      for (int z = 0; z < used; ++z) {
-        const float m = __ldcg(ml0 + (z * BM + r) * 2);
-        const float e = m == -INFINITY ? 0.0f : fast_exp2(m - mx);
-        w[z * BM + r] = e;
-        sum += e * __ldcg(ml0 + (z * BM + r) * 2 + 1);
-      }
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      for (int z = 0; z < used; ++z)
-        w[z * BM + r] *= inv;
-    }
-    __syncthreads();
-    const float* o0 = split.o + cell * gridDim.z * BM * D;
-    for (int e = tid * 2; e < rows_valid * D; e += T * 2) {
-      const int r = e / D, d = e % D;
-      float a = 0.0f, b = 0.0f;
-      for (int z = 0; z < used; ++z) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(o0 + (z * BM + r) * D + d));
-        a = fmaf(w[z * BM + r], v.x, a);
-        b = fmaf(w[z * BM + r], v.y, b);
-      }
-      *reinterpret_cast<uint32_t*>(out + int64_t(row0 + item.row + r) * q_stride + head * D + d) =
-        pack_bf16x2(a, b);
-    }
-    if (tid == 0)
-      split.counters[cell] = 0; // for the next launch, after this one on the stream
     return;
   }
 
@@ -493,6 +496,71 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
     }
 }
 
+constexpr int merge_rows = 8;     // rows of one head a merge block combines
+constexpr int merge_threads = 128;
+
+/// Combines the split blocks' partial outputs of `merge_rows` rows of one
+/// tile and head (grid: heads x items x tile_rows / merge_rows): each split's
+/// weight exp2(m_s - M) / sum_s(exp2(m_s - M) l_s), then the weighted sum.
+/// Tiles that ran unsplit were written by the attention kernel.
+template <int D>
+__global__ void __launch_bounds__(merge_threads)
+  prefill_merge_kernel(attention_shape sh, batch_view batch, const prefill_item* __restrict__ items,
+                       bf16* __restrict__ out, prefill_split split) {
+  constexpr int BN = prefill_cfg<D>::bn, BM = prefill_cfg<D>::bm;
+  __shared__ float w[merge_rows][prefill_max_splits];
+  pdl_wait();
+  pdl_trigger();
+  const int head = blockIdx.x;
+  const prefill_item item = items[blockIdx.y];
+  if (item.seq < 0)
+    return;
+  const tile_span span = span_of(sh, batch, item);
+  const int32_t used = split_of<BN>(span, split.splits).used;
+  const int r0 = int(blockIdx.z) * merge_rows;
+  if (used <= 1 || r0 >= span.rows_valid)
+    return;
+  const int rows = min(merge_rows, span.rows_valid - r0);
+  const int64_t part0 = (int64_t(blockIdx.y) * gridDim.x + head) * split.splits;
+  const int tid = threadIdx.x;
+  if (tid < rows) {
+    const float* ml = split.ml + part0 * BM * 2 + (r0 + tid) * 2;
+    float mx = -INFINITY;
+    for (int z = 0; z < used; ++z)
+      mx = fmaxf(mx, ml[z * BM * 2]);
+    float sum = 0.0f;
+    for (int z = 0; z < used; ++z) {
+      const float m = ml[z * BM * 2];
+      const float e = m == -INFINITY ? 0.0f : fast_exp2(m - mx);
+      w[tid][z] = e;
+      sum += e * ml[z * BM * 2 + 1];
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int z = 0; z < used; ++z)
+      w[tid][z] *= inv;
+  }
+  __syncthreads();
+  const int64_t q_stride = int64_t(sh.num_heads) * D;
+  const float* o0 = split.o + part0 * BM * D + int64_t(r0) * D;
+  for (int e = tid * 4; e < rows * D; e += merge_threads * 4) {
+    const int r = e / D, d = e % D;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int z = 0; z < used; ++z) {
+      const float4 v = *reinterpret_cast<const float4*>(o0 + int64_t(z) * BM * D + e);
+      const float wz = w[r][z];
+      acc.x = fmaf(wz, v.x, acc.x);
+      acc.y = fmaf(wz, v.y, acc.y);
+      acc.z = fmaf(wz, v.z, acc.z);
+      acc.w = fmaf(wz, v.w, acc.w);
+    }
+    uint2 packed;
+    packed.x = pack_bf16x2(acc.x, acc.y);
+    packed.y = pack_bf16x2(acc.z, acc.w);
+    *reinterpret_cast<uint2*>(out + int64_t(span.row0 + item.row + r0 + r) * q_stride + head * D
+                              + d) = packed;
+  }
+}
+
 template <int D, bool KV8>
 void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
                     const batch_view& batch, const prefill_item* items, int32_t num_items,
@@ -508,6 +576,10 @@ void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
   const dim3 grid(unsigned(sh.num_heads), unsigned(num_items), unsigned(split.splits));
   launch_kernel("prefill_attention_kernel", prefill_attention_kernel<D, KV8>, grid,
                 dim3(C::threads), smem, stream, sh, q, kv, batch, items, out, split);
+  if (split.splits > 1)
+    launch_kernel("prefill_merge_kernel", prefill_merge_kernel<D>,
+                  dim3(unsigned(sh.num_heads), unsigned(num_items), unsigned(C::bm / merge_rows)),
+                  dim3(merge_threads), 0, stream, sh, batch, items, out, split);
 }
 
 template <int D>
@@ -537,7 +609,7 @@ void launch_prefill_attention(const attention_shape& sh, const bf16* q, const kv
   if (num_items <= 0)
     return;
   if (split.splits < 1 || split.splits > prefill_max_splits
-      || (split.splits > 1 && (!split.o || !split.ml || !split.counters)))
+      || (split.splits > 1 && (!split.o || !split.ml)))
     throw cuda_error("launch_prefill_attention: splits must lie in 1.."
                      + std::to_string(prefill_max_splits) + ", with scratch beyond 1");
   if (kv.k8 && (!kv.v8 || !kv.k_scale || !kv.v_scale))

@@ -666,8 +666,8 @@ TEST(gpu_attention, decode_with_fused_rope_writes_and_reads_the_fp8_cache) {
 
 // The prefill kernel over `view` (kv's bf16 or fp8 pools): every tile of
 // every sequence's new rows, in reverse order, and its output; with splits
-// > 1 each tile's keys split over that many blocks (its scratch's counters
-// must come back to zero).
+// > 1 each tile's keys split over that many blocks and merged by the second
+// launch. The output starts as NaN, so a row that no launch wrote fails.
 std::vector<float> run_prefill(const attn_case& c, test::paged_kv& kv, const gpu::kv_view& view,
                                const dev_array<bf16>& d_q, size_t qn, int32_t splits = 1) {
   std::vector<gpu::prefill_item> items;
@@ -682,15 +682,12 @@ std::vector<float> run_prefill(const attn_case& c, test::paged_kv& kv, const gpu
   const size_t cells = items.size() * size_t(c.heads);
   dev_array<float> po(cells * size_t(splits) * 128 * size_t(c.head_dim));
   dev_array<float> pml(cells * size_t(splits) * 128 * 2);
-  dev_array<int32_t> counters(std::vector<int32_t>(cells, 0));
   gpu::prefill_split split;
   if (splits > 1)
-    split = {po.get(), pml.get(), counters.get(), splits};
+    split = {po.get(), pml.get(), splits};
   gpu::launch_prefill_attention(sh, d_q.get(), view, kv.batch(), d_items.get(),
                                 int32_t(items.size()), out.get(), nullptr, split);
   test::sync_check();
-  for (auto v : counters.download())
-    EXPECT_EQ(v, 0) << "a split counter was left set";
   return test::download_bf16(out);
 }
 

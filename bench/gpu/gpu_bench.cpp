@@ -353,6 +353,7 @@ struct options {
   std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
   int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
   std::string profile_mixed;      // B:N[,B:N...]: mixed steps timed, the first profiled, then exit
+  std::string profile_prefix;     // P:N[,P:N...]: N new tokens after P cached ones, then exit
 };
 
 /// One B:N spec of --profile-mixed; `profile`: its step inside the profiler range.
@@ -433,6 +434,51 @@ int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec
     if (const int rc = profile_mixed_one(d, runner, spec, first); rc != 0)
       return rc;
     first = false;
+  }
+  return 0;
+}
+
+/// `--profile-prefix P:N[,P:N...]`: the step that computes N new prompt
+/// tokens of one sequence whose first P tokens are already in the cache (a
+/// prefix-cache hit's first step), against the step of a fresh N-token
+/// prompt, with graphs and without; medians of 5, each on a new sequence.
+/// The gap is what the cached keys cost a short suffix (issue 34's bar).
+int profile_prefix(bench_driver& d, model_runner& runner, const std::string& specs) {
+  for (size_t at = 0; at <= specs.size();) {
+    size_t end = specs.find(',', at);
+    if (end == std::string::npos)
+      end = specs.size();
+    const std::string spec = specs.substr(at, end - at);
+    at = end + 1;
+    if (spec.empty())
+      continue;
+    const auto colon = spec.find(':');
+    const auto p = parse_integer(spec.substr(0, colon));
+    const auto n =
+      colon == std::string::npos ? std::nullopt : parse_integer(spec.substr(colon + 1));
+    if (!p || !n || *p < 0 || *n < 1) {
+      std::fprintf(stderr, "gpu_bench: --profile-prefix: expected P:N, not '%s'\n", spec.c_str());
+      return 2;
+    }
+    const int32_t cached = int32_t(*p), fresh = int32_t(*n);
+    std::vector<double> after[2], alone[2];
+    for (int rep = 0; rep < 5; ++rep)
+      for (int graphs = 1; graphs >= 0; --graphs) {
+        set_cuda_graphs(runner, graphs == 1);
+        auto hit = d.add(1, cached + fresh);
+        d.compute(hit, cached);
+        after[graphs].push_back(d.step({{hit[0], fresh}}));
+        d.release(hit);
+        auto lone = d.add(1, fresh);
+        alone[graphs].push_back(d.step({{lone[0], fresh}}));
+        d.release(lone);
+      }
+    set_cuda_graphs(runner, true);
+    std::printf("profile-prefix %s: after %d cached captured %.3f ms, uncaptured %.3f ms; "
+                "alone captured %.3f ms, uncaptured %.3f ms; ratio captured %.3f\n",
+                spec.c_str(), cached, median(after[1]), median(after[0]), median(alone[1]),
+                median(alone[0]), median(after[1]) / median(alone[1]));
+    std::fflush(stdout);
   }
   return 0;
 }
@@ -553,6 +599,8 @@ int run(const options& o) {
   bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size, o.logprobs);
   if (!o.profile_mixed.empty())
     return profile_mixed(d, *runner, o.profile_mixed);
+  if (!o.profile_prefix.empty())
+    return profile_prefix(d, *runner, o.profile_prefix);
   if (o.decode_spread)
     return decode_spread(d);
 
@@ -759,7 +807,7 @@ constexpr const char* usage =
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
   "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
-  "       [--decode-spread]\n"
+  "       [--profile-prefix P:N] [--decode-spread]\n"
   "       gpu_bench --make-preset NAME --make-out DIR";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -777,6 +825,7 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--path"                     ? &o.path
                         : a == "--kv-cache-dtype"           ? &o.kv_dtype
                         : a == "--profile-mixed"            ? &o.profile_mixed
+                        : a == "--profile-prefix"           ? &o.profile_prefix
                                                             : nullptr;
     int32_t* number = a == "--max-batch"   ? &o.max_batch
                       : a == "--page-size" ? &o.page_size

@@ -225,7 +225,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   };
   std::vector<attn_case> cases = {attn_case{1, 128, 1}, attn_case{1, 4096, 1},
                                   attn_case{1, 32768, 1}, attn_case{64, 1024, 1},
-                                  attn_case{1, 2048, 2048}};
+                                  attn_case{1, 2048, 2048}, attn_case{1, 4196, 100}};
   // METRONOME_ATTN_SWEEP="seqs:ctx,...": the attention cases become these
   // shapes (one token a sequence, the launcher's splits, no first-generation
   // or fixed-split variants), to tell the decode attention's fixed cost from
@@ -460,13 +460,32 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
                                         d_items.get<gpu::prefill_item>(), int32_t(items.size()),
                                         out.get<bf16>(), nullptr);
         });
-        const double n = ac.new_tokens;
-        const double fl = 4.0 * double(q) * (n * (n + 1) / 2) / flops * 1e6;
-        row(std::string(gen == 1 ? "prefill_attention_v1_"
-                        : fp8    ? "prefill_attention_fp8_"
-                                 : "prefill_attention_")
-              + std::to_string(ac.new_tokens),
-            us, fl);
+        const double n = ac.new_tokens, cached = ac.ctx - ac.new_tokens;
+        const double fl = 4.0 * double(q) * (n * (n + 1) / 2 + n * cached) / flops * 1e6;
+        const std::string tag = std::string(gen == 1 ? "prefill_attention_v1_"
+                                            : fp8    ? "prefill_attention_fp8_"
+                                                     : "prefill_attention_")
+                                + std::to_string(ac.new_tokens)
+                                + (cached > 0 ? "_after" + std::to_string(int(cached)) : "");
+        row(tag, us, fl);
+        if (cached > 0 && gen != 1) {
+          // A short chunk after a cached prefix: its tiles' keys split over
+          // blocks, as the engine does when the tiles alone leave SMs idle.
+          const size_t cells = size_t(gpu::prefill_max_splits) * items.size() * c.num_heads * 128;
+          device_buffer po(cells * size_t(c.head_dim) * 4), pml(cells * 8);
+          for (int32_t splits : {2, 4, gpu::prefill_max_splits}) {
+            gpu::prefill_split sp;
+            sp.o = po.get<float>();
+            sp.ml = pml.get<float>();
+            sp.splits = splits;
+            const double us_s = time_us([&](int) {
+              gpu::launch_prefill_attention(sh, dq.get<bf16>(), fp8 ? kv8 : kvv, bv,
+                                            d_items.get<gpu::prefill_item>(),
+                                            int32_t(items.size()), out.get<bf16>(), nullptr, sp);
+            });
+            row(tag + "_splits" + std::to_string(splits), us_s, fl);
+          }
+        }
       }
       gpu::active_kernels().prefill_attention = saved.prefill_attention;
     }

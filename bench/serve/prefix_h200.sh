@@ -8,7 +8,10 @@
 #
 #   bench/serve/prefix_h200.sh BIN_DIR TOKENIZER_DIR OUT_DIR
 #
-# Writes OUT_DIR/prefix-on.json, prefix-off.json and serve-prefix-*.log.
+# Writes OUT_DIR/prefix-V.json, serve-prefix-V.log and steps-V.csv (the
+# server's step trace) for each variant V of METRONOME_PREFIX_VARIANTS
+# (default "on off": the cache on, then off; "on-fcfs" / "off-fcfs": the same
+# with the fcfs policy instead of the default).
 set -uo pipefail
 bin=$1 tok=$2 out=$3
 work=${METRONOME_LIVE_WORK:-/tmp/metronome-live}
@@ -24,12 +27,15 @@ if [ ! -e "$model/config.json" ]; then
   "$m" make-model --preset llama3-8b --seed 1 --force --tokenizer "$tok/llama3" --out "$model" >/dev/null || exit 1
 fi
 port=18190
-for v in on off; do
+for v in ${METRONOME_PREFIX_VARIANTS:-on off}; do
   port=$((port + 1))
-  flag=$([ $v = on ] && echo true || echo false)
+  flag=$(case $v in on*) echo true ;; *) echo false ;; esac)
+  policy=()
+  case $v in *-fcfs) policy=(--policy fcfs) ;; esac
   stamp "serve, prefix caching $v"
   "$m" serve --model "$model" --device cuda:0 --port $port --served-model-name default \
-    --set engine.prefix_caching=$flag > "$out/serve-prefix-$v.log" 2>&1 &
+    --set engine.prefix_caching=$flag --set "logging.step_trace=$out/steps-$v.csv" \
+    "${policy[@]}" > "$out/serve-prefix-$v.log" 2>&1 &
   pid=$!
   serve_up $pid $port "$out/serve-prefix-$v.log" || continue
   cpu0=$(awk '{print $14 + $15}' /proc/$pid/stat); t0=$(date +%s.%N)

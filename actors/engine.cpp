@@ -151,6 +151,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
 
   auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
+  if (o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
+    throw std::invalid_argument("engine.fault_injection " + o.faults.to_string()
+                                + ": a device fault needs a CUDA device (model.device cuda:N)");
   if (o.faults) {
     spdlog::warn("engine.fault_injection {}: every executor's step {} will fail on purpose (a "
                  "test setting: never set it in production)",

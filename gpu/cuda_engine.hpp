@@ -116,6 +116,13 @@ public:
     return update_capacity_;
   }
 
+  /// Tests and drills only: the next launch() first enqueues a kernel that
+  /// reads an unmapped address (a sticky device error; model_runner::
+  /// arm_device_fault). The caller's thread, as launch().
+  void arm_device_fault() {
+    fault_armed_ = true;
+  }
+
   /// Steps launched and not yet finished.
   size_t in_flight() const {
     return flight_.size();
@@ -476,6 +483,7 @@ private:
   bool mixed_enabled_ = true;
   uint64_t mixed_launches_ = 0;
   bool graphs_enabled_ = true;
+  bool fault_armed_ = false; // arm_device_fault()
   int32_t last_graph_ = -1; // the graph the last step replayed (-1: none)
 
   /// Steps launched and not finished, oldest first.

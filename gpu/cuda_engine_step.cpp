@@ -641,6 +641,10 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
     return;
   const int32_t slot = next_slot_;
   METRONOME_CUDA(cudaEventRecord(step_start_[slot], stream_));
+  if (fault_armed_) {
+    fault_armed_ = false;
+    launch_invalid_read(stream_);
+  }
   // More page-table entries than a step's block holds (a long cached prefix
   // shared at admission): applied first, from a block of their own.
   if (int64_t(updates.size()) > update_capacity_) {

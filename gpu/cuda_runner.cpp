@@ -234,6 +234,11 @@ public:
     return engine_.oldest_done() || engine_.oldest_age_s() > engine_.options().step_timeout_s;
   }
 
+  bool arm_device_fault() override {
+    engine_.arm_device_fault();
+    return true;
+  }
+
   bool device_stuck() override {
     // A launched step the device has not finished: its kernels still hold
     // the context (and freeing device memory would wait for them).

@@ -322,6 +322,11 @@ __global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
     p[i] = value;
 }
 
+__global__ void invalid_read_kernel(const volatile int32_t* p, int32_t* sink) {
+  // Address 8 is never mapped: the read faults.
+  *sink = *p;
+}
+
 __global__ void to_bf16_kernel(const void* src, bool is_f16, int64_t n, bf16* dst) {
   pdl_wait();
   pdl_trigger();
@@ -445,6 +450,12 @@ void launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream) 
   // Start-up work after memsets: a plain launch.
   fill_i32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(p, n, value);
   METRONOME_CUDA_LAUNCHED("fill_i32_kernel");
+}
+
+void launch_invalid_read(cudaStream_t stream) {
+  invalid_read_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<const volatile int32_t*>(8),
+                                           reinterpret_cast<int32_t*>(16));
+  METRONOME_CUDA_LAUNCHED("invalid_read_kernel");
 }
 
 void launch_to_bf16(const void* src, bool src_is_f16, int64_t n, bf16* dst, cudaStream_t stream) {

@@ -127,6 +127,11 @@ void launch_page_updates(int32_t* page_table, int32_t stride, const int32_t* upd
 /// Fills n int32 with value.
 void launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
 
+/// Fault injection only: one thread reads an unmapped device address, a
+/// sticky error (cudaErrorIllegalAddress) for the context and every later
+/// call on it.
+void launch_invalid_read(cudaStream_t stream);
+
 /// Converts n elements of fp16 (src_is_f16) or fp32 to bf16.
 void launch_to_bf16(const void* src, bool src_is_f16, int64_t n, bf16* dst, cudaStream_t stream);
 

@@ -30,6 +30,13 @@ public:
     }
     if (n == failing_step() && faults_.what == kind::throw_error)
       throw std::runtime_error(describe(n, "threw"));
+    if (n == failing_step() && faults_.what == kind::device_fault) {
+      // The device fails the step itself; the inner runner reports it.
+      if (!inner_->arm_device_fault())
+        throw std::runtime_error(describe(n, "had no device to fault"));
+      inner_->submit(plan);
+      return;
+    }
     inner_->submit(plan);
     if (n == failing_step())
       faulty_ = inner_->in_flight(); // the failing step's place in the inner queue

@@ -6,8 +6,8 @@
 // `none`, the default, wraps nothing.
 //
 // Spelling: none | throw_after:N | hang_after:N | device_error_after:N |
-// device_lost_after:N. Each runner (each executor start) runs N steps as
-// usual; its step N + 1
+// device_lost_after:N | device_fault_after:N. Each runner (each executor
+// start) runs N steps as usual; its step N + 1
 //   throw_after         throws from submit(), as a host-side bug would;
 //   hang_after          never ends (nor do the steps queued behind it):
 //                       the scheduler's step timeout has the executor
@@ -15,7 +15,11 @@
 //   device_error_after  runs, and its collect() throws a device_error, as
 //                       an asynchronous device fault surfaces;
 //   device_lost_after   the same, with context_lost(): the process must
-//                       exit for the device to work again.
+//                       exit for the device to work again;
+//   device_fault_after  is preceded on the device by a kernel that reads an
+//                       unmapped address (CUDA runners only: a real sticky
+//                       error, classified by the runner's own error path,
+//                       where device_lost_after only says it is lost).
 // Parsing is header-only so that the configuration can check the value
 // without linking the model library.
 
@@ -32,7 +36,7 @@ class model_runner;
 
 /// Which step of each runner fails, and how.
 struct fault_injection {
-  enum class kind : uint8_t { none, throw_error, hang, device_error, device_lost };
+  enum class kind : uint8_t { none, throw_error, hang, device_error, device_lost, device_fault };
 
   kind what = kind::none;
   /// Steps each runner runs as usual before the failing one.
@@ -49,6 +53,7 @@ struct fault_injection {
       case kind::hang: return "hang";
       case kind::device_error: return "device_error";
       case kind::device_lost: return "device_lost";
+      case kind::device_fault: return "device_fault";
       case kind::none: break;
     }
     return "none";
@@ -67,7 +72,8 @@ struct fault_injection {
       return std::nullopt;
     const auto kind_name = head.substr(0, head.size() - suffix.size());
     fault_injection f;
-    for (auto k : {kind::throw_error, kind::hang, kind::device_error, kind::device_lost})
+    for (auto k : {kind::throw_error, kind::hang, kind::device_error, kind::device_lost,
+                   kind::device_fault})
       if (name(k) == kind_name)
         f.what = k;
     if (f.what == kind::none || count.empty())

@@ -116,6 +116,15 @@ public:
     return false;
   }
 
+  /// Tests and drills only (engine.fault_injection device_fault_after:N):
+  /// the next step submitted is preceded on the device by a kernel that
+  /// reads an unmapped address, so the device itself fails the step with a
+  /// sticky error. Executor thread, between steps. False where the runner
+  /// has no device to fault (the default, the CPU runner).
+  virtual bool arm_device_fault() {
+    return false;
+  }
+
   /// The model's configuration.
   virtual const model_config& config() const = 0;
 

@@ -396,6 +396,20 @@ TEST_F(engine_test, a_cuda_device_the_machine_lacks_is_refused_at_start) {
   }
 }
 
+// A real device fault cannot be injected into the CPU runner: refused at
+// start, not at the failing step.
+TEST_F(engine_test, a_device_fault_injection_needs_a_cuda_device) {
+  opts.model_dir = chat_model();
+  opts.faults = *fault_injection::parse("device_fault_after:3");
+  try {
+    eng = spawn_engine(sys, opts);
+    ADD_FAILURE() << "spawn_engine accepted a device fault on the CPU";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "engine.fault_injection device_fault_after:3: a device fault "
+                                     "needs a CUDA device (model.device cuda:N)");
+  }
+}
+
 TEST_F(engine_test, a_request_that_outlives_its_timeout_fails_and_frees_its_pages) {
   start();
   auto r = completion("Slowly", 3000);

@@ -353,10 +353,12 @@ TEST(fault_injection_spec, reads_every_kind_and_refuses_the_rest) {
   EXPECT_EQ(fault_injection::parse("hang_after:7")->after_steps, 7);
   EXPECT_EQ(fault_injection::parse("device_error_after:3")->what, kind::device_error);
   EXPECT_EQ(fault_injection::parse("device_lost_after:12")->what, kind::device_lost);
+  EXPECT_EQ(fault_injection::parse("device_fault_after:4")->what, kind::device_fault);
   for (const char* bad : {"throw", "throw_after:", "throw_after:-1", "throw_after:1x", "hang:3",
                           "explode_after:3", "none_after:3", "throw_after: 3"})
     EXPECT_FALSE(fault_injection::parse(bad)) << bad;
-  for (const char* s : {"none", "throw_after:5", "hang_after:0", "device_lost_after:9"})
+  for (const char* s :
+       {"none", "throw_after:5", "hang_after:0", "device_lost_after:9", "device_fault_after:1"})
     EXPECT_EQ(fault_injection::parse(s)->to_string(), s);
 }
 

@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <yaml-cpp/yaml.h>
+
 #include "config/config_scalar.hpp"
 #include "model/fault_injection.hpp"
 
@@ -77,6 +79,7 @@ config_key integer_key(std::string path, Access access, int64_t lo, int64_t hi,
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::integer;
+  k.metavar = "INT";
   k.allowed = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"
               + (note.empty() ? "" : " (" + note + ")");
   k.doc = std::move(doc);
@@ -118,6 +121,7 @@ config_key real_key(std::string path, Access access, real_range range, std::stri
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::real;
+  k.metavar = "FLOAT";
   k.allowed = "a number in " + range.describe();
   k.doc = std::move(doc);
   k.set = [access, range, allowed = k.allowed](server_config& c,
@@ -139,6 +143,7 @@ config_key bytes_key(std::string path, Access access, int64_t lo, int64_t hi, st
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::bytes;
+  k.metavar = "SIZE";
   k.allowed = "a byte count in [" + print_bytes(lo) + ", " + print_bytes(hi)
               + "] (an integer, or with a unit: KiB, MiB, GiB, KB, MB, GB)";
   k.doc = std::move(doc);
@@ -161,6 +166,7 @@ config_key boolean_key(std::string path, Access access, std::string doc) {
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::boolean;
+  k.metavar = "BOOL";
   k.allowed = "true or false";
   k.doc = std::move(doc);
   k.set = [access, allowed = k.allowed](server_config& c,
@@ -177,13 +183,16 @@ config_key boolean_key(std::string path, Access access, std::string doc) {
   return k;
 }
 
-/// A free-form string; `check` (optional) refuses bad syntax.
+/// A free-form string; `check` (optional) refuses bad syntax; `metavar`
+/// names it in the command line's help.
 template <class Access>
 config_key text_key(std::string path, Access access, std::string doc,
-                    std::string allowed = "a string", bool (*check)(std::string_view) = nullptr) {
+                    std::string allowed = "a string", bool (*check)(std::string_view) = nullptr,
+                    std::string metavar = "TEXT") {
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::text;
+  k.metavar = std::move(metavar);
   k.allowed = std::move(allowed);
   k.doc = std::move(doc);
   k.set = [access, check, allowed = k.allowed](server_config& c,
@@ -195,6 +204,12 @@ config_key text_key(std::string path, Access access, std::string doc,
   };
   k.get = [access](const server_config& c) { return yaml_quote(access(c)); };
   return k;
+}
+
+/// A file or folder: a string the help names PATH.
+template <class Access>
+config_key path_key(std::string path, Access access, std::string doc) {
+  return text_key(std::move(path), access, std::move(doc), "a string", nullptr, "PATH");
 }
 
 /// One of the values in `all`, spelled as to_string() spells them.
@@ -211,6 +226,15 @@ config_key choice_key(std::string path, Access access, std::array<Enum, N> all,
     auto name = to_string(all[i]);
     k.allowed += name.empty() ? std::string("\"\"") : std::string(name);
   }
+  // The help lists the names; the empty one (a default) is not typed.
+  for (auto x : all) {
+    auto name = to_string(x);
+    if (name.empty())
+      continue;
+    k.metavar += k.metavar.empty() ? "{" : ",";
+    k.metavar += name;
+  }
+  k.metavar += "}";
   k.doc = std::move(doc);
   k.set = [access, all, allowed = k.allowed](server_config& c,
                                              std::string_view text) -> std::string {
@@ -234,6 +258,7 @@ config_key device_key(std::string path, Access access, std::string doc) {
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::text;
+  k.metavar = "cpu|cuda:N";
   k.allowed = "cpu or cuda:N (N a GPU ordinal in [0, 63])";
   k.doc = std::move(doc);
   k.set = [access, allowed = k.allowed](server_config& c,
@@ -248,14 +273,16 @@ config_key device_key(std::string path, Access access, std::string doc) {
   return k;
 }
 
-/// A list of strings; `check` refuses a bad item. The command line's text is
-/// split at commas; an empty text is the empty list.
+/// A list of strings; `check` refuses a bad item, `item` names one in the
+/// help ("ORIGIN"). The command line's text is split at commas; an empty
+/// text is the empty list.
 template <class Access>
 config_key list_key(std::string path, Access access, std::string doc, std::string allowed,
-                    bool (*check)(std::string_view)) {
+                    bool (*check)(std::string_view), std::string_view item) {
   config_key k;
   k.path = std::move(path);
   k.kind = value_kind::list;
+  k.metavar = std::string(item) + ",...";
   k.allowed = "a list of " + allowed;
   k.doc = std::move(doc);
   k.set_list = [access, check, allowed](server_config& c,
@@ -354,7 +381,8 @@ std::vector<config_key> make_keys() {
   add(text_key(
     "server.host", METRONOME_FIELD(server.host),
     "Address to listen on; 0.0.0.0 or :: listens on every interface.",
-    "an IPv4 or IPv6 address or a host name", [](std::string_view s) { return valid_host(s); }));
+    "an IPv4 or IPv6 address or a host name", [](std::string_view s) { return valid_host(s); },
+    "HOST"));
   add(integer_key("server.port", METRONOME_FIELD(server.port), 0, 65535,
                   "TCP port; 0 picks a free port (printed at start)."));
   add(bytes_key("server.max_body_bytes", METRONOME_FIELD(server.max_body_bytes), kib, gib,
@@ -395,8 +423,8 @@ std::vector<config_key> make_keys() {
   add(list_key("server.api_keys", METRONOME_FIELD(server.api_keys),
                "Keys clients must send as Authorization: Bearer KEY (every route but /health); "
                "empty and no other key source: no key needed.",
-               "API keys (visible ASCII, no spaces or commas)", &valid_api_key));
-  add(text_key("server.api_keys_file", METRONOME_FIELD(server.api_keys_file),
+               "API keys (visible ASCII, no spaces or commas)", &valid_api_key, "KEY"));
+  add(path_key("server.api_keys_file", METRONOME_FIELD(server.api_keys_file),
                "File with more API keys, one per line ('#' comments); empty: none."));
   add(boolean_key("server.metrics_without_key", METRONOME_FIELD(server.metrics_without_key),
                   "GET /metrics answers without an API key."));
@@ -404,18 +432,18 @@ std::vector<config_key> make_keys() {
                   "GET / serves the chat page (no API key needed to load it; false: 404)."));
   add(list_key("server.allowed_origins", METRONOME_FIELD(server.allowed_origins),
                "Browser origins allowed besides the server's own (CORS and /v1/ws); \"*\" = any.",
-               "origins (http[s]://host[:port], or \"*\")", &valid_origin));
+               "origins (http[s]://host[:port], or \"*\")", &valid_origin, "ORIGIN"));
   add(list_key("server.allowed_hosts", METRONOME_FIELD(server.allowed_hosts),
                "Host header names accepted besides the bound address and localhost; "
                "\".example.com\" = the domain and its subdomains, \"*\" = any.",
-               "host names (a name, .domain, or \"*\")", &valid_allowed_host));
-  add(text_key("server.tls.cert_file", METRONOME_FIELD(server.tls.cert_file),
+               "host names (a name, .domain, or \"*\")", &valid_allowed_host, "HOST"));
+  add(path_key("server.tls.cert_file", METRONOME_FIELD(server.tls.cert_file),
                "PEM certificate chain: serve HTTPS and wss:// (with server.tls.key_file)."));
-  add(text_key("server.tls.key_file", METRONOME_FIELD(server.tls.key_file),
+  add(path_key("server.tls.key_file", METRONOME_FIELD(server.tls.key_file),
                "PEM private key of server.tls.cert_file."));
 
   // model
-  add(text_key("model.path", METRONOME_FIELD(model.path),
+  add(path_key("model.path", METRONOME_FIELD(model.path),
                "Hugging Face model folder; empty serves the model that ships with Metronome."));
   add(device_key("model.device", METRONOME_FIELD(model.device),
                  "Where the model runs: cpu or cuda:N."));
@@ -501,7 +529,7 @@ std::vector<config_key> make_keys() {
                   "Longest hold window while a cohort fills."));
 
   // predictor
-  add(text_key("predictor.model_path", METRONOME_FIELD(predictor.model_path),
+  add(path_key("predictor.model_path", METRONOME_FIELD(predictor.model_path),
                "Must be empty: the predictor starts from the cold-start rule."));
   add(integer_key("predictor.warmup_steps", METRONOME_FIELD(predictor.warmup_steps), 0,
                   1'000'000, "Completed requests before the learned model replaces the rule."));
@@ -566,7 +594,7 @@ std::vector<config_key> make_keys() {
   add(boolean_key("logging.log_prompts", METRONOME_FIELD(logging.log_prompts),
                   "Access lines also carry each request's prompt and output (off: never "
                   "logged)."));
-  add(text_key("logging.step_trace", METRONOME_FIELD(logging.step_trace),
+  add(path_key("logging.step_trace", METRONOME_FIELD(logging.step_trace),
                "CSV file of every engine step: its shape, predicted and measured time "
                "(wall and device); empty = none."));
   return keys;
@@ -597,6 +625,19 @@ bool is_config_section(std::string_view path) {
     if (k.path.size() > path.size() && k.path.starts_with(path) && k.path[path.size()] == '.')
       return true;
   return false;
+}
+
+std::string default_text(const config_key& key) {
+  static const server_config defaults;
+  // get() writes YAML (quoted strings, [lists]); read it back as a YAML
+  // reader would.
+  const YAML::Node node = YAML::Load(key.get(defaults));
+  if (!node.IsSequence())
+    return node.IsScalar() ? node.Scalar() : std::string();
+  std::string out;
+  for (const auto& item : node)
+    out += (out.empty() ? "" : ",") + item.Scalar();
+  return out;
 }
 
 std::vector<std::string> config_children(std::string_view section) {

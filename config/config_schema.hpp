@@ -42,6 +42,11 @@ struct config_key {
   value_kind kind = value_kind::text;
   /// What the key accepts, as error messages say it: "an integer in [1, 4096]".
   std::string allowed;
+  /// The value's type as the command line's help names it: INT, FLOAT, BOOL,
+  /// SIZE (a byte count), TEXT, PATH, HOST, a list such as ORIGIN,... or
+  /// the names of a choice, {a,b,c}. Set by the same builder that sets the
+  /// key's parser, so the two cannot disagree.
+  std::string metavar;
   /// One line saying what the key does.
   std::string doc;
   /// Parses the scalar `text` (as written in YAML or after `--set key=`) into
@@ -64,6 +69,11 @@ const config_key* find_config_key(std::string_view path);
 /// Whether `path` names a section or subsection ("engine",
 /// "supervisor.drift"), i.e. a mapping that holds keys.
 bool is_config_section(std::string_view path);
+
+/// The key's built-in default as a command-line value would write it
+/// ("8080", "0.9", "ladb", "1MiB"; a list comma-separated); empty when the
+/// default is the empty string or the empty list.
+std::string default_text(const config_key& key);
 
 /// The names directly below a section ("" = the top level): the keys' last
 /// components and the subsections' names, in schema order.

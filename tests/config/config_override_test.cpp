@@ -1,6 +1,7 @@
 // Command-line overrides: --set key=value and the shorthand flags win over
 // the file and pass the same checks.
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -150,6 +151,60 @@ TEST(config_override, shorthand_flags_map_to_keys) {
   server_config cfg;
   apply_override(cfg, *flag_key_path("--port"), "9000", "--port");
   EXPECT_EQ(cfg.server.port, 9000);
+}
+
+// -- what the help says about each key --------------------------------------------------
+
+TEST(config_help, each_kind_of_key_has_its_type_name) {
+  for (const auto& key : config_keys()) {
+    ASSERT_FALSE(key.metavar.empty()) << key.path;
+    switch (key.kind) {
+      case value_kind::integer: EXPECT_EQ(key.metavar, "INT") << key.path; break;
+      case value_kind::real: EXPECT_EQ(key.metavar, "FLOAT") << key.path; break;
+      case value_kind::boolean: EXPECT_EQ(key.metavar, "BOOL") << key.path; break;
+      case value_kind::bytes: EXPECT_EQ(key.metavar, "SIZE") << key.path; break;
+      case value_kind::list: EXPECT_TRUE(key.metavar.ends_with(",...")) << key.path; break;
+      case value_kind::choice: {
+        // {a,b,c}: each name is accepted, and nothing else is.
+        ASSERT_TRUE(key.metavar.starts_with("{") && key.metavar.ends_with("}")) << key.metavar;
+        std::string_view names(key.metavar);
+        names = names.substr(1, names.size() - 2);
+        while (!names.empty()) {
+          auto name = names.substr(0, names.find(','));
+          server_config cfg;
+          EXPECT_EQ(key.set(cfg, name), "") << key.path << ": " << name;
+          names.remove_prefix(std::min(names.size(), name.size() + 1));
+        }
+        server_config cfg;
+        EXPECT_NE(key.set(cfg, "no-such-name"), "") << key.path;
+        break;
+      }
+      case value_kind::text: break; // TEXT, PATH, HOST, ...: per key, below
+    }
+  }
+  EXPECT_EQ(find_config_key("model.path")->metavar, "PATH");
+  EXPECT_EQ(find_config_key("server.tls.cert_file")->metavar, "PATH");
+  EXPECT_EQ(find_config_key("server.host")->metavar, "HOST");
+  EXPECT_EQ(find_config_key("model.device")->metavar, "cpu|cuda:N");
+  EXPECT_EQ(find_config_key("engine.policy")->metavar, "{fcfs,ladb,srpt,ladb-literal}");
+  EXPECT_EQ(find_config_key("server.allowed_origins")->metavar, "ORIGIN,...");
+}
+
+TEST(config_help, defaults_read_back_as_the_defaults) {
+  // Given on the command line, the default the help shows changes nothing.
+  const server_config defaults;
+  for (const auto& key : config_keys()) {
+    server_config cfg;
+    const auto text = default_text(key);
+    EXPECT_EQ(key.set(cfg, text), "") << key.path << ": " << text;
+    EXPECT_EQ(key.get(cfg), key.get(defaults)) << key.path << ": " << text;
+  }
+  EXPECT_EQ(default_text(*find_config_key("server.port")), "8080");
+  EXPECT_EQ(default_text(*find_config_key("server.host")), "127.0.0.1");
+  EXPECT_EQ(default_text(*find_config_key("engine.gpu_memory_fraction")), "0.9");
+  EXPECT_EQ(default_text(*find_config_key("engine.policy")), "ladb");
+  EXPECT_EQ(default_text(*find_config_key("model.path")), "");
+  EXPECT_EQ(default_text(*find_config_key("server.api_keys")), "");
 }
 
 TEST(config_override, kv_cache_dtype_flag) {

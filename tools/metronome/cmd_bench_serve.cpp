@@ -416,43 +416,58 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<bench_serve_args>();
   auto* cmd = app.add_subcommand("bench-serve", "Load-test an OpenAI-compatible server with a "
                                                 "trace or a synthetic workload (open loop)");
-  cmd->add_option("--url", a->url, "Server base URL, http://HOST:PORT (default "
-                                    "http://127.0.0.1:8080)");
+  cmd->add_option("--url", a->url, "Server base URL, http://HOST:PORT")->type_name("URL");
   cmd->add_flag("--allow-remote", a->allow_remote, "Allow a host that is not loopback");
-  cmd->add_option("--endpoint", a->endpoint, "completions (default) or chat");
-  cmd->add_option("--model", a->model, "Model name (default: the first of GET /v1/models)");
+  cmd->add_option("--endpoint", a->endpoint, "API route to load")
+    ->type_name("{completions,chat}");
+  cmd->add_option("--model", a->model, "Model name (unset: the first of GET /v1/models)");
   cmd->add_option("--api-key", a->api_key, "Sent as Authorization: Bearer KEY");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "The served model's Hugging Face folder (tokenizer.json): prompts are cut to "
-                  "exact token counts with it (required)");
-  cmd->add_option("--corpus", a->corpus, "Text to cut prompts from (default "
-                                         "shared/testdata/corpora/moby_dick.txt)");
-  cmd->add_option("--trace", a->trace,
-                                "Trace file (Azure CSV, Mooncake JSONL or simple CSV)");
-  cmd->add_option("--format", a->format, "azure, mooncake or csv (default: from the file)");
+                  "exact token counts with it (required)")
+    ->type_name("PATH");
+  cmd->add_option("--corpus", a->corpus, "Text to cut prompts from (unset: "
+                                         "shared/testdata/corpora/moby_dick.txt)")
+    ->type_name("PATH");
+  cmd->add_option("--trace", a->trace, "Trace file (Azure CSV, Mooncake JSONL or simple CSV)")
+    ->type_name("PATH");
+  cmd->add_option("--format", a->format, "Trace format (unset: from the file)")
+    ->type_name("{azure,mooncake,csv}");
   cmd->add_option("--workload", a->workload,
                   "Synthetic workload instead of --trace, e.g. "
-                  "poisson:rate=20,prompt=uniform:130:900,output=uniform:64:448,n=500,seed=1");
+                  "poisson:rate=20,prompt=uniform:130:900,output=uniform:64:448,n=500,seed=1")
+    ->type_name("SPEC");
   cmd->add_option("--corpus-offset", a->corpus_offset,
-                  "Token of the corpus the first prompt starts at (default 0); runs against "
-                  "one server with different offsets share no prompt prefix");
+                  "Token of the corpus the first prompt starts at; runs against one server "
+                  "with different offsets share no prompt prefix")
+    ->type_name("INT")
+    ->default_str("0");
   cmd->add_option("--rate-scale", a->rate_scale, "Arrival rate multiplier: arrivals at trace "
-                                                 "time / scale (default 1)");
-  cmd->add_option("--max-requests", a->max_requests, "Send at most N requests");
-  cmd->add_option("--duration", a->duration, "Send only arrivals in the first S seconds");
+                                                 "time / scale")
+    ->type_name("FLOAT");
+  cmd->add_option("--max-requests", a->max_requests, "Send at most N requests")
+    ->type_name("INT");
+  cmd->add_option("--duration", a->duration, "Send only arrivals in the first S seconds")
+    ->type_name("FLOAT");
   cmd->add_option("--max-concurrency", a->max_concurrency,
-                  "At most N requests in flight; later arrivals wait (default: no cap)");
-  cmd->add_option("--timeout-s", a->timeout_s, "Per-request deadline, connect to last byte "
-                                               "(default 600)");
+                  "At most N requests in flight; later arrivals wait (unset: no cap)")
+    ->type_name("INT");
+  cmd->add_option("--timeout-s", a->timeout_s, "Per-request deadline, connect to last byte")
+    ->type_name("FLOAT");
   cmd->add_option("--drain-timeout-s", a->drain_timeout_s,
                   "After the last arrival, abort requests still running after S seconds "
-                  "(default: --timeout-s)");
-  cmd->add_option("--slo-ttft-ms", a->slo_ttft_ms, "TTFT objective for attainment and goodput");
-  cmd->add_option("--slo-tpot-ms", a->slo_tpot_ms, "TPOT objective for attainment and goodput");
-  cmd->add_option("--report", a->report, "Where to write the JSON report");
-  cmd->add_option("--plot", a->plot, "Where to write SVG plots (e2e, TTFT, ITL, TPOT CDFs)");
-  cmd->add_option("--requests-csv", a->requests_csv, "Where to write one CSV row per request");
-  cmd->add_option("--label", a->label, "The report's \"policy\" (default server)");
+                  "(unset: --timeout-s)")
+    ->type_name("FLOAT");
+  cmd->add_option("--slo-ttft-ms", a->slo_ttft_ms, "TTFT objective for attainment and goodput")
+    ->type_name("FLOAT");
+  cmd->add_option("--slo-tpot-ms", a->slo_tpot_ms, "TPOT objective for attainment and goodput")
+    ->type_name("FLOAT");
+  cmd->add_option("--report", a->report, "Where to write the JSON report")->type_name("PATH");
+  cmd->add_option("--plot", a->plot, "Where to write SVG plots (e2e, TTFT, ITL, TPOT CDFs)")
+    ->type_name("PATH");
+  cmd->add_option("--requests-csv", a->requests_csv, "Where to write one CSV row per request")
+    ->type_name("PATH");
+  cmd->add_option("--label", a->label, "The report's \"policy\"");
   cmd->add_flag("--quiet", a->quiet, "No progress bar and no summary");
   cmd->callback([a] { run(*a); });
 }

@@ -208,21 +208,24 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<generate_args>();
   auto* cmd = app.add_subcommand("generate", "Generate a continuation of one prompt");
   cmd->add_option("--model", a->model,
-                  "Hugging Face model folder (default: the default model, metronome-tiny)");
+                  "Hugging Face model folder (unset: the default model, metronome-tiny)")
+    ->type_name("PATH");
   cmd->add_option("--prompt", a->prompt,
                   "Prompt text, encoded with the model folder's tokenizer");
-  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");
-  cmd->add_option("-n,--max-tokens", a->max_tokens, "Most tokens to generate")
-    ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--temperature", a->temperature, "0 = greedy (default 1)");
-  cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass (default 1)");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids")
+    ->type_name("ID,...");
+  cmd->add_option("-n,--max-tokens", a->max_tokens, "Most tokens to generate (1 to 1048576)")
+    ->check(CLI::Range(1, 1 << 20).description(""));
+  cmd->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy");
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass");
   cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = all)");
-  cmd->add_option("--min-p", a->min_p, "Drop tokens below min-p times the best (default 0)");
+  cmd->add_option("--min-p", a->min_p, "Drop tokens below min-p times the best");
   cmd->add_option("--seed", a->seed, "Random seed (same seed, same output)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the model's EOS tokens");
-  cmd->add_option("--device", a->device, "cpu (default) or cuda:N");
+  cmd->add_option("--device", a->device, "Where the model runs")->type_name("cpu|cuda:N");
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
-                  "KV cache elements on cuda: bf16 (default) or fp8 (e4m3, a scale a row)");
+                  "KV cache elements on cuda (fp8: e4m3, a scale a row)")
+    ->type_name("{bf16,fp8}");
   cmd->add_flag("--json", a->json, "Print ids, TTFT and tokens/s as JSON");
   cmd->callback([a] { run(*a); });
 }

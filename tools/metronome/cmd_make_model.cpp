@@ -80,17 +80,22 @@ void setup(CLI::App& app) {
   auto args = std::make_shared<make_model_args>();
   auto* cmd = app.add_subcommand("make-model", "Write a random-initialised model folder "
                                                "(Hugging Face layout) for tests and benchmarks");
-  auto* preset = cmd->add_option("--preset", args->preset,
-                                 "tiny-llama3, tiny-qwen2, tiny-mistral, llama3-1b, llama3-8b");
+  std::string presets;
+  for (const auto& name : model_presets())
+    presets += (presets.empty() ? "{" : ",") + name;
+  auto* preset = cmd->add_option("--preset", args->preset, "Model shape")
+                   ->type_name(presets + "}");
   cmd->add_option("--config", args->config_file, "A config.json to use instead of a preset")
+    ->type_name("PATH")
     ->excludes(preset)
-    ->check(CLI::ExistingFile);
-  cmd->add_option("--out", args->out, "Output folder")->required();
+    ->check(CLI::ExistingFile.description(""));
+  cmd->add_option("--out", args->out, "Output folder")->type_name("PATH")->required();
   cmd->add_option("--tokenizer", args->tokenizer,
                   "Folder whose tokenizer files are copied into the model")
-    ->check(CLI::ExistingDirectory);
+    ->type_name("PATH")
+    ->check(CLI::ExistingDirectory.description(""));
   cmd->add_option("--seed", args->seed, "Random seed (same seed, same bytes)");
-  cmd->add_option("--dtype", args->dtype_name, "Weight type: bf16 (default), f16, f32");
+  cmd->add_option("--dtype", args->dtype_name, "Weight type")->type_name("{bf16,f16,f32}");
   cmd->add_option("--max-shard-mb", args->max_shard_mb,
                   "Split weights into shards of at most this many MB (0: one file)");
   cmd->add_flag("--force", args->force,

@@ -461,36 +461,49 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<replay_args>();
   auto* cmd = app.add_subcommand("replay", "Replay a request trace through the scheduler on a "
                                            "simulated executor");
-  cmd->add_option("--trace", a->trace, "Trace file (Azure CSV, Mooncake JSONL or simple CSV)");
+  cmd->add_option("--trace", a->trace, "Trace file (Azure CSV, Mooncake JSONL or simple CSV)")
+    ->type_name("PATH");
   cmd->add_option("--workload", a->workload,
                   "Synthetic workload instead of --trace, e.g. "
                   "poisson:rate=20,prompt=uniform:130:900,output=uniform:64:448,n=500,seed=1 "
-                  "(docs/bench-serve.md)");
-  cmd->add_option("--format", a->format, "azure, mooncake or csv (default: from the file)");
+                  "(docs/bench-serve.md)")
+    ->type_name("SPEC");
+  cmd->add_option("--format", a->format, "Trace format (unset: from the file)")
+    ->type_name("{azure,mooncake,csv}");
   cmd->add_option("--policy", a->policy,
                   "Policy, or several separated by commas, or all (fcfs,ladb,srpt)")
+    ->type_name("POLICY,...")
     ->required();
   cmd->add_option("--config", a->config, "metronome.yaml (engine limits, batching, predictor, "
-                                         "router, supervisor.drift)");
+                                         "router, supervisor.drift)")
+    ->type_name("PATH");
   cmd->add_option("--rate-scale", a->rate_scale,
-                  "Arrival rate multiplier, or several separated by commas (a sweep)");
+                  "Arrival rate multiplier, or several separated by commas (a sweep)")
+    ->type_name("FLOAT,...");
   cmd->add_option("--cost-model", a->cost_model,
-                  "Step-time model (default sim/cost_models/h200-llama3-8b.json)");
-  cmd->add_option("--report", a->report, "Where to write the JSON report")->required();
-  cmd->add_option("--plot", a->plot, "Where to write SVG plots (CDFs, P95 against load)");
+                  "Step-time model (unset: sim/cost_models/h200-llama3-8b.json)")
+    ->type_name("PATH");
+  cmd->add_option("--report", a->report, "Where to write the JSON report")
+    ->type_name("PATH")
+    ->required();
+  cmd->add_option("--plot", a->plot, "Where to write SVG plots (CDFs, P95 against load)")
+    ->type_name("PATH");
   cmd->add_option("--requests", a->requests_csv,
                   "Where to write one CSV row per request and run (latencies, unloaded "
-                  "latencies)");
+                  "latencies)")
+    ->type_name("PATH");
   cmd->add_option("--step-trace", a->step_trace,
                   "Where to write one CSV row per simulated step (the columns of serve's "
-                  "logging.step_trace); one policy and one rate scale only");
+                  "logging.step_trace); one policy and one rate scale only")
+    ->type_name("PATH");
   cmd->add_option("--max-tokens", a->max_tokens,
-                  "max_tokens of every request (default: up to the context)")
-    ->check(CLI::Range(0, 1 << 24));
+                  "max_tokens of every request, 0 to 16777216 (0: up to the context)")
+    ->check(CLI::Range(0, 1 << 24).description(""));
   cmd->add_option("--set", a->set,
                   "KEY=VALUE: a configuration key (engine.max_batch_size=64), or a policy "
                   "setting without one (ladb.step_time_factor=2, ladb.aging_tokens_per_s=100, "
-                  "drift.relative_to_baseline=false, ...); repeatable");
+                  "drift.relative_to_baseline=false, ...); repeatable")
+    ->type_name("KEY=VALUE");
   cmd->add_flag("--quiet", a->quiet,
                 "Print nothing (otherwise: a summary table with its units and legend, and a "
                 "progress bar while stderr is a terminal)");

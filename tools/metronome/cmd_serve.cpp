@@ -32,6 +32,7 @@
 #include "actors/engine.hpp"
 #include "config/config_error.hpp"
 #include "config/config_loader.hpp"
+#include "config/config_schema.hpp"
 #include "metrics/log_event.hpp"
 #include "net/access_control.hpp"
 #include "net/http_server.hpp"
@@ -231,15 +232,22 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<serve_args>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over HTTP (OpenAI API) and WebSocket");
   cmd->add_option("--config", a->config_file, "YAML configuration file")
-    ->check(CLI::ExistingFile);
-  cmd->add_option("--set", a->sets, "Override any key: --set engine.max_batch_size=32");
+    ->type_name("PATH")
+    ->check(CLI::ExistingFile.description(""));
+  cmd->add_option("--set", a->sets, "Override any key: --set engine.max_batch_size=32")
+    ->type_name("KEY=VALUE");
   cmd->add_flag("--dump-config", a->dump_config, "Print the effective configuration and exit");
+  // Each flag's type and default come from its key's schema entry, so the
+  // help says what the parser accepts.
   for (const auto& f : config_flags()) {
+    const config_key* schema = find_config_key(f.key_path);
     auto key = std::string(f.key_path);
     auto flag = std::string(f.flag);
-    cmd->add_option_function<std::string>(
+    auto* opt = cmd->add_option_function<std::string>(
       flag, [a, key, flag](const std::string& v) { a->flags.push_back({key, v, flag}); },
       std::string(f.help) + " (" + key + ")");
+    if (schema != nullptr)
+      opt->type_name(schema->metavar)->default_str(default_text(*schema));
   }
   cmd->callback([a] { run(*a); });
 }

@@ -101,10 +101,11 @@ void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Encode text or decode ids with a tokenizer");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "Folder with tokenizer.json (a model folder or a tokenizer folder)")
+    ->type_name("PATH")
     ->required();
   cmd->add_option("--text", a->text, "Text to encode");
-  cmd->add_option("--file", a->file, "File whose contents to encode");
-  cmd->add_option("--decode", a->decode, "Comma-separated ids to decode");
+  cmd->add_option("--file", a->file, "File whose contents to encode")->type_name("PATH");
+  cmd->add_option("--decode", a->decode, "Comma-separated ids to decode")->type_name("ID,...");
   cmd->add_flag("--no-special", a->no_special,
                 "Encode without BOS/EOS; decode without special tokens");
   cmd->add_flag("--plain-special", a->plain_special,

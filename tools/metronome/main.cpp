@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -11,6 +12,7 @@
 #include "metrics/log_event.hpp"
 #include "model/model_error.hpp"
 #include "tools/metronome/command.hpp"
+#include "tools/metronome/help_formatter.hpp"
 
 namespace metronome::cli {
 
@@ -35,6 +37,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Metronome: LLM serving with predictable latency", "metronome"};
   app.set_version_flag("--version", std::string(METRONOME_VERSION));
   app.require_subcommand(1);
+  // Inherited by the subcommands (set before they are added): every option
+  // shows its type and its default (the bound variable's value, captured
+  // when the option is added).
+  app.formatter(std::make_shared<cli::help_formatter>());
+  app.option_defaults()->always_capture_default();
   auto& commands = cli::registry();
   std::sort(commands.begin(), commands.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -43,6 +50,15 @@ int main(int argc, char** argv) {
   // Logs go to stderr, leaving stdout to each command's output; `serve`
   // sets its configured level and format (logging.*).
   configure_logging(log_format::text, spdlog::level::info);
+  // CLI11 would take a misspelt subcommand for a stray argument and say
+  // only that a subcommand is required.
+  if (argc > 1) {
+    if (auto problem = cli::unknown_subcommand(app, argv[1]); !problem.empty()) {
+      std::fprintf(stderr, "error: %s\nRun with --help for more information.\n",
+                   problem.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -87,7 +87,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   auto model = model_folder::open(o.model_dir);
   auto tok = tokenizer::load(o.model_dir);
   auto chat = std::make_shared<const chat_template>(
-    chat_template::from_folder(o.model_dir, o.chat_template));
+    o.chat_template || o.chat_template_file.empty()
+      ? chat_template::from_folder(o.model_dir, o.chat_template)
+      : chat_template::from_file(o.model_dir, o.chat_template_file));
   const auto& cfg = model->config;
   if (tok->vocab_size() > cfg.vocab_size)
     throw model_error((o.model_dir / "tokenizer.json").string(), "",

@@ -39,6 +39,11 @@ struct engine_options {
   std::string served_model_name;
   /// Force a chat template format (llama3, llama2, mistral, chatml).
   std::optional<std::string> chat_template;
+  /// A Jinja chat template file to use instead of the folder's template
+  /// (chat_template::from_file; spawn_engine throws model_error naming it
+  /// when it cannot be read or its format is not recognised). Ignored when
+  /// chat_template names a format.
+  std::filesystem::path chat_template_file;
   /// Longest sequence (prompt + output); 0 = the model's max_position_embeddings.
   int32_t max_model_len = 0;
   /// Cap on sequences in one step.

@@ -212,6 +212,29 @@ config_key path_key(std::string path, Access access, std::string doc) {
   return text_key(std::move(path), access, std::move(doc), "a string", nullptr, "PATH");
 }
 
+/// model.chat_template: "", one of chat_template_names, or a file's path,
+/// told from a mistyped name by a '/' or a '.' in it. Whether the file
+/// exists and holds a template Metronome recognises is checked at start-up
+/// (chat_template::from_file), where the model's tokens are known.
+template <class Access>
+config_key chat_template_key(std::string path, Access access, std::string doc) {
+  std::string names;
+  for (auto name : chat_template_names)
+    names += std::string(names.empty() ? "" : ", ") + std::string(name);
+  auto k = text_key(
+    std::move(path), access, std::move(doc),
+    "\"\", " + names + ", or the path of a Jinja template file (with a / or a . in it)",
+    [](std::string_view text) {
+      return text.empty() || is_chat_template_name(text)
+             || text.find_first_of("/.") != std::string_view::npos;
+    });
+  k.metavar = "{";
+  for (auto name : chat_template_names)
+    k.metavar += std::string(k.metavar.size() > 1 ? "," : "") + std::string(name);
+  k.metavar += "}|PATH";
+  return k;
+}
+
 /// One of the values in `all`, spelled as to_string() spells them.
 template <class Enum, size_t N, class Access>
 config_key choice_key(std::string path, Access access, std::array<Enum, N> all,
@@ -449,11 +472,10 @@ std::vector<config_key> make_keys() {
                  "Where the model runs: cpu or cuda:N."));
   add(text_key("model.served_model_name", METRONOME_FIELD(model.served_model_name),
                "Model name in the API (`model` field, /v1/models); empty = the folder name."));
-  add(choice_key("model.chat_template", METRONOME_FIELD(model.chat_template),
-                 std::array{chat_template_kind::from_tokenizer, chat_template_kind::llama3,
-                            chat_template_kind::llama2, chat_template_kind::mistral,
-                            chat_template_kind::chatml},
-                 "Chat prompt format; empty = the template in tokenizer_config.json."));
+  add(chat_template_key(
+    "model.chat_template", METRONOME_FIELD(model.chat_template),
+    "Chat prompt format: a name, or a Jinja template file (Hugging Face's chat_template) "
+    "whose format Metronome recognises; empty = the template in tokenizer_config.json."));
   add(integer_key("model.max_model_len", METRONOME_FIELD(model.max_model_len), 0, 1 << 24,
                   "Longest prompt + output in tokens; 0 = the model's context length."));
 

@@ -1,5 +1,6 @@
 #include "config/server_config.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include "config/config_error.hpp"
@@ -34,15 +35,9 @@ std::string device_spec::to_string() const {
   return "cuda:" + std::to_string(index);
 }
 
-std::string_view to_string(chat_template_kind x) {
-  switch (x) {
-    case chat_template_kind::from_tokenizer: return "";
-    case chat_template_kind::llama3: return "llama3";
-    case chat_template_kind::llama2: return "llama2";
-    case chat_template_kind::mistral: return "mistral";
-    case chat_template_kind::chatml: return "chatml";
-  }
-  return "?";
+bool is_chat_template_name(std::string_view name) {
+  return std::find(chat_template_names.begin(), chat_template_names.end(), name)
+         != chat_template_names.end();
 }
 
 std::string_view to_string(scheduling_policy x) {

@@ -9,6 +9,7 @@
 // system's ladb_config.yaml; `supervisor` holds the drift and executor
 // supervisors' windows and thresholds.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,15 +39,13 @@ struct device_spec {
   bool operator==(const device_spec&) const = default;
 };
 
-/// How chat messages become a prompt.
-enum class chat_template_kind : uint8_t {
-  /// The Jinja template of the folder's tokenizer_config.json (written "").
-  from_tokenizer,
-  llama3,
-  llama2,
-  mistral,
-  chatml,
-};
+/// The chat formats model.chat_template may name; any other value but ""
+/// is the path of a Jinja template file.
+inline constexpr std::array<std::string_view, 4> chat_template_names = {"llama3", "llama2",
+                                                                        "mistral", "chatml"};
+
+/// `name` is one of chat_template_names.
+bool is_chat_template_name(std::string_view name);
 
 /// The scheduler's admission policy (issue 6 adds ladb and srpt).
 enum class scheduling_policy : uint8_t { fcfs, ladb, srpt, ladb_literal };
@@ -71,8 +70,7 @@ enum class log_level : uint8_t { trace, debug, info, warn, error };
 /// How log lines are written: text, or one JSON object a line.
 enum class log_format_kind : uint8_t { text, json };
 
-/// The YAML spelling of each value ("" for chat_template_kind::from_tokenizer).
-std::string_view to_string(chat_template_kind x);
+/// The YAML spelling of each value.
 std::string_view to_string(scheduling_policy x);
 std::string_view to_string(kv_cache_dtype_kind x);
 std::string_view to_string(kv_strategy_kind x);
@@ -164,7 +162,11 @@ struct model_section {
   device_spec device;
   /// The `model` name clients send and /v1/models lists; empty = folder name.
   std::string served_model_name;
-  chat_template_kind chat_template = chat_template_kind::from_tokenizer;
+  /// How chat messages become a prompt: "" = the Jinja template in the
+  /// folder's tokenizer_config.json; one of chat_template_names; or the
+  /// path of a Jinja template file whose format Metronome recognises
+  /// (checked when the engine starts).
+  std::string chat_template;
   /// Longest prompt + output in tokens; 0 = the model's
   /// max_position_embeddings.
   int32_t max_model_len = 0;

@@ -50,6 +50,17 @@ public:
   static chat_template from_folder(const std::filesystem::path& dir,
                                    std::optional<std::string> forced = {});
 
+  /// Reads a Jinja chat template from `file` (the text of
+  /// tokenizer_config.json's chat_template, as Hugging Face also saves it
+  /// on its own in chat_template.jinja) and recognises its format as
+  /// from_folder() does; bos_token and eos_token come from
+  /// dir/tokenizer_config.json, the model's. Throws model_error naming
+  /// `file` when it cannot be read, is empty or its format is not
+  /// recognised (the message lists the formats that are). Called once at
+  /// start-up.
+  static chat_template from_file(const std::filesystem::path& dir,
+                                 const std::filesystem::path& file);
+
   /// Builds a template of `f` directly.
   chat_template(format f, std::string bos_token, std::string eos_token);
 
@@ -80,6 +91,12 @@ public:
   }
 
 private:
+  /// The format of template text `source`, or model_error(where, field,
+  /// problem + "; " + advice) when it is not one recognised.
+  static chat_template recognise(const std::string& source, const std::string& bos,
+                                 const std::string& eos, const std::string& where,
+                                 const std::string& field, const std::string& advice);
+
   std::string render_llama3(const std::vector<chat_message>& m, bool gen) const;
   std::string render_llama31(const std::vector<chat_message>& m, bool gen,
                              const render_options& o) const;

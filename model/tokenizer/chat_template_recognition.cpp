@@ -9,6 +9,8 @@
 // fragment is refused, so a model never silently gets a prompt in a format it
 // was not trained on; the operator can then name the format explicitly.
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -124,6 +126,25 @@ std::string config_token(const json& cfg, const char* key) {
   return {};
 }
 
+/// `file` (a tokenizer_config.json) as JSON; an empty object when there is
+/// none.
+json read_tokenizer_config(const fs::path& file) {
+  if (!fs::exists(file))
+    return json::object();
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  try {
+    return json::parse(buffer.str());
+  } catch (const json::exception& e) {
+    throw model_error(file.string(), "", std::string("not valid JSON: ") + e.what());
+  }
+}
+
+/// The families recognise() knows, as its errors list them.
+constexpr const char* recognised_formats =
+  "Llama 3, Llama 3.1+, Llama 2, Mistral, ChatML/Qwen, Qwen3, plain text";
+
 std::optional<chat_template::format> parse_format(const std::string& name) {
   using f = chat_template::format;
   if (name == "llama3")
@@ -147,17 +168,7 @@ std::optional<chat_template::format> parse_format(const std::string& name) {
 
 chat_template chat_template::from_folder(const fs::path& dir, std::optional<std::string> forced) {
   const fs::path file = dir / "tokenizer_config.json";
-  json cfg = json::object();
-  if (fs::exists(file)) {
-    std::ifstream in(file, std::ios::binary);
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    try {
-      cfg = json::parse(buffer.str());
-    } catch (const json::exception& e) {
-      throw model_error(file.string(), "", std::string("not valid JSON: ") + e.what());
-    }
-  }
+  const json cfg = read_tokenizer_config(file);
   std::string bos = config_token(cfg, "bos_token"), eos = config_token(cfg, "eos_token");
   if (forced) {
     auto f = parse_format(*forced);
@@ -194,20 +205,50 @@ chat_template chat_template::from_folder(const fs::path& dir, std::optional<std:
     throw model_error(file.string(), "chat_template",
                       "no chat template; configure one explicitly (llama3, llama3.1, llama2, "
                       "mistral, chatml, qwen3)");
+  return recognise(source, bos, eos, file.string(), "chat_template",
+                   std::string("recognised: ") + recognised_formats
+                     + "; configure the format explicitly");
+}
+
+chat_template chat_template::from_file(const fs::path& dir, const fs::path& file) {
+  if (fs::is_directory(file))
+    throw model_error(file.string(), "", "a folder, not a chat template file");
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    throw model_error(file.string(), "",
+                      std::string("cannot read the chat template: ") + std::strerror(errno));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string source = buffer.str();
+  const std::string advice = std::string("the formats understood are ") + recognised_formats
+                             + " (or name one: --chat-template llama3, llama2, mistral or "
+                               "chatml)";
+  if (source.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw model_error(file.string(), "", "the chat template is empty; " + advice);
+  // The template's tokens: those of the model it is used with.
+  const json cfg = read_tokenizer_config(dir / "tokenizer_config.json");
+  return recognise(source, config_token(cfg, "bos_token"), config_token(cfg, "eos_token"),
+                   file.string(), "", advice);
+}
+
+chat_template chat_template::recognise(const std::string& source, const std::string& bos,
+                                       const std::string& eos, const std::string& where,
+                                       const std::string& field, const std::string& advice) {
   const std::string c = canonical(source);
   // Plain text: the whole template, nothing else (a template that adds role
   // markers or separators is another format).
   if (c == "{{bos_token}}{%formessageinmessages%}{{message.content+eos_token}}{%endfor%}") {
     if (bos.empty() || eos.empty())
-      throw model_error(file.string(), "chat_template",
-                        "the plain-text template needs bos_token and eos_token");
+      throw model_error(where, field,
+                        "the plain-text template needs bos_token and eos_token (in the model's "
+                        "tokenizer_config.json)");
     return chat_template(format::plain, bos, eos);
   }
   auto unknown = [&](const std::string& family) -> model_error {
-    return model_error(file.string(), "chat_template",
+    return model_error(where, field,
                        "not a recognised " + family
-                         + " template (it differs in a part that changes the prompt); configure "
-                           "the format explicitly");
+                         + " template (it differs in a part that changes the prompt); "
+                         + advice);
   };
 
   if (has(c, "<|start_header_id|>")) {
@@ -278,9 +319,7 @@ chat_template chat_template::from_folder(const fs::path& dir, std::optional<std:
       throw unknown("Mistral");
     return chat_template(format::mistral, bos, eos);
   }
-  throw model_error(file.string(), "chat_template",
-                    "unknown chat template (recognised: Llama 3, Llama 3.1+, Llama 2, Mistral, "
-                    "ChatML/Qwen, Qwen3, plain text); configure the format explicitly");
+  throw model_error(where, field, "not a chat template of a recognised format; " + advice);
 }
 
 } // namespace metronome

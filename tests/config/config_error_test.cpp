@@ -103,7 +103,8 @@ TEST(config_wrong_type, scalars_of_each_kind) {
          {"engine.kv_cache_dtype", "fp4", R"(expected one of bf16, fp8, got "fp4")"},
          {"engine.kv_cache_dtype", "e4m3", R"(expected one of bf16, fp8, got "e4m3")"},
          {"model.chat_template", "vicuna",
-          R"(expected one of "", llama3, llama2, mistral, chatml, got "vicuna")"},
+          R"(expected "", llama3, llama2, mistral, chatml, or the path of a Jinja template )"
+          R"(file (with a / or a . in it), got "vicuna")"},
          {"model.device", "gpu",
           R"(expected cpu or cuda:N (N a GPU ordinal in [0, 63]), got "gpu")"},
          {"server.host", "\"two words\"",

@@ -152,7 +152,7 @@ logging:
   EXPECT_EQ(cfg.server.max_ws_message_bytes, 1'500'000);
   EXPECT_EQ(cfg.model.path, "/models/llama");
   EXPECT_EQ(cfg.model.device, (device_spec{device_kind::cuda, 3}));
-  EXPECT_EQ(cfg.model.chat_template, chat_template_kind::chatml);
+  EXPECT_EQ(cfg.model.chat_template, "chatml");
   EXPECT_FALSE(cfg.engine.cuda_graphs);
   EXPECT_EQ(cfg.engine.gpu_memory_fraction, 1.0);
   EXPECT_EQ(cfg.engine.kv_cache_dtype, kv_cache_dtype_kind::fp8);
@@ -183,7 +183,7 @@ TEST(config_values, booleans_and_empty_strings) {
                                 "t.yaml");
   EXPECT_FALSE(cfg.engine.cuda_graphs);
   EXPECT_EQ(cfg.model.path, "");
-  EXPECT_EQ(cfg.model.chat_template, chat_template_kind::from_tokenizer);
+  EXPECT_EQ(cfg.model.chat_template, "");
   EXPECT_TRUE(load_config_string("engine:\n  cuda_graphs: True\n", "t.yaml").engine.cuda_graphs);
 }
 

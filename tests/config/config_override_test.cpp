@@ -131,7 +131,7 @@ TEST(config_override, values_are_taken_literally) {
   apply_override(cfg, "model.path", "~");
   EXPECT_EQ(cfg.model.path, "~");
   apply_override(cfg, "model.chat_template", "");
-  EXPECT_EQ(cfg.model.chat_template, chat_template_kind::from_tokenizer);
+  EXPECT_EQ(cfg.model.chat_template, "");
   auto e = catch_config_error([&] { apply_override(cfg, "server.port", ""); });
   EXPECT_EQ(e.problem(), "expected an integer in [0, 65535], got \"\"");
 }
@@ -205,6 +205,29 @@ TEST(config_help, defaults_read_back_as_the_defaults) {
   EXPECT_EQ(default_text(*find_config_key("engine.policy")), "ladb");
   EXPECT_EQ(default_text(*find_config_key("model.path")), "");
   EXPECT_EQ(default_text(*find_config_key("server.api_keys")), "");
+}
+
+TEST(config_override, chat_template_is_a_name_or_a_file) {
+  EXPECT_EQ(flag_key_path("--chat-template"), "model.chat_template");
+  for (const char* value : {"llama3", "llama2", "mistral", "chatml", "", "/srv/templates/qwen.jinja",
+                            "chat_template.jinja", "./tmpl"}) {
+    auto cfg = load_config(std::nullopt, {{"model.chat_template", value, "--chat-template"}});
+    EXPECT_EQ(cfg.model.chat_template, value);
+    // Written back by --dump-config, it loads back the same.
+    EXPECT_EQ(load_config_string(to_yaml(cfg), "dump").model.chat_template, value);
+  }
+  // A bare word that is no format name is a mistyped name, not a file.
+  for (const char* value : {"llama4", "vicuna", "Llama3"}) {
+    auto e = catch_config_error(
+      [&] { load_config(std::nullopt, {{"model.chat_template", value, "--chat-template"}}); });
+    EXPECT_NE(std::string(e.what()).find("--chat-template: model.chat_template: expected \"\", "
+                                         "llama3, llama2, mistral, chatml, or the path of a "
+                                         "Jinja template file"),
+              std::string::npos)
+      << e.what();
+  }
+  EXPECT_EQ(find_config_key("model.chat_template")->metavar,
+            "{llama3,llama2,mistral,chatml}|PATH");
 }
 
 TEST(config_override, kv_cache_dtype_flag) {

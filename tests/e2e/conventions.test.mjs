@@ -1,15 +1,19 @@
 // The conventions users expect of an LLM server (issue 37, item 5), from the
 // real server on the tiny Llama 3 model: vLLM's POST /tokenize and
-// /detokenize, GET /version, and a client's X-Request-Id echoed and used in
-// the access line.
+// /detokenize, GET /version, a client's X-Request-Id echoed and used in the
+// access line, and --chat-template given a Jinja file.
 
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import WebSocket from 'ws';
 
-import { MODEL_NAME, eventually, postJson, rawRequest, startServer } from './lib/harness.mjs';
+import { MODEL_NAME, TESTDATA, eventually, postJson, rawRequest, startServer }
+  from './lib/harness.mjs';
 
 const KEY = 'sk-conventions-test-key';
 const auth = { authorization: `Bearer ${KEY}` };
@@ -190,5 +194,45 @@ describe('tokenizer routes, /version, X-Request-Id', () => {
     const echoed = /\r\nX-Request-Id: ([^\r]*)\r\n/i.exec(reply)?.[1];
     assert.match(echoed ?? '', /^cmpl-[0-9a-f]+$/, reply.slice(0, 600));
     assert.ok(!server.stderr().includes('evil id'), 'the invalid id reached the log');
+  });
+});
+
+describe('--chat-template with a Jinja file', () => {
+  let server;
+  let dir;
+
+  before(async () => {
+    // Qwen3's template from the test data, alone in a file as Hugging Face
+    // saves chat_template.jinja, on the tiny model whose folder holds Llama
+    // 3's (tests/tokenizer/chat_template_test.cpp compares the file's
+    // prompts with the folder's).
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'metronome-template-'));
+    const file = path.join(dir, 'chat_template.jinja');
+    const config = JSON.parse(fs.readFileSync(
+      path.join(TESTDATA, 'tokenizers', 'qwen3', 'tokenizer_config.json'), 'utf8'));
+    fs.writeFileSync(file, config.chat_template);
+    server = await startServer(['--chat-template', file]);
+  });
+
+  after(async () => {
+    await server?.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  test("the file's format makes the chat prompt", async () => {
+    const messages = [{ role: 'user', content: 'Name three rivers.' }];
+    const res = await postJson(server, '/tokenize', { messages });
+    assert.equal(res.status, 200, res.body);
+    const ids = JSON.parse(res.body).tokens;
+    const prompt = JSON.parse((await postJson(server, '/detokenize', { tokens: ids })).body).prompt;
+    // ChatML's turns (Qwen3), not the folder's Llama 3 headers.
+    assert.ok(prompt.startsWith('<|im_start|>user\nName three rivers.<|im_end|>\n'), prompt);
+    assert.ok(prompt.endsWith('<|im_start|>assistant\n'), prompt);
+    assert.ok(!prompt.includes('<|start_header_id|>'), prompt);
+    // The chat route feeds the model the same prompt.
+    const chat = await postJson(server, '/v1/chat/completions',
+      { model: MODEL_NAME, messages, max_tokens: 1 });
+    assert.equal(chat.status, 200, chat.body);
+    assert.equal(JSON.parse(chat.body).usage.prompt_tokens, ids.length);
   });
 });

@@ -8,6 +8,7 @@
 
 #include "model/model_error.hpp"
 #include "model/tokenizer/chat_template.hpp"
+#include "tests/test_env.hpp"
 #include "tests/tokenizer/tokenizer_test_util.hpp"
 
 namespace metronome::test {
@@ -166,6 +167,117 @@ TEST(chat_template, plain_text_from_template_text) {
   EXPECT_THROW(chat_template::from_folder(other), model_error);
   auto forced = chat_template::from_folder(other, "plain");
   EXPECT_EQ(forced.apply({{"user", "Hi"}}, true), "<s>Hi</s>");
+}
+
+// -- templates from a file (--chat-template FILE) ------------------------------------------
+
+/// The chat_template of `config` (a tokenizer_config.json) written alone to
+/// `name`.jinja, as Hugging Face saves it in chat_template.jinja.
+std::filesystem::path template_file(const std::string& name,
+                                    const std::filesystem::path& config) {
+  const auto cfg = nlohmann::json::parse(read_file(config));
+  const auto file = scratch("files") / (name + ".jinja");
+  std::ofstream(file, std::ios::binary) << cfg.at("chat_template").get<std::string>();
+  return file;
+}
+
+/// The conversations the file and folder templates are compared on.
+const std::vector<msgs>& conversations() {
+  static const std::vector<msgs> all = {
+    {{"user", "Hi"}},
+    {{"system", " Be brief. \n"}, {"user", "Name three rivers."}},
+    {{"system", "S"}, {"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"user", "Q2"}},
+    {{"user", " Hi there \n"}, {"assistant", "Hello!"}, {"user", "Bye"}, {"assistant", "Bye."}},
+  };
+  return all;
+}
+
+TEST(chat_template, a_template_file_renders_as_the_same_template_in_its_folder) {
+  // The real templates of the test data and of the default model, each read
+  // from a file of its own: the same format, the same prompts as the folder
+  // (whose renders the tests above check against references).
+  const std::vector<std::pair<std::string, std::filesystem::path>> folders = {
+    {"llama3", tokenizer_dir("llama3")},
+    {"qwen3", tokenizer_dir("qwen3")},
+    {"metronome-tiny", std::filesystem::path(env("SOURCE_DIR")) / "models" / "metronome-tiny"},
+  };
+  for (const auto& [name, dir] : folders) {
+    SCOPED_TRACE(name);
+    const auto file = template_file(name, dir / "tokenizer_config.json");
+    const auto from_file = chat_template::from_file(dir, file);
+    const auto from_folder = chat_template::from_folder(dir);
+    EXPECT_EQ(from_file.name(), from_folder.name());
+    EXPECT_EQ(from_file.kind(), from_folder.kind());
+    for (const auto& m : conversations())
+      for (bool gen : {true, false})
+        EXPECT_EQ(from_file.apply(m, gen), from_folder.apply(m, gen)) << m.size() << gen;
+  }
+}
+
+TEST(chat_template, a_template_file_overrides_the_folders) {
+  // Qwen3's template on the Llama 3 folder: Qwen3's prompts, whatever the
+  // folder's own template says.
+  const auto qwen3 = template_file("qwen3-on-llama3", tokenizer_dir("qwen3") / "tokenizer_config.json");
+  const auto t = chat_template::from_file(tokenizer_dir("llama3"), qwen3);
+  EXPECT_EQ(t.name(), "qwen3");
+  const auto reference = chat_template::from_folder(tokenizer_dir("qwen3"));
+  for (const auto& m : conversations())
+    EXPECT_EQ(t.apply(m, true), reference.apply(m, true));
+  // The Mistral folder has no template of its own; a file gives it one, with
+  // the folder's BOS and EOS.
+  const auto llama3 = template_file("llama3-on-mistral", tokenizer_dir("llama3") / "tokenizer_config.json");
+  const auto m = chat_template::from_file(tokenizer_dir("mistral"), llama3);
+  EXPECT_EQ(m.name(), "llama3");
+  EXPECT_TRUE(m.apply({{"user", "Hi"}}, true).starts_with("<s><|start_header_id|>user"))
+    << m.apply({{"user", "Hi"}}, true);
+}
+
+/// The message of the model_error from_file throws for `file`.
+std::string refusal(const std::filesystem::path& file) {
+  try {
+    chat_template::from_file(tokenizer_dir("llama3"), file);
+  } catch (const model_error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(chat_template, a_template_file_of_an_unknown_format_is_refused_naming_it) {
+  auto write = [](const std::string& name, const std::string& text) {
+    const auto file = scratch("files") / name;
+    std::ofstream(file, std::ios::binary) << text;
+    return file;
+  };
+  const auto formats = "the formats understood are Llama 3, Llama 3.1+, Llama 2, Mistral, "
+                       "ChatML/Qwen, Qwen3, plain text";
+  // No known family at all.
+  const auto unknown = write("unknown.jinja", "{{ messages[0]['content'] }}");
+  auto what = refusal(unknown);
+  EXPECT_TRUE(what.starts_with(unknown.string() + ": not a chat template of a recognised format"))
+    << what;
+  EXPECT_NE(what.find(formats), std::string::npos) << what;
+  EXPECT_NE(what.find("--chat-template llama3, llama2, mistral or chatml"), std::string::npos)
+    << what;
+  // Llama 3's template without the trimming of message content: another
+  // prompt, so not taken for Llama 3.
+  auto text = nlohmann::json::parse(read_file(tokenizer_dir("llama3") / "tokenizer_config.json"))
+                .at("chat_template")
+                .get<std::string>();
+  const auto trim = text.find(" | trim");
+  ASSERT_NE(trim, std::string::npos);
+  const auto changed = write("llama3-untrimmed.jinja", text.erase(trim, 7));
+  what = refusal(changed);
+  EXPECT_TRUE(what.starts_with(changed.string() + ": not a recognised Llama 3 template")) << what;
+  EXPECT_NE(what.find(formats), std::string::npos) << what;
+  // Nothing to read.
+  const auto missing = scratch("files") / "no-such-template.jinja";
+  what = refusal(missing);
+  EXPECT_TRUE(what.starts_with(missing.string() + ": cannot read the chat template: No such file"))
+    << what;
+  what = refusal(write("empty.jinja", " \n"));
+  EXPECT_NE(what.find("the chat template is empty; " + std::string(formats)), std::string::npos)
+    << what;
+  EXPECT_NE(refusal(scratch("files")).find("a folder, not a chat template file"), std::string::npos);
 }
 
 TEST(chat_template, invalid_conversations_and_templates) {

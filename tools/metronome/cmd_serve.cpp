@@ -72,8 +72,10 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.model_dir = model_dir;
   o.device = c.model.device.to_string();
   o.served_model_name = c.model.served_model_name;
-  if (c.model.chat_template != chat_template_kind::from_tokenizer)
-    o.chat_template = std::string(to_string(c.model.chat_template));
+  if (is_chat_template_name(c.model.chat_template))
+    o.chat_template = c.model.chat_template;
+  else if (!c.model.chat_template.empty())
+    o.chat_template_file = c.model.chat_template;
   o.max_model_len = c.model.max_model_len;
   o.max_batch_size = c.engine.max_batch_size;
   o.max_num_batched_tokens = c.engine.max_num_batched_tokens;

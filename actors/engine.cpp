@@ -118,7 +118,6 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
 
   engine e;
   e.status = std::make_shared<engine_status>();
-  e.metrics = std::make_shared<engine_metrics>();
   e.tokens = tok;
   e.chat = chat;
   auto& st = *e.status;
@@ -132,6 +131,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     st.model_name = o.model_dir.parent_path().filename().string();
   if (card)
     st.model_description = card->description;
+  e.metrics = std::make_shared<engine_metrics>(st.model_name);
   st.device = o.device;
   st.max_model_len = o.max_model_len > 0 ? o.max_model_len : cfg.max_position_embeddings;
 

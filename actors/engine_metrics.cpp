@@ -44,21 +44,26 @@ std::vector<double> ratio_buckets() {
   return {0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
 }
 
+/// The constant labels of the metrics vLLM labels with the model's name.
+prometheus::label_set model_label(const std::string& model_name) {
+  return {{"model_name", model_name}};
+}
+
 } // namespace
 
-engine_metrics::engine_metrics()
+engine_metrics::engine_metrics(const std::string& model_name)
   : ttft_(registry_.add_histogram("metronome:time_to_first_token_seconds",
                                   "Time from arrival to the first output token, per request.",
-                                  ttft_buckets())),
+                                  ttft_buckets(), model_label(model_name))),
     itl_(registry_.add_histogram("metronome:inter_token_latency_seconds",
                                  "Time between consecutive output tokens of a request.",
-                                 itl_buckets())),
+                                 itl_buckets(), model_label(model_name))),
     e2e_(registry_.add_histogram("metronome:e2e_request_latency_seconds",
                                  "Time from arrival to the last output token, per request.",
-                                 request_buckets())),
+                                 request_buckets(), model_label(model_name))),
     queue_(registry_.add_histogram("metronome:request_queue_time_seconds",
                                    "Time from arrival to the first scheduled step, per request.",
-                                   request_buckets())),
+                                   request_buckets(), model_label(model_name))),
     batch_size_(registry_.add_histogram("metronome:batch_size",
                                         "Sequences in each engine step.", batch_buckets())),
     batch_efficiency_(registry_.add_histogram(
@@ -73,36 +78,42 @@ engine_metrics::engine_metrics()
     sampled_tokens_(registry_.add_counter("metronome:step_sampled_tokens_total",
                                           "Output tokens sampled by engine steps.")),
     prompt_tokens_(registry_.add_counter("metronome:prompt_tokens_total",
-                                         "Prompt tokens of finished requests.")),
+                                         "Prompt tokens of finished requests.",
+                                         model_label(model_name))),
     generation_tokens_(registry_.add_counter("metronome:generation_tokens_total",
-                                             "Output tokens of finished requests.")),
+                                             "Output tokens of finished requests.",
+                                             model_label(model_name))),
     preemptions_(registry_.add_counter("metronome:num_preemptions_total",
-                                       "Requests preempted for lack of KV pages.")),
+                                       "Requests preempted for lack of KV pages.",
+                                       model_label(model_name))),
     restarts_(registry_.add_counter("metronome:executor_restarts_total",
                                     "Executor failures handled by its supervisor.")),
     finished_(registry_.add_counter_family("metronome:request_success_total",
                                            "Requests that ended, by finish reason.",
-                                           {"finished_reason"})),
+                                           {"finished_reason"}, model_label(model_name))),
     cancelled_(registry_.add_counter("metronome:request_cancelled_total",
-                                     "Requests cancelled by their client (stop, disconnect)")),
+                                     "Requests cancelled by their client (stop, disconnect)",
+                                     model_label(model_name))),
     request_prompt_tokens_(registry_.add_histogram("metronome:request_prompt_tokens",
                                                    "Prompt tokens of each finished request.",
-                                                   token_buckets())),
+                                                   token_buckets(), model_label(model_name))),
     request_generation_tokens_(registry_.add_histogram(
       "metronome:request_generation_tokens", "Output tokens of each finished request.",
-      token_buckets())),
+      token_buckets(), model_label(model_name))),
     prefill_time_(registry_.add_histogram(
       "metronome:request_prefill_time_seconds",
-      "Time from a request's first scheduled step to its first token.", request_buckets())),
-    decode_time_(registry_.add_histogram(
-      "metronome:request_decode_time_seconds",
-      "Time from a request's first token to its last.", request_buckets())),
+      "Time from a request's first scheduled step to its first token.", request_buckets(),
+      model_label(model_name))),
+    decode_time_(registry_.add_histogram("metronome:request_decode_time_seconds",
+                                         "Time from a request's first token to its last.",
+                                         request_buckets(), model_label(model_name))),
     build_info_(registry_.add_gauge_family("metronome:build_info",
                                            "1, labelled with the build's version and whether "
                                            "it has CUDA.",
                                            {"version", "cuda"})),
     errors_(registry_.add_counter_family("metronome:request_errors_total",
-                                         "Requests that failed, by error code.", {"code"})),
+                                         "Requests that failed, by error code.", {"code"},
+                                         model_label(model_name))),
     http_responses_(registry_.add_counter_family(
       "metronome:http_responses_total",
       "Responses by route (the API's routes; anything else is other) and status code.",
@@ -122,9 +133,10 @@ engine_metrics::engine_metrics()
       {"part"})),
     prefix_queries_(registry_.add_counter(
       "metronome:prefix_cache_queries_total",
-      "Prompt tokens looked up in the prefix cache at admissions.")),
+      "Prompt tokens looked up in the prefix cache at admissions.", model_label(model_name))),
     prefix_hits_(registry_.add_counter("metronome:prefix_cache_hits_total",
-                                       "Prompt tokens found in the prefix cache (not computed).")),
+                                       "Prompt tokens found in the prefix cache (not computed).",
+                                       model_label(model_name))),
     prefix_pages_(registry_.add_gauge("metronome:prefix_cache_pages",
                                       "KV pages the prefix cache names (in use or kept).")),
     bucket_admissions_(registry_.add_counter(
@@ -137,11 +149,13 @@ engine_metrics::engine_metrics()
       "metronome:kv_bucket_reserved_unused_pages",
       "KV pages buckets hold reserved for their requests but not yet used.")),
     kv_usage_(registry_.add_gauge("metronome:kv_cache_usage_perc",
-                                  "Fraction of KV cache pages in use (0 to 1).")),
+                                  "Fraction of KV cache pages in use (0 to 1).",
+                                  model_label(model_name))),
     running_(registry_.add_gauge("metronome:num_requests_running",
-                                 "Requests with sequences in the engine.")),
+                                 "Requests with sequences in the engine.",
+                                 model_label(model_name))),
     waiting_(registry_.add_gauge("metronome:num_requests_waiting",
-                                 "Requests waiting for admission.")),
+                                 "Requests waiting for admission.", model_label(model_name))),
     live_actors_(registry_.add_gauge("metronome:request_actors_alive",
                                      "Request actors alive (one per request in the server).")),
     ready_(registry_.add_gauge("metronome:engine_ready",

@@ -1,8 +1,12 @@
 #pragma once
 // The engine's Prometheus metrics, named in vLLM's convention with the
 // `metronome:` prefix. Per-request latencies are observed once per request
-// (or per token gap), never per batch. Thread-safe: actors on any thread
-// observe, the network edge renders.
+// (or per token gap), never per batch. Those vLLM has too carry its
+// `model_name` label (the served model's name), so dashboards written for
+// vLLM select them the same way: every per-request histogram and counter,
+// and the engine's running / waiting / KV-usage gauges and preemption and
+// prefix-cache counters. The step, process and HTTP metrics carry none.
+// Thread-safe: actors on any thread observe, the network edge renders.
 
 #include <memory>
 #include <string>
@@ -34,7 +38,9 @@ struct engine_stats_sample {
 
 class engine_metrics {
 public:
-  engine_metrics();
+  /// `model_name`: the model's name in the API, the value of every
+  /// model_name label (escaped when rendered).
+  explicit engine_metrics(const std::string& model_name);
 
   /// One engine step ran: `num_seqs` sequences (of at most max_batch_size)
   /// computed `num_tokens` tokens and sampled `sampled_tokens` in `seconds`.

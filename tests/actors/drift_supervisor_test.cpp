@@ -41,7 +41,7 @@ protected:
     = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::vector<caf::actor> tracked;
   std::shared_ptr<scheduler_log> seen = std::make_shared<scheduler_log>();
-  std::shared_ptr<engine_metrics> metrics = std::make_shared<engine_metrics>();
+  std::shared_ptr<engine_metrics> metrics = std::make_shared<engine_metrics>("tiny");
 
   ~drift_supervisor_test() override {
     for (auto& a : tracked)

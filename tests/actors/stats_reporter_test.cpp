@@ -129,7 +129,7 @@ protected:
   caf::actor scheduler = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](int32_t) {}};
   });
-  std::shared_ptr<engine_metrics> metrics = std::make_shared<engine_metrics>();
+  std::shared_ptr<engine_metrics> metrics = std::make_shared<engine_metrics>("tiny");
   std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
 
 private:

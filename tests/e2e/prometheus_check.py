@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Debian's real Prometheus scrapes a real `metronome serve` (CPU, the
 default model) with tools/monitoring/prometheus.yml, and answers queries:
-the TTFT P95 over the requests just sent, the build info, and every
-expression of tools/monitoring/grafana-dashboard.json without an error.
+the TTFT P95 over the requests just sent, the model_name label (the
+served model's name, as vLLM's) on the per-request series, the build info,
+and every expression of tools/monitoring/grafana-dashboard.json, its
+$model_name variable set to the served model, without an error.
 
     prometheus_check.py METRONOME SOURCE_DIR WORK_DIR
 """
@@ -82,6 +84,7 @@ def main():
         procs.append(prom)
         base = f"http://127.0.0.1:{port}"
         wait_for("the server", lambda: get(base + "/health")[0] == 200, 60)
+        model = json.loads(get(base + "/v1/models")[1])["data"][0]["id"]
         papi = f"http://127.0.0.1:{prom_port}/api/v1/query?query="
 
         def query(expr):
@@ -124,6 +127,22 @@ def main():
             return ok and other and float(ok[0]["value"][1]) >= 12 and float(other[0]["value"][1]) >= 1
 
         wait_for("the HTTP response counters (12 chats answered 200, one 404)", responses, 30)
+        # vLLM's label, on every series of the metrics vLLM labels with it.
+        labelled = ("time_to_first_token_seconds_count|inter_token_latency_seconds_count|"
+                    "e2e_request_latency_seconds_count|request_queue_time_seconds_count|"
+                    "request_prompt_tokens_count|request_generation_tokens_count|"
+                    "prompt_tokens_total|generation_tokens_total|request_success_total|"
+                    "num_requests_running|num_requests_waiting|kv_cache_usage_perc")
+        mine = query(f'{{__name__=~"metronome:({labelled})",model_name={json.dumps(model)}}}')
+        names = {r["metric"]["__name__"] for r in mine}
+        if len(names) != len(labelled.split("|")):
+            print(f"prometheus_check: series labelled model_name={model!r}: {sorted(names)}")
+            return 1
+        others = query(f'{{__name__=~"metronome:({labelled})",model_name!={json.dumps(model)}}}')
+        if others:
+            print(f"prometheus_check: series without model_name={model!r}: {others}")
+            return 1
+        print(f"{len(names)} per-request and engine metrics labelled model_name={model!r}")
         info = query("metronome:build_info")
         if not info or info[0]["value"][1] != "1":
             print(f"prometheus_check: metronome:build_info: {info}")
@@ -131,9 +150,17 @@ def main():
         with open(os.path.join(source, "tools/monitoring/grafana-dashboard.json")) as f:
             dash = json.load(f)
         exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+        if not any("$model_name" in e for e in exprs):
+            print("prometheus_check: no dashboard expression selects $model_name")
+            return 1
+        # Grafana puts the value in a =~ selector; this name has no regex
+        # characters but '.', which matches itself too.
+        if not all(c.isalnum() or c in "._-" for c in model):
+            print(f"prometheus_check: served model name {model!r} is no plain name")
+            return 1
         empty = []
         for e in exprs:
-            if not query(e.replace("$__rate_interval", "30s")):
+            if not query(e.replace("$__rate_interval", "30s").replace("$model_name", model)):
                 empty.append(e)
         # Rates of events that did not happen (errors, cancellations, prefix
         # hits with no queries) may be empty; the latency panels may not.

@@ -130,7 +130,7 @@ TEST(process_metrics, heap_in_use_follows_malloc_and_free) {
 #endif
 
 TEST(process_metrics, the_engine_metrics_text_has_them_with_standard_names) {
-  engine_metrics m;
+  engine_metrics m("tiny");
   engine_status status;
   const auto families = test::check_exposition(m.render(status));
   for (const auto* name : {"process_resident_memory_bytes", "process_virtual_memory_bytes",

@@ -221,7 +221,7 @@ engine make_fake_engine(caf::actor_system& sys, std::shared_ptr<fake_stats> stat
   status->kv_cache_strategy = "paged";
   eng.status = std::move(status);
   // The real metrics registry, so GET /metrics renders what the engine would.
-  eng.metrics = std::make_shared<engine_metrics>();
+  eng.metrics = std::make_shared<engine_metrics>(eng.status->model_name);
   return eng;
 }
 

@@ -111,8 +111,10 @@ TEST_F(ServerTest, MetricsRendersTheEngineMetrics) {
   auto res = c.request(http::verb::get, "/metrics");
   ASSERT_EQ(res.result_int(), 200u);
   EXPECT_EQ(res[http::field::content_type], "text/plain; version=0.0.4; charset=utf-8");
-  // The engine's own gauges, as render_metrics() writes them.
-  EXPECT_NE(res.body().find("\nmetronome:num_requests_running 5\n"), std::string::npos)
+  // The engine's own gauges, as render_metrics() writes them, labelled with
+  // the served model's name as vLLM's are.
+  EXPECT_NE(res.body().find("\nmetronome:num_requests_running{model_name=\"fake-model\"} 5\n"),
+            std::string::npos)
     << res.body();
   EXPECT_NE(res.body().find("# TYPE metronome:kv_cache_usage_perc gauge"), std::string::npos);
 }

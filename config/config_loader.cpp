@@ -164,7 +164,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 // -- shorthand flags -------------------------------------------------------------
 
-constexpr std::array<config_flag, 18> flags = {{
+constexpr std::array<config_flag, 19> flags = {{
   {"--host", "server.host", "Address to listen on"},
   {"--port", "server.port", "TCP port (0 = any free port)"},
   {"--model", "model.path", "Hugging Face model folder (unset: the shipped metronome-tiny)"},
@@ -187,6 +187,9 @@ constexpr std::array<config_flag, 18> flags = {{
   {"--api-key", "server.api_keys",
    "API key(s) clients must send, comma-separated (visible to ps: prefer METRONOME_API_KEY or "
    "server.api_keys_file)"},
+  {"--allowed-origins", "server.allowed_origins",
+   "Browser origins that may call the API (CORS) and open /v1/ws besides the server's own, "
+   "comma-separated; * = any"},
 }};
 
 } // namespace

@@ -323,6 +323,8 @@ __global__ void fill_i32_kernel(int32_t* p, int64_t n, int32_t value) {
 }
 
 __global__ void invalid_read_kernel(const volatile int32_t* p, int32_t* sink) {
+  pdl_wait();
+  pdl_trigger();
   // Address 8 is never mapped: the read faults.
   *sink = *p;
 }

@@ -10,7 +10,6 @@
 
 #include <cuda_profiler_api.h>
 
-#include "model/environment.hpp"
 #include "model/model_error.hpp"
 
 namespace metronome::gpu {
@@ -619,12 +618,9 @@ double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
     stream_, 3, 10, [&] { METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_)); },
     options_.step_timeout_s, "graph timing");
   // One more replay inside a profiler range, for `ncu --profile-from-start
-  // off` (METRONOME_PROFILE_BATCH=<batch>: that size's step on real inputs).
+  // off` (options.profile_batch: that size's step on real inputs).
   static bool profiled = false; // the first such replay of the process
-  static const long profile_batch =
-    env_integer("METRONOME_PROFILE_BATCH", 1, 1 << 20, "expected a decode batch size; none")
-      .value_or(0);
-  if (!pad && !profiled && profile_batch == batch) {
+  if (!pad && !profiled && options_.profile_batch > 0 && options_.profile_batch == batch) {
     profiled = true;
     METRONOME_CUDA(cudaStreamSynchronize(stream_));
     METRONOME_CUDA(cudaProfilerStart());

@@ -539,7 +539,7 @@ std::string cuda_kv_cache_problem(const model_config& c, const std::string& dtyp
            + " a kv head)";
   const gpu::kernel_generations& k = gpu::active_kernels();
   if (k.decode_attention == 1 || k.prefill_attention == 1)
-    return "fp8 needs the second-generation attention kernels (METRONOME_KERNELS selects the "
+    return "fp8 needs the second-generation attention kernels (a benchmark selected the "
            "first)";
   return {};
 }

@@ -55,6 +55,10 @@ struct cuda_runner_options {
   /// Longest a step may take before the runner gives up on the device (a
   /// hung kernel becomes an exception, never an endless wait).
   double step_timeout_s = 120.0;
+  /// Benchmarks only: a decode batch size whose captured step is replayed
+  /// once more inside a profiler range at start-up (for `ncu
+  /// --profile-from-start off`, tools/ncu_step_profile.py); 0 = none.
+  int32_t profile_batch = 0;
 };
 
 /// Number of CUDA devices; 0 when there is no GPU, no driver or no CUDA in

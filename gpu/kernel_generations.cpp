@@ -1,31 +1,16 @@
-// The process-wide choice of kernel generation (see kernels.hpp), read once
-// from METRONOME_KERNELS, and the programmatic-dependent-launch setting, from
-// METRONOME_PDL, with its per-thread override.
+// The process-wide choice of kernel generation (see kernels.hpp) and the
+// programmatic-dependent-launch setting with its per-thread override. Both
+// start at their defaults; only benchmarks and tests change them
+// (bench/gpu/environment_switches.hpp), never the server.
 
-#include <cstdlib>
+#include <atomic>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gpu/kernels.hpp"
-#include "model/environment.hpp"
 
 namespace metronome::gpu {
-
-namespace {
-
-kernel_generations from_environment() {
-  const char* env = std::getenv("METRONOME_KERNELS");
-  std::vector<std::string> bad;
-  const kernel_generations g = parse_kernel_generations(env ? env : "", &bad);
-  for (const std::string& item : bad)
-    warn_ignored_setting("METRONOME_KERNELS", item,
-                         "expected gemv, decode, prefill, rope or splits = 1 or 2, splits=3, "
-                         "or awarps = 2 or 4");
-  return g;
-}
-
-} // namespace
 
 kernel_generations parse_kernel_generations(const std::string& s,
                                             std::vector<std::string>* ignored_items) {
@@ -65,7 +50,7 @@ kernel_generations parse_kernel_generations(const std::string& s,
 }
 
 kernel_generations& active_kernels() {
-  static kernel_generations g = from_environment();
+  static kernel_generations g;
   return g;
 }
 
@@ -91,16 +76,16 @@ pdl_mode parse_pdl_mode(const char* v, bool* ignored_value) {
   return pdl_mode::per_graph;
 }
 
+namespace {
+std::atomic<pdl_mode> process_pdl_mode{pdl_mode::per_graph};
+} // namespace
+
 pdl_mode pdl_setting() {
-  static const pdl_mode mode = [] {
-    const char* v = std::getenv("METRONOME_PDL");
-    bool bad = false;
-    const pdl_mode m = parse_pdl_mode(v, &bad);
-    if (bad)
-      warn_ignored_setting("METRONOME_PDL", v, "expected auto, 0 (off), 1 (on) or late; auto");
-    return m;
-  }();
-  return mode;
+  return process_pdl_mode.load(std::memory_order_relaxed);
+}
+
+void set_pdl_mode(pdl_mode mode) {
+  process_pdl_mode.store(mode, std::memory_order_relaxed);
 }
 
 bool pdl_active() {

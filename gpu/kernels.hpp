@@ -350,13 +350,13 @@ bool attention_supports_head_dim(int32_t head_dim);
 // -- kernel generations ------------------------------------------------------------------
 
 /// Which generation of the GEMV and attention kernels the launchers above use.
-/// 2 (the default) is current; 1 is the first version (2026-11-30), kept so a
-/// benchmark can compare both in one run and as a fallback. Process-wide,
-/// initialised at first use from METRONOME_KERNELS (e.g. "gemv=1,decode=2,
-/// prefill=2,rope=1", any subset). Tests and benchmarks may change it between
-/// launches, never while an engine enqueues a step or captures graphs; an
-/// engine sizes its split-K buffers and prefill items for the generation
-/// active when it starts.
+/// 2 (the default) is current; 1 is the first version, kept so a benchmark
+/// can compare both in one run and as a fallback. Process-wide; the server
+/// never changes it (no environment is read for it). Tests and benchmarks
+/// may change it between launches (gpu_bench and gpu_tests take
+/// METRONOME_KERNELS, bench/gpu/environment_switches.hpp), never while an
+/// engine enqueues a step or captures graphs; an engine sizes its split-K
+/// buffers and prefill items for the generation active when it starts.
 struct kernel_generations {
   int gemv = 2;
   int decode_attention = 2;
@@ -369,10 +369,14 @@ struct kernel_generations {
   /// Warps a block of the decode attention: 0 by decode_attention_warps's
   /// rule, 2 or 4 forced (awarps=2, awarps=4).
   int attention_warps = 0;
+  /// Which once-read streams carry the L2 evict-first hint (stream_hint in
+  /// launch.cuh): all by default (METRONOME_STREAM_HINTS in benchmarks).
+  unsigned stream_hints = 7;
 };
 kernel_generations& active_kernels();
 
-/// METRONOME_KERNELS's syntax: comma-separated key=value items; items it does
+/// The benchmark switch METRONOME_KERNELS's syntax (e.g. "gemv=1,decode=2,
+/// prefill=2,rope=1", any subset): comma-separated key=value items; items it does
 /// not understand are left out of the result and appended to ignored_items
 /// (if given), in order. Any thread.
 kernel_generations parse_kernel_generations(const std::string& spec,
@@ -380,9 +384,11 @@ kernel_generations parse_kernel_generations(const std::string& spec,
 
 // -- programmatic dependent launch ---------------------------------------------------------
 
-/// How launches on a stream use programmatic dependent launch (launch.cuh),
-/// from METRONOME_PDL, read once: "0" (off, false, no) off everywhere, "1"
-/// (on, true, yes) on everywhere, unset or "auto" (per_graph) off except
+/// How launches on a stream use programmatic dependent launch (launch.cuh):
+/// per_graph unless a benchmark or a test sets another with set_pdl_mode()
+/// (gpu_bench and gpu_tests take METRONOME_PDL: "0" (off, false, no) off
+/// everywhere, "1" (on, true, yes) on everywhere, unset or "auto"
+/// per_graph; the server reads no environment for it). per_graph: off except
 /// where an engine turns it on with a pdl_scope: in long steps with prompt
 /// tokens (cuda_engine::prompt_pdl), and in the decode
 /// graphs that win with it: where a batch size takes the GEMV path, the
@@ -390,12 +396,16 @@ kernel_generations parse_kernel_generations(const std::string& spec,
 /// alternating timings each) and keeps PDL if it wins by 1% (a fixed
 /// choice was a loss at one shape or another), then that graph again with late
 /// triggers (late_triggers()), kept if they win by 1% too. "late": on
-/// everywhere, with late triggers. Any other value: auto, with a warning on
-/// stderr.
+/// everywhere, with late triggers.
 enum class pdl_mode { off, on, per_graph, late };
 pdl_mode pdl_setting();
 
-/// METRONOME_PDL's syntax (value may be null: unset); *ignored_value tells
+/// Benchmarks and tests only, before any engine starts: the process's PDL
+/// mode from now on.
+void set_pdl_mode(pdl_mode mode);
+
+/// The benchmark switch METRONOME_PDL's syntax (value may be null: unset);
+/// *ignored_value tells
 /// whether the value was not understood (and auto used). Any thread.
 pdl_mode parse_pdl_mode(const char* value, bool* ignored_value);
 

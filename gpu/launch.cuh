@@ -26,7 +26,6 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
-#include "model/environment.hpp"
 
 namespace metronome::gpu {
 
@@ -49,14 +48,10 @@ enum stream_hint : unsigned {
   hint_decode_kv = 4,      // the decode attention's keys and values
 };
 
-/// Whether `hint` is on: all are, unless the environment variable
-/// METRONOME_STREAM_HINTS gives another mask (a benchmark switch: 0 = none;
-/// anything but a number from 0 to 7 is named on stderr and all are on).
+/// Whether `hint` is on: all are, unless a benchmark set another mask
+/// (kernel_generations::stream_hints; METRONOME_STREAM_HINTS in gpu_bench).
 inline bool stream_hint_on(stream_hint hint) {
-  static const unsigned mask = unsigned(
-    env_integer("METRONOME_STREAM_HINTS", 0, 7, "expected a mask from 0 to 7; all hints on", 0)
-      .value_or(7));
-  return (mask & hint) != 0;
+  return (active_kernels().stream_hints & hint) != 0;
 }
 
 /// Launches `kernel` on `stream`, with PDL unless disabled or on the legacy

@@ -33,6 +33,7 @@
 #include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
 
+#include "bench/gpu/environment_switches.hpp"
 #include "bench/gpu/kernel_bench.hpp"
 #include "config/config_scalar.hpp"
 #include "gpu/cuda_check.hpp"
@@ -44,6 +45,9 @@
 
 namespace metronome {
 namespace {
+
+/// METRONOME_PROFILE_BATCH (bench/gpu/environment_switches.hpp), read at start.
+int32_t profile_batch = 0;
 
 using nlohmann::json;
 
@@ -571,6 +575,7 @@ int run(const options& o) {
   ro.small_batch_path = o.path;
   ro.page_size = o.page_size;
   ro.kv_cache_dtype = o.kv_dtype;
+  ro.profile_batch = profile_batch;
   const auto t_load = std::chrono::steady_clock::now();
   auto runner = make_cuda_runner(model, ro);
   const double load_s =
@@ -870,6 +875,7 @@ std::string parse_args(int argc, char** argv, options& o) {
 } // namespace metronome
 
 int main(int argc, char** argv) {
+  metronome::profile_batch = metronome::bench::apply_environment_switches();
   metronome::options o;
   if (const std::string error = metronome::parse_args(argc, argv, o); !error.empty()) {
     std::fprintf(stderr, "%s\n", error.c_str());

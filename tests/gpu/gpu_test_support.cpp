@@ -2,7 +2,15 @@
 
 #include <cstring>
 
+#include "bench/gpu/environment_switches.hpp"
+
 namespace metronome::test {
+
+namespace {
+// The benchmark switches (METRONOME_KERNELS, METRONOME_PDL), applied before
+// any test runs: bench/gpu/run_h200.sh runs the GPU tests under them too.
+[[maybe_unused]] const int32_t applied_switches = bench::apply_environment_switches();
+} // namespace
 
 bool quick_mode() {
   const char* v = std::getenv("METRONOME_GPU_TEST_QUICK");

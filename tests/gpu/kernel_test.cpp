@@ -10,6 +10,7 @@
 #include <numeric>
 #include <thread>
 
+#include "bench/gpu/environment_switches.hpp"
 #include "model/cpu_ops.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/test_env.hpp"
@@ -565,17 +566,42 @@ void expect_scope_nests(bool (*active)(), bool expected_outside) {
 TEST(gpu_launch, pdl_scope_sets_this_threads_choice_and_nests) {
   // Host logic only (no device needed): the engine captures each decode
   // graph inside a pdl_scope (and a late_trigger_scope); launches elsewhere
-  // follow METRONOME_PDL.
+  // follow the process's mode (METRONOME_PDL in this binary).
   const gpu::pdl_mode mode = gpu::pdl_setting();
   expect_scope_nests<gpu::pdl_scope>(&gpu::pdl_active,
                                      mode == gpu::pdl_mode::on || mode == gpu::pdl_mode::late);
   expect_scope_nests<gpu::late_trigger_scope>(&gpu::late_triggers, mode == gpu::pdl_mode::late);
 }
 
+TEST(gpu_launch, benchmark_switches_act_only_through_their_reader) {
+  // Host logic only: the GPU library reads no environment (the server must
+  // not change kernels because of a stray variable); gpu_bench and gpu_tests
+  // apply METRONOME_KERNELS and METRONOME_PDL through
+  // bench::apply_environment_switches().
+  const gpu::kernel_generations kernels = gpu::active_kernels();
+  const gpu::pdl_mode mode = gpu::pdl_setting();
+  const char* old_kernels = std::getenv("METRONOME_KERNELS");
+  const char* old_pdl = std::getenv("METRONOME_PDL");
+  const std::string saved_kernels = old_kernels ? old_kernels : "";
+  const std::string saved_pdl = old_pdl ? old_pdl : "";
+  const gpu::pdl_mode other = mode == gpu::pdl_mode::off ? gpu::pdl_mode::on : gpu::pdl_mode::off;
+  setenv("METRONOME_KERNELS", kernels.gemv == 1 ? "gemv=2" : "gemv=1", 1);
+  setenv("METRONOME_PDL", other == gpu::pdl_mode::off ? "0" : "1", 1);
+  EXPECT_EQ(gpu::active_kernels().gemv, kernels.gemv);
+  EXPECT_EQ(gpu::pdl_setting(), mode);
+  bench::apply_environment_switches();
+  EXPECT_NE(gpu::active_kernels().gemv, kernels.gemv);
+  EXPECT_EQ(gpu::pdl_setting(), other);
+  gpu::active_kernels() = kernels;
+  gpu::set_pdl_mode(mode);
+  old_kernels ? setenv("METRONOME_KERNELS", saved_kernels.c_str(), 1)
+              : unsetenv("METRONOME_KERNELS");
+  old_pdl ? setenv("METRONOME_PDL", saved_pdl.c_str(), 1) : unsetenv("METRONOME_PDL");
+}
+
 TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
-  // Host logic only: METRONOME_KERNELS and METRONOME_PDL as the process
-  // reads them once; what is not understood is named (on stderr), never a
-  // silent change of meaning.
+  // Host logic only: the benchmark switches' syntax; what is not understood
+  // is named (on stderr), never a silent change of meaning.
   std::vector<std::string> bad;
   auto g = gpu::parse_kernel_generations("gemv=1,decode=1", &bad);
   EXPECT_EQ(g.gemv, 1);

@@ -162,7 +162,7 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
 // bf16 form, bound by memory, gains nothing (LEAN): one page-table read for
 // a step of 16 keys that lies in one page and in range, and no rescale of
 // O where no maximum moved (alpha is then exactly 1). Together: 8B batch 64
-// at 1,024 keys 57-61 -> 46-47 us (bench/results/h200-2026-12-02-r23.md).
+// at 1,024 keys 57-61 -> 46-47 us on the H200.
 // The row scales are applied outside the MMAs: a key's K scale to its scores
 // (S = K Q^T in f16, q rounded to bf16 first as the bf16 cache's kernel does),
 // its V scale to its probabilities before they meet V (O^T += V^T P^T in
@@ -993,7 +993,7 @@ int32_t decode_attention_splits(const attention_shape& sh, int32_t num_seqs, int
   // when an SM holds only two (head_dim 128: 224 registers a thread); the
   // few blocks left for a second wave then cost a whole block's time. 8B at
   // 32 sequences ran 2 splits, 512 blocks on 264 slots; 1 split took the
-  // step from 5.86-6.02 to 5.55-5.69 ms (bench/results/h200-2026-12-02-r18.md).
+  // step from 5.86-6.02 to 5.55-5.69 ms on the H200.
   const int32_t blocks = std::max(1, num_seqs * sh.kv_heads);
   const int32_t wanted = (2 * num_sms + blocks - 1) / blocks;
   const int32_t one_wave = std::max(1, blocks_per_sm) * num_sms / blocks;

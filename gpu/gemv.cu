@@ -28,8 +28,8 @@
 // to; for qkv the position, RoPE frequency and the cache page of a k or v row,
 // three dependent loads) are requested with the tile's first weight batch, not
 // after its sums: at the end they held up every block's last store, and with
-// them moved the 8B batch-1 step took 2.5% less time, the 1B one 3.9% less
-// (bench/results/h200-2026-12-01-r13.md). The inputs are staged with each
+// them moved the 8B batch-1 step took 2.5% less time on the H200, the 1B
+// one 3.9% less. The inputs are staged with each
 // thread's loads issued together (stage_x), and one sequence's residual is
 // normalised from registers in one round trip (stage_residual): the staging
 // loop used to take one dependent round trip per 16 bytes a thread, up to
@@ -356,8 +356,8 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
   // The residual-adding projections (o, down) launch early only with late
   // triggers (kernels.hpp), in either generation: with PDL on every other
   // launch and off for these two, the 8B batch-1 step took 3% less time than
-  // with PDL off everywhere, and with PDL on these too, 2% more
-  // (bench/results/h200-2026-12-01-r12.md, measured on this generation); with
+  // with PDL off everywhere, and with PDL on these too, 2% more (H200, this
+  // generation); with
   // the kernels before them triggering late, the 1B step takes 3% less.
   // They still trigger their dependents, so the launch after them
   // (gate_up, the next qkv) overlaps.

@@ -229,7 +229,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   // METRONOME_ATTN_SWEEP="seqs:ctx,...": the attention cases become these
   // shapes (one token a sequence, the launcher's splits, no first-generation
   // or fixed-split variants), to tell the decode attention's fixed cost from
-  // its streaming rate (bench/results/h200-2026-12-01-r13.md). The GEMV and
+  // its streaming rate. The GEMV and
   // GEMM rows above run as always.
   const char* sweep_env = std::getenv("METRONOME_ATTN_SWEEP");
   const bool sweep = sweep_env != nullptr;

@@ -163,8 +163,7 @@ TEST(gpu_attention, decode_warps_halve_where_that_halves_the_waves) {
   // The 8B shape with the fp8 cache (its kernel: 160 registers, 3 blocks an
   // SM): 4 warps at 48 sequences (384 blocks, one wave of 396 slots), 2 at
   // 64 (512), 4 at 128 (1,024: 3 waves against 2 of twice the time), each
-  // the fastest in the H200 kernel sweep of round 22 call 1 (the prototype:
-  // 42.0, 58.5, 99.0 us).
+  // the fastest in a kernel sweep on the H200 (42.0, 58.5, 99.0 us).
   EXPECT_EQ(gpu::decode_attention_warps(sh, 48, 1, 132, 3), 4);
   EXPECT_EQ(gpu::decode_attention_warps(sh, 64, 1, 132, 3), 2);
   EXPECT_EQ(gpu::decode_attention_warps(sh, 128, 1, 132, 3), 4);

@@ -47,12 +47,14 @@ std::vector<int32_t> eos_ids(const model_folder& model, const tokenizer& tok) {
   return ids;
 }
 
+/// The runner of o.device with `limits` (o.limits resolved: max_model_len,
+/// and on the CPU kv_cache_tokens, as the engine fixed them).
 runner_factory device_runner(const engine_options& o, std::shared_ptr<const model_folder> model,
-                             int32_t cpu_pages, int32_t max_model_len) {
+                             const engine_limits& limits) {
   if (o.runner_factory)
     return o.runner_factory;
   if (o.device == "cpu")
-    return [=] { return make_cpu_runner(model, cpu_pages, o.page_size); };
+    return [=] { return make_cpu_runner(model, limits); };
   if (o.device.starts_with("cuda")) {
     cuda_runner_options g;
     g.device = parse_cuda_device(o.device);
@@ -63,19 +65,14 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
     if (const std::string p = cuda_device_problem(g.device); !p.empty())
       throw std::invalid_argument("device '" + o.device + "': " + p);
     g.gpu_memory_fraction = o.gpu_memory_fraction;
-    g.max_batch_size = o.max_batch_size;
-    g.max_num_batched_tokens = o.max_num_batched_tokens;
-    g.page_size = o.page_size;
-    g.kv_cache_tokens = o.kv_cache_tokens;
+    // The scheduler's limits: one step timeout, the runner's own wait for a
+    // step ends where the scheduler's does.
+    g.limits = limits;
     g.cuda_graphs = o.cuda_graphs;
     g.kv_cache_dtype = o.kv_cache_dtype;
-    g.max_model_len = max_model_len;
-    // One step timeout: the runner's own wait for a step ends where the
-    // scheduler's does (engine.step_timeout_ms).
-    g.step_timeout_s = std::chrono::duration<double>(o.step_timeout).count();
     // Sequences the runner may hold: the running ones, plus as many finished
     // ones waiting to be released with the next plan.
-    g.max_seqs = 2 * o.max_batch_size;
+    g.max_seqs = 2 * limits.max_batch_size;
     return [=] { return make_cuda_runner(model, g); };
   }
   throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
@@ -95,7 +92,8 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     throw model_error((o.model_dir / "tokenizer.json").string(), "",
                       "the tokenizer has " + std::to_string(tok->vocab_size())
                         + " tokens but the model's vocab_size is " + std::to_string(cfg.vocab_size));
-  if (o.page_size <= 0 || o.max_batch_size <= 0 || o.max_num_batched_tokens <= 0)
+  engine_limits& limits = o.limits;
+  if (limits.page_size <= 0 || limits.max_batch_size <= 0 || limits.max_num_batched_tokens <= 0)
     throw std::invalid_argument("engine: page_size, max_batch_size and max_num_batched_tokens "
                                 "must be positive");
   // The KV cache's element type is checked against the model here, before
@@ -109,9 +107,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
 
   // A context longer than the model's: positions it was never trained on
   // (and RoPE tables it does not have). Refused here, naming both numbers.
-  if (cfg.max_position_embeddings > 0 && o.max_model_len > cfg.max_position_embeddings)
+  if (cfg.max_position_embeddings > 0 && limits.max_model_len > cfg.max_position_embeddings)
     throw std::invalid_argument(
-      "model.max_model_len (--max-model-len) is " + std::to_string(o.max_model_len)
+      "model.max_model_len (--max-model-len) is " + std::to_string(limits.max_model_len)
       + " but the model's context is " + std::to_string(cfg.max_position_embeddings)
       + " tokens (max_position_embeddings in " + (o.model_dir / "config.json").string()
       + "); use at most " + std::to_string(cfg.max_position_embeddings) + ", or 0 for that");
@@ -133,29 +131,28 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     st.model_description = card->description;
   e.metrics = std::make_shared<engine_metrics>(st.model_name);
   st.device = o.device;
-  st.max_model_len = o.max_model_len > 0 ? o.max_model_len : cfg.max_position_embeddings;
-
-  // CPU KV memory: what was asked for, else room for max_batch_size full
-  // sequences, capped at 1 GiB.
-  const int64_t bytes_per_token
-    = int64_t(cfg.num_layers) * 2 * cfg.num_kv_heads * cfg.head_dim * int64_t(sizeof(float));
-  int64_t kv_tokens = o.kv_cache_tokens;
-  if (kv_tokens <= 0)
-    kv_tokens = std::min<int64_t>(int64_t(o.max_batch_size) * st.max_model_len,
-                                  (int64_t(1) << 30) / bytes_per_token);
-  const int32_t cpu_pages = int32_t((kv_tokens + o.page_size - 1) / o.page_size);
-  if (o.device == "cpu" && int64_t(cpu_pages) * o.page_size < st.max_model_len) {
-    spdlog::warn("KV cache holds {} tokens: max_model_len lowered from {}",
-                 int64_t(cpu_pages) * o.page_size, st.max_model_len);
-    st.max_model_len = cpu_pages * o.page_size;
+  // From here on the limits are resolved: the model's context for 0, and on
+  // the CPU the KV cache's size, fixed here (cpu_kv_pages) so the runner
+  // makes that many pages at every restart.
+  limits.max_model_len = limits.max_model_len > 0 ? limits.max_model_len
+                                                  : cfg.max_position_embeddings;
+  if (o.device == "cpu") {
+    const int64_t kv_tokens = int64_t(cpu_kv_pages(cfg, limits)) * limits.page_size;
+    limits.kv_cache_tokens = kv_tokens;
+    if (kv_tokens < limits.max_model_len) {
+      spdlog::warn("KV cache holds {} tokens: max_model_len lowered from {}", kv_tokens,
+                   limits.max_model_len);
+      limits.max_model_len = int32_t(kv_tokens);
+    }
   }
-  st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(o.page_size)
+  st.max_model_len = limits.max_model_len;
+  st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(limits.page_size)
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
 
-  auto factory = device_runner(o, model, cpu_pages, st.max_model_len);
   if (o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
     throw std::invalid_argument("engine.fault_injection " + o.faults.to_string()
                                 + ": a device fault needs a CUDA device (model.device cuda:N)");
+  auto factory = device_runner(o, model, limits);
   if (o.faults) {
     spdlog::warn("engine.fault_injection {}: every executor's step {} will fail on purpose (a "
                  "test setting: never set it in production)",
@@ -163,20 +160,16 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     factory = [inner = std::move(factory), f = o.faults] { return with_faults(inner(), f); };
   }
   scheduler_actor_config sc;
-  sc.limits.max_batch_size = o.max_batch_size;
-  sc.limits.max_num_batched_tokens = o.max_num_batched_tokens;
-  sc.limits.max_queued = o.max_queued_requests;
-  sc.limits.max_model_len = st.max_model_len;
-  sc.limits.prefix_caching = o.prefix_caching;
-  sc.limits.kv = o.kv;
-  sc.limits.kv_bucket_min_tokens = o.kv_bucket_min_tokens;
-  sc.limits.kv_buckets_per_size = o.kv_buckets_per_size;
+  sc.scheduler.limits = limits;
+  sc.scheduler.prefix_caching = o.prefix_caching;
+  sc.scheduler.kv = o.kv;
+  sc.scheduler.kv_bucket_min_tokens = o.kv_bucket_min_tokens;
+  sc.scheduler.kv_buckets_per_size = o.kv_buckets_per_size;
   // Per process: clients cannot aim hash collisions at it (and every match
   // is verified token by token; a restarted executor starts with no cache).
-  sc.limits.cache_salt = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  sc.scheduler.cache_salt = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   sc.policy = o.policy;
   sc.eos_ids = eos_ids(*model, *tok);
-  sc.step_timeout = o.step_timeout;
   sc.policies = policy_context::make(o.predictor, o.ladb, o.srpt);
   if (!o.step_trace.empty()) {
     try {

@@ -18,6 +18,7 @@
 #include "actors/drift_supervisor.hpp"
 #include "actors/interfaces.hpp"
 #include "sched/ladb_policy.hpp"
+#include "model/engine_limits.hpp"
 #include "model/fault_injection.hpp"
 #include "model/model_runner.hpp"
 
@@ -44,19 +45,10 @@ struct engine_options {
   /// when it cannot be read or its format is not recognised). Ignored when
   /// chat_template names a format.
   std::filesystem::path chat_template_file;
-  /// Longest sequence (prompt + output); 0 = the model's max_position_embeddings.
-  int32_t max_model_len = 0;
-  /// Cap on sequences in one step.
-  int32_t max_batch_size = 64;
-  /// Token budget of one step (prompt chunks + decodes).
-  int32_t max_num_batched_tokens = 2048;
-  /// Tokens per KV page.
-  int32_t page_size = 16;
-  /// KV capacity in tokens; 0 = as the device's memory plan allows (CPU: enough for
-  /// max_batch_size sequences of max_model_len, at most 1 GiB).
-  int64_t kv_cache_tokens = 0;
-  /// Requests waiting for admission above which new ones get queue_full.
-  int32_t max_queued_requests = 1024;
+  /// Step size, sequence length, KV pages and capacity, queue and step
+  /// timeout, passed on to the scheduler and the runner
+  /// (model/engine_limits.hpp; max_model_len 0 = the model's context).
+  engine_limits limits;
   /// Scheduling policy: ladb (the default, as `serve`'s), srpt, fcfs,
   /// ladb-literal.
   std::string policy = "ladb";
@@ -76,8 +68,6 @@ struct engine_options {
   std::filesystem::path step_trace;
   /// Default and maximum time a request may take.
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
-  /// Longest one engine step may take before the executor counts as hung.
-  std::chrono::milliseconds step_timeout{std::chrono::seconds(60)};
   /// Executor restarts allowed within restart_window before giving up.
   int32_t max_restarts = 3;
   std::chrono::seconds restart_window{60};

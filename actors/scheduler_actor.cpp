@@ -132,8 +132,8 @@ void on_output(self_ptr self, const step_output& out) {
   if (st.config.trace && u.step)
     st.config.trace->write(std::chrono::duration<double>(now - st.trace_origin).count(), *u.step);
   if (st.metrics)
-    st.metrics->on_step(out.num_seqs, st.config.limits.max_batch_size, out.num_tokens,
-                        int64_t(out.tokens.size()), out.seconds);
+    st.metrics->on_step(out.num_seqs, st.config.scheduler.limits.max_batch_size,
+                        out.num_tokens, int64_t(out.tokens.size()), out.seconds);
   for (auto& ev : u.tokens) {
     auto i = st.requests.find(ev.id);
     if (i == st.requests.end())
@@ -185,7 +185,7 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
 void send_plan(self_ptr self, step_plan plan) {
   auto& st = self->state;
   const auto epoch = st.epoch;
-  self->request(st.executor, st.config.step_timeout, std::move(plan))
+  self->request(st.executor, st.config.scheduler.limits.step_timeout, std::move(plan))
     .then([=](step_output& out) {
             if (epoch == self->state.epoch)
               on_output(self, out);
@@ -196,7 +196,8 @@ void send_plan(self_ptr self, step_plan plan) {
               return;
             if (err == caf::sec::request_timeout && s.executor) {
               // A hung step: have the supervisor restart the executor.
-              spdlog::error("engine step timed out after {} ms", s.config.step_timeout.count());
+              spdlog::error("engine step timed out after {} ms",
+                            s.config.scheduler.limits.step_timeout.count());
               self->send(s.executor, crash_atom::value, std::string("engine step timed out"));
             }
             // Other errors: the executor died; its supervisor reports it.
@@ -262,7 +263,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
                               std::shared_ptr<engine_metrics> metrics) {
   auto& st = self->state;
   auto policy = make_policy(config, config.policy);
-  st.core = std::make_unique<scheduler>(config.limits, std::move(policy));
+  st.core = std::make_unique<scheduler>(config.scheduler, std::move(policy));
   st.trace_origin = engine_now(self);
   st.config = std::move(config);
   st.status = std::move(status);
@@ -311,7 +312,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
         sched_request shape;
         shape.prompt.resize(copy_for_error);
         shape.max_context = m.max_context;
-        self->send(sender, refusal(result, shape, s.config.limits.max_model_len));
+        self->send(sender, refusal(result, shape, s.config.scheduler.limits.max_model_len));
         return;
       }
       self->monitor(sender);

@@ -22,13 +22,13 @@ class engine_metrics;
 struct policy_context;
 
 struct scheduler_actor_config {
-  scheduler_config limits;
+  /// The scheduler's settings; scheduler.limits.step_timeout is how long the
+  /// actor waits for a step before it has the executor replaced.
+  scheduler_config scheduler;
   /// Admission policy at start (fcfs, ladb, srpt).
   std::string policy = "fcfs";
   /// The model's end-of-sequence ids.
   std::vector<int32_t> eos_ids;
-  /// Longest a step may take before the executor is restarted.
-  std::chrono::milliseconds step_timeout{std::chrono::seconds(60)};
   /// Settings and shared predictor of the latency-aware policies
   /// (sched/ladb_policy.hpp); null = defaults, a predictor per policy.
   std::shared_ptr<policy_context> policies;

@@ -54,11 +54,12 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
   check_shape(c.intermediate_size % 8 == 0, "intermediate_size", "must be a multiple of 8");
   check_shape(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, "num_key_value_heads",
               "must divide num_attention_heads");
-  check_shape(options_.page_size > 0 && options_.page_size <= 1024, "page_size",
+  const engine_limits& limits = options_.limits;
+  check_shape(limits.page_size > 0 && limits.page_size <= 1024, "page_size",
               "must lie in 1..1024");
-  check_shape(options_.max_batch_size >= 1 && options_.max_batch_size <= 1024, "max_batch_size",
+  check_shape(limits.max_batch_size >= 1 && limits.max_batch_size <= 1024, "max_batch_size",
               "must lie in 1..1024");
-  check_shape(options_.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+  check_shape(limits.max_num_batched_tokens >= 1, "max_num_batched_tokens",
               "must be positive");
   check_shape(options_.gpu_memory_fraction > 0 && options_.gpu_memory_fraction <= 1,
               "gpu_memory_fraction", "must lie in (0, 1]");
@@ -97,7 +98,8 @@ cuda_engine::~cuda_engine() {
   // Steps still in flight finish first (bounded: a hung device is left).
   if (!flight_.empty()) {
     try {
-      wait_event(step_done_[flight_.back().slot], options_.step_timeout_s, "engine shutdown");
+      wait_event(step_done_[flight_.back().slot], options_.limits.step_timeout_s(),
+                 "engine shutdown");
     } catch (...) {
     }
   }
@@ -231,8 +233,8 @@ void cuda_engine::upload_weights() {
 
 void cuda_engine::allocate_activations() {
   const auto& c = model_->config;
-  max_batch_ = options_.max_batch_size;
-  max_tokens_ = std::max(options_.max_num_batched_tokens, max_batch_);
+  max_batch_ = options_.limits.max_batch_size;
+  max_tokens_ = std::max(options_.limits.max_num_batched_tokens, max_batch_);
   const size_t t = size_t(max_tokens_), b = size_t(max_batch_);
   const size_t h = size_t(c.hidden_size), q = size_t(c.q_size()), kv = size_t(c.kv_size());
   const size_t f = size_t(c.intermediate_size), v = size_t(c.vocab_size);
@@ -345,7 +347,7 @@ size_t cuda_engine::kv_row_bytes() const {
 
 size_t cuda_engine::kv_layer_bytes(int64_t pages) const {
   const size_t rows =
-    size_t(pages) * size_t(options_.page_size) * size_t(model_->config.num_kv_heads);
+    size_t(pages) * size_t(options_.limits.page_size) * size_t(model_->config.num_kv_heads);
   // The fp8 pools rounded up to 256 bytes, so that every layer's pools start
   // 16-byte aligned (the prefill copies 16 bytes at a time) whatever the row
   // count.
@@ -357,7 +359,7 @@ void cuda_engine::plan_kv_and_capture() {
   size_t free_b = 0, total_b = 0;
   METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t budget = size_t(double(total_b) * options_.gpu_memory_fraction);
-  const size_t ps = size_t(options_.page_size);
+  const size_t ps = size_t(options_.limits.page_size);
   const size_t token_bytes =
     size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kv_row_bytes();
   max_seqs_ = options_.max_seqs > 0 ? options_.max_seqs : 4 * max_batch_;
@@ -416,8 +418,8 @@ void cuda_engine::plan_kv_and_capture() {
   METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t used = total_b - free_b;
   int64_t pages = 0;
-  if (options_.kv_cache_tokens > 0) {
-    pages = (options_.kv_cache_tokens + int64_t(ps) - 1) / int64_t(ps);
+  if (options_.limits.kv_cache_tokens > 0) {
+    pages = (options_.limits.kv_cache_tokens + int64_t(ps) - 1) / int64_t(ps);
   } else {
     const int64_t left =
       int64_t(budget) - int64_t(used) - int64_t(graph_estimate) - int64_t(reserve_bytes);
@@ -431,8 +433,8 @@ void cuda_engine::plan_kv_and_capture() {
       + " MiB, graphs ~" + std::to_string(graph_estimate >> 20) + " MiB");
   pages = std::min<int64_t>(pages, INT32_MAX - 1);
   num_pages_ = int32_t(pages);
-  int64_t max_len = options_.max_model_len > 0 ? options_.max_model_len
-                                               : c.max_position_embeddings;
+  int64_t max_len = options_.limits.max_model_len > 0 ? options_.limits.max_model_len
+                                                      : c.max_position_embeddings;
   max_len = std::min<int64_t>(max_len, int64_t(num_pages_) * int64_t(ps));
   page_stride_ = int32_t((max_len + int64_t(ps) - 1) / int64_t(ps));
 
@@ -444,7 +446,7 @@ void cuda_engine::plan_kv_and_capture() {
   launch_fill_i32(page_table_.get<int32_t>(), int64_t(max_seqs_ + 1) * page_stride_, num_pages_,
                   stream_);
   METRONOME_CUDA(cudaEventRecord(done_, stream_));
-  wait_event(done_, 120.0, "KV pool initialisation");
+  wait_event(done_, options_.limits.step_timeout_s(), "KV pool initialisation");
 
   METRONOME_CUDA(cudaDeviceSynchronize());
   size_t before = 0, after = 0;
@@ -486,7 +488,7 @@ cuda_engine::layout cuda_engine::mixed_layout(int32_t singles, int32_t prompt) c
   // New pages: at most one per decode, a chunk's own plus one, and the
   // cached pages a newly admitted sequence starts on (a prefix of up to
   // 1,024 pages; 12 bytes each in the step's copy).
-  const int32_t base = singles + prompt / options_.page_size + 2 * mixed_max_chunks + 16;
+  const int32_t base = singles + prompt / options_.limits.page_size + 2 * mixed_max_chunks + 16;
   const int32_t updates =
     base + std::max(0, std::min({page_stride_, 1024, update_capacity_ - base}));
   layout l = make_layout(singles + prompt, singles + mixed_max_chunks + 1, updates, 0, items,
@@ -616,7 +618,7 @@ double cuda_engine::time_graph(const graph_exec& g, int32_t batch, bool pad) {
   }
   const double ms = mean_launch_ms(
     stream_, 3, 10, [&] { METRONOME_CUDA(cudaGraphLaunch(g.get(), stream_)); },
-    options_.step_timeout_s, "graph timing");
+    options_.limits.step_timeout_s(), "graph timing");
   // One more replay inside a profiler range, for `ncu --profile-from-start
   // off` (options.profile_batch: that size's step on real inputs).
   static bool profiled = false; // the first such replay of the process

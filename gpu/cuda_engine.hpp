@@ -99,7 +99,7 @@ public:
   cuda_engine(const cuda_engine&) = delete;
   cuda_engine& operator=(const cuda_engine&) = delete;
 
-  /// Runs one step and waits for its ids (bounded by step_timeout_s); none
+  /// Runs one step and waits for its ids (bounded by the step timeout); none
   /// may be in flight.
   engine_result run(std::span<const engine_chunk> chunks, std::span<const page_update> updates);
 
@@ -134,7 +134,7 @@ public:
   /// Seconds since the oldest step in flight was launched (0 when none).
   double oldest_age_s() const;
 
-  /// Waits for the oldest step in flight, at most until step_timeout_s after
+  /// Waits for the oldest step in flight, at most until the step timeout after
   /// its launch (then cuda_error), and returns its ids; std::logic_error
   /// when none is in flight.
   engine_result finish();
@@ -148,7 +148,7 @@ public:
   }
 
   int32_t page_size() const {
-    return options_.page_size;
+    return options_.limits.page_size;
   }
 
   int32_t max_seqs() const {

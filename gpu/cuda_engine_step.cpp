@@ -302,7 +302,7 @@ kv_view cuda_engine::kv_of(int32_t layer_index) const {
     // [K bytes][V bytes][K scales][V scales] of the pool's rows (its pages,
     // the padding page included, x page_size x kv heads).
     const size_t rows =
-      size_t(num_pages_ + 1) * size_t(options_.page_size) * size_t(c.num_kv_heads);
+      size_t(num_pages_ + 1) * size_t(options_.limits.page_size) * size_t(c.num_kv_heads);
     kv.k8 = base;
     kv.v8 = base + rows * size_t(c.head_dim);
     kv.k_scale = reinterpret_cast<float*>(base + 2 * rows * size_t(c.head_dim));
@@ -313,7 +313,7 @@ kv_view cuda_engine::kv_of(int32_t layer_index) const {
   }
   kv.page_table = page_table_.get<int32_t>();
   kv.page_table_stride = page_stride_;
-  kv.page_size = options_.page_size;
+  kv.page_size = options_.limits.page_size;
   kv.kv_heads = c.num_kv_heads;
   kv.head_dim = c.head_dim;
   return kv;
@@ -820,7 +820,7 @@ engine_result cuda_engine::finish() {
   const flight f = std::move(flight_.front());
   // The step's timeout runs from its launch (a step queued behind another
   // waits for it within its own timeout).
-  const double left = std::max(options_.step_timeout_s - oldest_age_s(), 1e-3);
+  const double left = std::max(options_.limits.step_timeout_s() - oldest_age_s(), 1e-3);
   wait_event(step_done_[f.slot], left, "cuda runner step");
   flight_.erase(flight_.begin());
   engine_result result;
@@ -861,7 +861,7 @@ std::vector<float> cuda_engine::logits(int32_t rows) {
   METRONOME_CUDA(cudaMemcpyAsync(out.data(), logits_.get(), out.size() * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream_));
   METRONOME_CUDA(cudaEventRecord(done_, stream_));
-  wait_event(done_, options_.step_timeout_s, "logits copy");
+  wait_event(done_, options_.limits.step_timeout_s(), "logits copy");
   return out;
 }
 

@@ -231,7 +231,8 @@ public:
       return false;
     if (pending_.front().output)
       return true;
-    return engine_.oldest_done() || engine_.oldest_age_s() > engine_.options().step_timeout_s;
+    return engine_.oldest_done()
+           || engine_.oldest_age_s() > engine_.options().limits.step_timeout_s();
   }
 
   bool arm_device_fault() override {
@@ -301,10 +302,10 @@ private:
         if (t < 0 || t >= vocab)
           throw plan_error("sequence " + std::to_string(n.id) + ": token id " + std::to_string(t)
                            + " outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
-    if (int64_t(plan.chunks.size()) > engine_.options().max_batch_size)
+    if (int64_t(plan.chunks.size()) > engine_.options().limits.max_batch_size)
       throw plan_error("cuda runner: " + std::to_string(plan.chunks.size())
                        + " sequences in one step exceed max_batch_size "
-                       + std::to_string(engine_.options().max_batch_size));
+                       + std::to_string(engine_.options().limits.max_batch_size));
     int64_t tokens = 0;
     for (const auto& c : plan.chunks) {
       tokens += c.num_tokens;
@@ -320,7 +321,8 @@ private:
                          + std::to_string(engine_.max_pages_per_seq()) + " pages)");
     }
     const int64_t max_tokens =
-      std::max(engine_.options().max_num_batched_tokens, engine_.options().max_batch_size);
+      std::max(engine_.options().limits.max_num_batched_tokens,
+               engine_.options().limits.max_batch_size);
     if (tokens > max_tokens)
       throw plan_error("cuda runner: " + std::to_string(tokens)
                        + " tokens in one step exceed max_num_batched_tokens "

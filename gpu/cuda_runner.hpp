@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/engine_limits.hpp"
 #include "model/model_runner.hpp"
 
 namespace metronome {
@@ -22,14 +23,15 @@ struct cuda_runner_options {
   /// Share of the device's memory the runner may hold in all (weights,
   /// activations, graphs, KV pool).
   double gpu_memory_fraction = 0.9;
-  /// Most sequences in one step (decode graphs are captured up to this size).
-  int32_t max_batch_size = 64;
-  /// Most tokens in one step (prefill chunks plus decodes).
-  int32_t max_num_batched_tokens = 2048;
-  /// Tokens per KV page.
-  int32_t page_size = 16;
-  /// KV pool size in tokens; 0 = whatever the memory plan leaves.
-  int64_t kv_cache_tokens = 0;
+  /// Most sequences and tokens in one step (decode graphs are captured up
+  /// to max_batch_size), tokens per KV page, the KV pool's size in tokens
+  /// (0 = whatever the memory plan leaves), the longest sequence (0 = the
+  /// model's max_position_embeddings, capped by the KV pool), and the step
+  /// timeout: the longest any wait for the device may take (a step, the
+  /// start-up's own device work, the shutdown's) before the runner gives up
+  /// on the device, so a hung kernel becomes an exception, never an endless
+  /// wait. max_queued_requests is the scheduler's.
+  engine_limits limits;
   /// Capture decode steps as CUDA graphs (one per padded batch size), and
   /// steps with small prompt chunks beside decodes (mixed_graphs).
   bool cuda_graphs = true;
@@ -42,19 +44,13 @@ struct cuda_runner_options {
   /// Anything else: make_cuda_runner throws std::invalid_argument.
   std::string kv_cache_dtype = "bf16";
   /// Sequences the runner can hold at once (admitted and not yet released);
-  /// 0 = 4 x max_batch_size.
+  /// 0 = 4 x limits.max_batch_size.
   int32_t max_seqs = 0;
-  /// Longest sequence (prompt + output) in tokens; 0 = the model's
-  /// max_position_embeddings, capped by the KV pool.
-  int32_t max_model_len = 0;
   /// Decode projections per captured batch size: "auto" times the fused GEMV
   /// (up to 8 sequences), the tensor-core skinny GEMM (up to 64) and cuBLAS
   /// at start-up and keeps the fastest; "gemv", "skinny" or "cublas" force
   /// one where it applies (cuBLAS beyond).
   std::string small_batch_path = "auto";
-  /// Longest a step may take before the runner gives up on the device (a
-  /// hung kernel becomes an exception, never an endless wait).
-  double step_timeout_s = 120.0;
   /// Benchmarks only: a decode batch size whose captured step is replayed
   /// once more inside a profiler range at start-up (for `ncu
   /// --profile-from-start off`, tools/ncu_step_profile.py); 0 = none.

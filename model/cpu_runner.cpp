@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <tuple>
 #include <unordered_set>
@@ -157,9 +158,24 @@ private:
 
 } // namespace
 
+int32_t cpu_kv_pages(const model_config& config, const engine_limits& limits) {
+  const int64_t page_size = std::max(limits.page_size, 1);
+  int64_t tokens = limits.kv_cache_tokens;
+  if (tokens <= 0) {
+    const int64_t bytes_per_token = int64_t(config.num_layers) * 2 * config.num_kv_heads
+                                    * config.head_dim * int64_t(sizeof(float));
+    const int64_t max_len
+      = limits.max_model_len > 0 ? limits.max_model_len : config.max_position_embeddings;
+    tokens = std::min<int64_t>(int64_t(limits.max_batch_size) * max_len,
+                               (int64_t(1) << 30) / std::max<int64_t>(bytes_per_token, 1));
+  }
+  return int32_t((tokens + page_size - 1) / page_size);
+}
+
 std::unique_ptr<model_runner> make_cpu_runner(std::shared_ptr<const model_folder> model,
-                                              int32_t num_pages, int32_t page_size) {
-  return std::make_unique<cpu_runner>(std::move(model), num_pages, page_size);
+                                              const engine_limits& limits) {
+  const int32_t pages = cpu_kv_pages(model->config, limits);
+  return std::make_unique<cpu_runner>(std::move(model), pages, limits.page_size);
 }
 
 } // namespace metronome

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/engine_limits.hpp"
 #include "model/model_config.hpp"
 #include "model/step_plan.hpp"
 
@@ -171,8 +172,16 @@ private:
   std::unordered_map<uint64_t, runner_sequence> seqs_;
 };
 
-/// A runner for the CPU reference engine.
+/// KV pages of a CPU runner under `limits`: limits.kv_cache_tokens, or with
+/// 0 room for max_batch_size sequences of max_model_len (0: the model's
+/// max_position_embeddings) at most 1 GiB of fp32 keys and values; rounded
+/// up to whole pages of limits.page_size. Any thread.
+int32_t cpu_kv_pages(const model_config& config, const engine_limits& limits);
+
+/// A runner for the CPU reference engine with cpu_kv_pages(model->config,
+/// limits) pages of limits.page_size tokens (the other limits are the
+/// scheduler's to keep). Call it on the thread that will run its steps.
 std::unique_ptr<model_runner> make_cpu_runner(std::shared_ptr<const model_folder> model,
-                                              int32_t num_pages, int32_t page_size);
+                                              const engine_limits& limits);
 
 } // namespace metronome

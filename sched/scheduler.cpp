@@ -19,7 +19,7 @@ void scheduler::set_capacity(int32_t num_pages, int32_t page_size) {
   pool_ = kv_page_pool(num_pages, page_size);
   buckets_.reset(num_pages, page_size,
                  config_.kv == kv_strategy::bucketed ? config_.kv_bucket_min_tokens : 0,
-                 config_.kv_buckets_per_size, config_.max_model_len);
+                 config_.kv_buckets_per_size, config_.limits.max_model_len);
   bucket_holders_.clear();
 }
 
@@ -133,19 +133,19 @@ admit_result scheduler::add(sched_request r, sched_time now) {
     return admit_result::duplicate;
   if (r.prompt.empty())
     return admit_result::empty_prompt;
-  if (int64_t(r.prompt.size()) >= config_.max_model_len)
+  if (int64_t(r.prompt.size()) >= config_.limits.max_model_len)
     return admit_result::too_long;
   if ((r.max_context > 0 && r.max_context <= int32_t(r.prompt.size()))
       || (r.kv_mode == kv_strategy::bucketed && config_.kv != kv_strategy::bucketed))
     return admit_result::bad_kv_request;
   r.max_output = std::min<int32_t>(r.params.max_tokens,
-                                   config_.max_model_len - int32_t(r.prompt.size()));
+                                   config_.limits.max_model_len - int32_t(r.prompt.size()));
   if (r.max_context > 0)
     r.max_output = std::min<int32_t>(r.max_output, r.max_context - int32_t(r.prompt.size()));
   r.bucket = -1;
   if (num_pages_ > 0 && pages_for(int64_t(r.prompt.size()) + r.max_output) > num_pages_)
     return admit_result::too_large_for_cache;
-  if (int32_t(waiting_.size()) >= config_.max_queued)
+  if (int32_t(waiting_.size()) >= config_.limits.max_queued_requests)
     return admit_result::queue_full;
   r.status = request_status::waiting;
   r.arrival = std::min(r.arrival, now);
@@ -229,7 +229,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     return std::nullopt;
   step_draft d;
   std::vector<uint64_t> in_plan;
-  int32_t budget = config_.max_num_batched_tokens;
+  int32_t budget = config_.limits.max_num_batched_tokens;
   bool preempted = false;
 
   // What the step's decodes cost alone, and the prompt work ready now: the
@@ -345,8 +345,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
   const bool alone = std::any_of(running_.begin(), running_.end(),
                                  [&](uint64_t id) { return requests_.at(id).no_batch; });
   if (!preempted && !alone && budget > 0 && prefill_left > 0
-      && int32_t(running_.size()) < config_.max_batch_size) {
-    int32_t free_slots = config_.max_batch_size - int32_t(running_.size());
+      && int32_t(running_.size()) < config_.limits.max_batch_size) {
+    int32_t free_slots = config_.limits.max_batch_size - int32_t(running_.size());
     auto order = policy_->admission_order(waiting_list(), free_slots, now);
     for (auto* r : order) {
       if (free_slots <= 0 || budget <= 0)

@@ -34,17 +34,18 @@
 #include "sched/kv_buckets.hpp"
 #include "sched/kv_page_pool.hpp"
 #include "sched/step_cost.hpp"
+#include "model/engine_limits.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
 
 namespace metronome {
 
-/// Limits of the scheduler.
+/// Settings of the scheduler.
 struct scheduler_config {
-  int32_t max_batch_size = 64;
-  int32_t max_num_batched_tokens = 2048;
-  int32_t max_queued = 1024;
-  int32_t max_model_len = 4096;
+  /// The engine's limits. The scheduler reads max_batch_size,
+  /// max_num_batched_tokens, max_queued_requests and max_model_len, which
+  /// must be resolved (> 0); its pages come from set_capacity.
+  engine_limits limits;
   /// Plans in flight at once (2: the next plan is ready when a step ends).
   int32_t pipeline_depth = 2;
   /// Under a policy's step time limit, the prompt tokens a step may still

@@ -49,14 +49,15 @@ const char* describe(admit_result r) {
 class replay_loop {
 public:
   replay_loop(const trace& t, const replay_options& o) : trace_(t), o_(o) {
-    limits_ = o.settings.limits;
-    if (limits_.max_model_len <= 0)
-      limits_.max_model_len = o.cost.max_model_len;
+    config_ = o.settings.scheduler;
+    auto& limits = config_.limits;
+    if (limits.max_model_len <= 0)
+      limits.max_model_len = o.cost.max_model_len;
     if (o.unbounded_queue)
-      limits_.max_queued = std::numeric_limits<int32_t>::max();
+      limits.max_queued_requests = std::numeric_limits<int32_t>::max();
     const int64_t kv_tokens
-      = o.settings.kv_cache_tokens > 0 ? o.settings.kv_cache_tokens : o.cost.kv_cache_tokens;
-    page_size_ = o.settings.page_size;
+      = limits.kv_cache_tokens > 0 ? limits.kv_cache_tokens : o.cost.kv_cache_tokens;
+    page_size_ = limits.page_size;
     num_pages_ = int32_t(kv_tokens / page_size_);
     ctx_ = policy_context::make(o.settings.predictor, o.settings.ladb, o.settings.srpt);
     auto policy = make_admission_policy(o.policy, *ctx_);
@@ -64,7 +65,7 @@ public:
       throw std::runtime_error("unknown policy '" + o.policy + "' (policies: "
                                + std::string(policy_names()) + ")");
     drift_on_ = o.policy != "fcfs" && o.settings.drift.enabled;
-    sched_ = std::make_unique<scheduler>(limits_, std::move(policy));
+    sched_ = std::make_unique<scheduler>(config_, std::move(policy));
     sched_->set_capacity(num_pages_, page_size_);
     sched_->set_step_cost(o.cost.step);
     if (!o.step_trace.empty())
@@ -73,7 +74,7 @@ public:
     res_.policy = o.policy;
     res_.trace_name = t.name;
     res_.rate_scale = o.rate_scale;
-    res_.max_batch_size = limits_.max_batch_size;
+    res_.max_batch_size = limits.max_batch_size;
     res_.kv_pages = num_pages_;
     res_.page_size = page_size_;
     res_.cost = o.cost;
@@ -88,7 +89,7 @@ public:
       r.arrival_s = seconds(arrival(i));
       r.prompt_tokens = q.prompt_tokens;
       r.output_tokens = q.output_tokens;
-      auto u = unloaded(o.cost, q.prompt_tokens, q.output_tokens, limits_.max_num_batched_tokens);
+      auto u = unloaded(o.cost, q.prompt_tokens, q.output_tokens, limits.max_num_batched_tokens);
       r.unloaded_ttft_s = u.ttft_s;
       r.unloaded_e2e_s = u.e2e_s;
       total_out += q.output_tokens;
@@ -181,7 +182,7 @@ private:
     sched_request r;
     r.id = uint64_t(i) + 1;
     r.prompt = prompt_of(q, r.id);
-    r.params.max_tokens = o_.max_tokens > 0 ? o_.max_tokens : limits_.max_model_len;
+    r.params.max_tokens = o_.max_tokens > 0 ? o_.max_tokens : config_.limits.max_model_len;
     r.stop_ids = {stop_token};
     r.arrival = now_;
     r.request_class = q.request_class;
@@ -283,7 +284,8 @@ private:
 
   const trace& trace_;
   const replay_options& o_;
-  scheduler_config limits_;
+  /// The scheduler's settings, max_model_len and the queue resolved.
+  scheduler_config config_;
   int32_t page_size_ = 16;
   int32_t num_pages_ = 0;
   std::shared_ptr<policy_context> ctx_;

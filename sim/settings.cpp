@@ -14,19 +14,26 @@ sched_time seconds(double v) {
 
 } // namespace
 
+engine_limits limits_from_config(const server_config& cfg) {
+  engine_limits l;
+  l.max_batch_size = cfg.engine.max_batch_size;
+  l.max_num_batched_tokens = cfg.engine.max_num_batched_tokens;
+  l.max_model_len = cfg.model.max_model_len;
+  l.page_size = cfg.engine.page_size;
+  l.kv_cache_tokens = cfg.engine.kv_cache_tokens;
+  l.max_queued_requests = cfg.server.max_queued_requests;
+  l.step_timeout = std::chrono::milliseconds(cfg.engine.step_timeout_ms);
+  return l;
+}
+
 scheduling_settings settings_from_config(const server_config& cfg) {
   scheduling_settings s;
-  s.limits.max_batch_size = cfg.engine.max_batch_size;
-  s.limits.max_num_batched_tokens = cfg.engine.max_num_batched_tokens;
-  s.limits.max_queued = cfg.server.max_queued_requests;
-  s.limits.max_model_len = cfg.model.max_model_len;
-  s.limits.prefix_caching = cfg.engine.prefix_caching;
-  s.limits.kv = cfg.engine.kv_strategy == kv_strategy_kind::bucketed ? kv_strategy::bucketed
-                                                                     : kv_strategy::paged;
-  s.limits.kv_bucket_min_tokens = cfg.engine.kv_bucket_min_tokens;
-  s.limits.kv_buckets_per_size = cfg.engine.kv_buckets_per_size;
-  s.page_size = cfg.engine.page_size;
-  s.kv_cache_tokens = cfg.engine.kv_cache_tokens;
+  s.scheduler.limits = limits_from_config(cfg);
+  s.scheduler.prefix_caching = cfg.engine.prefix_caching;
+  s.scheduler.kv = cfg.engine.kv_strategy == kv_strategy_kind::bucketed ? kv_strategy::bucketed
+                                                                         : kv_strategy::paged;
+  s.scheduler.kv_bucket_min_tokens = cfg.engine.kv_bucket_min_tokens;
+  s.scheduler.kv_buckets_per_size = cfg.engine.kv_buckets_per_size;
 
   s.predictor.cold_start_slope = cfg.predictor.cold_start_slope;
   s.predictor.cold_start_intercept = cfg.predictor.cold_start_intercept;

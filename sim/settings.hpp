@@ -13,23 +13,23 @@
 namespace metronome::sim {
 
 struct scheduling_settings {
-  /// max_model_len 0 = the model's (for the replay, the cost model's).
-  scheduler_config limits = [] {
-    scheduler_config c;
-    c.max_model_len = 0;
-    return c;
-  }();
-  int32_t page_size = 16;
-  /// 0: the device's (the cost model's) capacity.
-  int64_t kv_cache_tokens = 0;
+  /// The engine's limits (scheduler.limits: max_model_len 0 = the model's,
+  /// for the replay the cost model's; kv_cache_tokens 0 = the device's, for
+  /// the replay the cost model's capacity), prefix caching and the KV
+  /// strategy.
+  scheduler_config scheduler;
   predictor_options predictor;
   ladb_options ladb;
   srpt_options srpt;
   drift_options drift;
 };
 
-/// The settings of `cfg`. limits.max_model_len is cfg.model.max_model_len
-/// (0 = the model's, for the replay the cost model's).
+/// The engine limits of `cfg`: engine.max_batch_size,
+/// max_num_batched_tokens, page_size, kv_cache_tokens and step_timeout_ms,
+/// model.max_model_len (0 = the model's) and server.max_queued_requests.
+engine_limits limits_from_config(const server_config& cfg);
+
+/// The settings of `cfg`; scheduler.limits as limits_from_config.
 scheduling_settings settings_from_config(const server_config& cfg);
 
 } // namespace metronome::sim

@@ -352,7 +352,7 @@ struct options {
   bool kernels_only = false; // the per-kernel timings and nothing else (for profilers)
   bool decode_spread = false; // decode steps of equal and uneven contexts, pages in order or not
   int32_t max_batch = 128;
-  int32_t page_size = 16;    // cuda_runner_options::page_size (server: kv_cache.page_size)
+  int32_t page_size = 16;    // engine_limits::page_size (server: engine.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
   std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
   int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
@@ -569,11 +569,11 @@ int run(const options& o) {
     return 0;
   }
   cuda_runner_options ro;
-  ro.max_batch_size = o.max_batch;
-  ro.max_num_batched_tokens = 2048;
+  ro.limits.max_batch_size = o.max_batch;
+  ro.limits.max_num_batched_tokens = 2048;
   ro.gpu_memory_fraction = 0.85;
   ro.small_batch_path = o.path;
-  ro.page_size = o.page_size;
+  ro.limits.page_size = o.page_size;
   ro.kv_cache_dtype = o.kv_dtype;
   ro.profile_batch = profile_batch;
   const auto t_load = std::chrono::steady_clock::now();
@@ -601,7 +601,8 @@ int run(const options& o) {
   auto decode_floor = [&](double kv_tokens) {
     return (mc.weight_bytes + kv_tokens * mc.kv_bytes_per_token) / bw * 1e3;
   };
-  bench_driver d(*runner, ro.max_num_batched_tokens, ro.max_batch_size, o.logprobs);
+  bench_driver d(*runner, ro.limits.max_num_batched_tokens, ro.limits.max_batch_size,
+                 o.logprobs);
   if (!o.profile_mixed.empty())
     return profile_mixed(d, *runner, o.profile_mixed);
   if (!o.profile_prefix.empty())

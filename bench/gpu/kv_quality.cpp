@@ -206,10 +206,11 @@ int run(const options& o) {
   const size_t vocab = size_t(model->config.vocab_size);
 
   cuda_runner_options ro;
-  ro.max_batch_size = 64;
+  ro.limits.max_batch_size = 64;
   ro.max_seqs = 64;
-  ro.max_num_batched_tokens = max_step_tokens;
-  ro.kv_cache_tokens = max_step_tokens + 64 * 16 + 1024; // a partial page a sequence, and slack
+  ro.limits.max_num_batched_tokens = max_step_tokens;
+  // A partial page a sequence, and slack.
+  ro.limits.kv_cache_tokens = max_step_tokens + 64 * 16 + 1024;
   ro.cuda_graphs = false; // prompt steps only
   std::unique_ptr<model_runner> runners[2];
   ro.kv_cache_dtype = "bf16";

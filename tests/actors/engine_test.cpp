@@ -127,7 +127,8 @@ TEST_F(engine_test, a_completion_streams_the_greedy_tokens_as_text) {
   // And the ids are what the runner makes alone.
   auto prompt = eng->tokens->encode("The quick brown fox", {true, false});
   EXPECT_EQ(out.done->prompt_tokens, int32_t(prompt.size()));
-  auto runner = make_cpu_runner(model_folder::open(chat_model()), 8, 16);
+  auto runner = make_cpu_runner(model_folder::open(chat_model()),
+                                {.page_size = 16, .kv_cache_tokens = 8 * 16});
   step_plan plan;
   sampling_params greedy;
   greedy.temperature = 0;
@@ -155,7 +156,7 @@ TEST_F(engine_test, the_memory_plan_is_in_the_metrics_once_the_executor_is_up) {
   const auto cfg = model_folder::open(chat_model())->config;
   const int64_t pages = eng->status->kv_total_pages.load();
   ASSERT_GT(pages, 0);
-  const int64_t bytes = pages * opts.page_size * cfg.num_layers * 2 * cfg.kv_size() * 4;
+  const int64_t bytes = pages * opts.limits.page_size * cfg.num_layers * 2 * cfg.kv_size() * 4;
   const std::string text = eng->metrics->render(*eng->status);
   EXPECT_NE(text.find("# TYPE metronome:memory_bytes gauge"), std::string::npos) << text;
   EXPECT_NE(text.find("metronome:memory_bytes{part=\"kv_pool\"} " + std::to_string(bytes) + "\n"),
@@ -290,7 +291,7 @@ TEST_F(engine_test, too_many_crashes_degrade_the_engine_to_fast_failure) {
 }
 
 TEST_F(engine_test, invalid_requests_get_errors_naming_the_parameter) {
-  opts.max_model_len = 64;
+  opts.limits.max_model_len = 64;
   start();
   std::string long_prompt;
   for (int i = 0; i < 100; ++i)
@@ -421,8 +422,8 @@ TEST_F(engine_test, a_request_that_outlives_its_timeout_fails_and_frees_its_page
 }
 
 TEST_F(engine_test, a_full_queue_refuses_new_requests) {
-  opts.max_queued_requests = 1;
-  opts.max_batch_size = 1;
+  opts.limits.max_queued_requests = 1;
+  opts.limits.max_batch_size = 1;
   start();
   while (!eng->status->ready) // before it, every request waits in the queue
     std::this_thread::sleep_for(5ms);

@@ -144,8 +144,8 @@ protected:
   executor_faults_test() {
     sys.await_actors_before_shutdown(false);
     scheduler_actor_config sc;
-    sc.limits.max_model_len = 1024;
-    sc.step_timeout = 1s;
+    sc.scheduler.limits.max_model_len = 1024;
+    sc.scheduler.limits.step_timeout = 1s;
     scheduler = spawn_scheduler(sys, sc, status, nullptr);
     sched.run();
   }

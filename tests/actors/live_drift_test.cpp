@@ -94,7 +94,7 @@ TEST_F(live_drift_test, a_jump_in_lengths_disables_ladb_and_the_cool_down_restor
   engine_options o;
   o.model_dir = chat_model();
   o.policy = "ladb";
-  o.max_batch_size = 8;
+  o.limits.max_batch_size = 8;
   o.predictor.warmup_steps = 5;
   o.predictor.update_interval = 10ms;
   o.drift.window = 3s;
@@ -109,7 +109,8 @@ TEST_F(live_drift_test, a_jump_in_lengths_disables_ladb_and_the_cool_down_restor
   // only the two phases), to stop phase-1 requests after a few tokens.
   std::vector<int32_t> full;
   {
-    auto runner = make_cpu_runner(model_folder::open(chat_model()), 8, 16);
+    auto runner = make_cpu_runner(model_folder::open(chat_model()),
+                                  {.page_size = 16, .kv_cache_tokens = 8 * 16});
     step_plan plan;
     sampling_params greedy;
     greedy.temperature = 0;

@@ -165,8 +165,8 @@ protected:
     EXPECT_EQ(ids.size(), 1u);
     hello = ids.at(0);
     scheduler_actor_config sc;
-    sc.limits.max_model_len = 1024;
-    sc.step_timeout = 1s;
+    sc.scheduler.limits.max_model_len = 1024;
+    sc.scheduler.limits.step_timeout = 1s;
     scheduler = spawn_scheduler(sys, sc, status, nullptr);
     auto ctx = std::make_shared<request_context>();
     ctx->scheduler = scheduler;

@@ -57,8 +57,8 @@ protected:
   scheduler_actor_test() {
     sys.await_actors_before_shutdown(false);
     scheduler_actor_config sc;
-    sc.limits.max_model_len = 1024;
-    sc.step_timeout = 1s;
+    sc.scheduler.limits.max_model_len = 1024;
+    sc.scheduler.limits.step_timeout = 1s;
     scheduler = spawn_scheduler(sys, sc, status, nullptr);
     sched.run();
     executor_up_msg up{executor, 64, 16, "test", {}};

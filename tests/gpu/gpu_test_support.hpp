@@ -134,10 +134,10 @@ private:
 /// 4,096 tokens of KV (the tiny presets), `page_size` tokens a page.
 inline cuda_runner_options small_runner_options(int32_t page_size = 16) {
   cuda_runner_options o;
-  o.max_batch_size = 8;
-  o.max_num_batched_tokens = 256;
-  o.page_size = page_size;
-  o.kv_cache_tokens = 4096;
+  o.limits.max_batch_size = 8;
+  o.limits.max_num_batched_tokens = 256;
+  o.limits.page_size = page_size;
+  o.limits.kv_cache_tokens = 4096;
   o.gpu_memory_fraction = 0.9;
   return o;
 }

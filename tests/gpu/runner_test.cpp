@@ -469,7 +469,7 @@ TEST_P(gpu_runner, greedy_ids_follow_the_cpu_engine_for_32_steps) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   auto prompts = test_prompts(model->config.vocab_size);
-  auto cpu = make_cpu_runner(model, 256, 16);
+  auto cpu = make_cpu_runner(model, {.page_size = 16, .kv_cache_tokens = 256 * 16});
   auto gpu = make_cuda_runner(model, test::small_runner_options());
   auto want = generate(*cpu, prompts, 32, 1 << 20, false);
   auto got = generate(*gpu, prompts, 32, 1 << 20, false);
@@ -525,7 +525,7 @@ TEST_P(gpu_runner, mixed_graph_replays_give_the_ids_of_uncaptured_mixed_steps) {
     prompts.push_back(p);
   }
   auto o = test::small_runner_options();
-  o.max_batch_size = 16;
+  o.limits.max_batch_size = 16;
   auto gpu = make_cuda_runner(model, o);
   auto captured = generate(*gpu, prompts, 20, 7, true);
   const int64_t replays = cuda_mixed_graph_launches(*gpu);
@@ -576,7 +576,7 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
       EXPECT_GT(again, 0.0);
       ++repeated;
     }
-    for (int32_t b : {1, 2, o.max_batch_size}) {
+    for (int32_t b : {1, 2, o.limits.max_batch_size}) {
       const double ms = cuda_graph_replay_ms(*gpu, b);
       ASSERT_TRUE(std::isfinite(ms)) << "batch " << b;
       ASSERT_GT(ms, 0.0) << "batch " << b;
@@ -589,7 +589,7 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
   EXPECT_GT(padded, 0);
   EXPECT_EQ(timed_run, undisturbed);
   // No graph serves a batch past the largest captured size.
-  EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, o.max_batch_size + 1)));
+  EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, o.limits.max_batch_size + 1)));
 }
 
 /// Greedy decoding of 20 sequences together on every decode path (GEMV,
@@ -619,9 +619,9 @@ void expect_every_decode_path_follows_the_cpu_engine(
   } restore_on_exit{saved};
   for (const std::string path : {"gemv", "skinny", "cublas", "cublas-split"}) {
     auto o = test::small_runner_options();
-    o.max_batch_size = 24;
-    o.kv_cache_tokens = 8192;
-    o.max_num_batched_tokens = 512;
+    o.limits.max_batch_size = 24;
+    o.limits.kv_cache_tokens = 8192;
+    o.limits.max_num_batched_tokens = 512;
     o.small_batch_path = path == "cublas-split" ? "cublas" : path;
     o.kv_cache_dtype = kv_dtype;
     gpu::active_kernels().gemm_splits =
@@ -795,7 +795,7 @@ TEST_P(gpu_runner, a_readmitted_sequence_counts_its_earlier_output_for_the_penal
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   const int32_t vocab = model->config.vocab_size;
-  auto cpu = make_cpu_runner(model, 256, 16);
+  auto cpu = make_cpu_runner(model, {.page_size = 16, .kv_cache_tokens = 256 * 16});
   auto gpu = make_cuda_runner(model, test::small_runner_options());
   auto first_token = [](model_runner& r, const std::vector<int32_t>& prompt,
                         const sampling_params& p, int32_t num_output) {

@@ -207,7 +207,7 @@ TEST(default_model, greedy_continuations_equal_transformers) {
     size_t clear = 0;
     while (clear < margins.size() && margins[clear] > 1e-3)
       ++clear;
-    auto runner = make_cpu_runner(model, 16, 16);
+    auto runner = make_cpu_runner(model, {.page_size = 16, .kv_cache_tokens = 16 * 16});
     sampling_params greedy;
     greedy.temperature = 0;
     greedy.max_tokens = int32_t(want.size());

@@ -100,7 +100,7 @@ TEST_P(golden, batched_prefill_and_greedy_decode_match_transformers) {
 TEST_P(golden, runner_generates_the_reference_greedy_ids) {
   auto ref = load_golden(GetParam());
   auto model = model_folder::open(test::tiny_model(GetParam(), ref["seed"].get<uint64_t>()));
-  auto runner = make_cpu_runner(model, 64, 8);
+  auto runner = make_cpu_runner(model, {.page_size = 8, .kv_cache_tokens = 64 * 8});
   const auto& runs = ref["runs"];
   const int32_t steps = ref["steps_per_prompt"].get<int32_t>();
   step_plan plan;
@@ -136,7 +136,7 @@ TEST_P(golden, runner_generates_the_reference_greedy_ids) {
 TEST_P(golden, runner_reports_the_logprobs_of_transformers) {
   const auto ref = test::load_reference_logprobs(GetParam());
   auto model = model_folder::open(test::tiny_model(GetParam(), 7));
-  auto runner = make_cpu_runner(model, 64, 8);
+  auto runner = make_cpu_runner(model, {.page_size = 8, .kv_cache_tokens = 64 * 8});
   const int32_t steps = int32_t(ref.runs.at(0).steps.size());
   step_plan plan;
   int32_t next_page = 0;

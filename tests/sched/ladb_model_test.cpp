@@ -56,8 +56,8 @@ TEST(ladb_with_model, reordering_and_shared_steps_never_change_tokens) {
     alone[i] = serve(model, {one}, "fcfs", scheduler_config{}, 64, 16)[0];
   }
   scheduler_config tight;
-  tight.max_batch_size = 8;
-  tight.max_num_batched_tokens = 32;
+  tight.limits.max_batch_size = 8;
+  tight.limits.max_num_batched_tokens = 32;
   for (const char* policy : {"ladb", "srpt", "ladb-literal"}) {
     int64_t preemptions = 0;
     auto together = serve(model, items, policy, tight, 16, 8, &preemptions);

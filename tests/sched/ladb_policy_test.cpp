@@ -27,7 +27,7 @@ protected:
 };
 
 TEST_F(ladb_test, admits_the_least_remaining_work_first) {
-  cfg.max_num_batched_tokens = 4096;
+  cfg.limits.max_num_batched_tokens = 4096;
   use("ladb");
   add(make_request(1, 1500, 16));
   add(make_request(2, 40, 16));
@@ -45,7 +45,7 @@ TEST_F(ladb_test, admits_the_least_remaining_work_first) {
 }
 
 TEST_F(ladb_test, work_within_variance_tolerance_keeps_arrival_order) {
-  cfg.max_num_batched_tokens = 8192;
+  cfg.limits.max_num_batched_tokens = 8192;
   use("ladb");
   add(make_request(1, 1050, 16)); // work 1050 + 16 x 16: same cohort as 2
   now += 1ms;
@@ -114,7 +114,7 @@ TEST_F(ladb_test, prompt_chunks_are_cut_to_the_step_time_limit) {
   ladb_options o;
   o.long_step_share = 0;
   o.step_time_factor = 1.5;
-  cfg.max_num_batched_tokens = 1024;
+  cfg.limits.max_num_batched_tokens = 1024;
   cfg.pipeline_depth = 1;
   for (std::string name : {"ladb", "fcfs"}) {
     ctx = context(o);
@@ -152,7 +152,7 @@ TEST_F(ladb_test, no_limit_while_nothing_decodes_and_prompts_always_progress) {
   ladb_options o;
   o.long_step_share = 0;
   o.max_step_ms = 0.001; // nothing fits
-  cfg.max_num_batched_tokens = 1024;
+  cfg.limits.max_num_batched_tokens = 1024;
   cfg.pipeline_depth = 1;
   ctx = context(o);
   use("ladb");

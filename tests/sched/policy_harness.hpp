@@ -28,7 +28,13 @@ inline sched_request make_request(uint64_t id, int32_t prompt_len, int32_t max_t
 
 class policy_harness {
 public:
-  scheduler_config cfg;
+  /// The engine's default limits, the context resolved as spawn_engine
+  /// would for a model of 4,096 positions.
+  scheduler_config cfg = [] {
+    scheduler_config c;
+    c.limits.max_model_len = 4096;
+    return c;
+  }();
   std::unique_ptr<scheduler> s;
   sched_time now{0};
   /// Token to emit for a request (default 7, never a stop token).

@@ -22,6 +22,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
+/// The engine's default limits, with the context resolved as spawn_engine
+/// would for a model of 4,096 positions.
+scheduler_config default_config() {
+  scheduler_config c;
+  c.limits.max_model_len = 4096;
+  return c;
+}
+
 /// The chained hashes of the full pages of `tokens`.
 std::vector<uint64_t> hashes_of(const std::vector<int32_t>& tokens, int32_t ps,
                                 uint64_t salt = 0) {
@@ -178,7 +186,7 @@ int32_t tokens_of(const step_draft& d, uint64_t id) {
 }
 
 TEST(scheduler_prefix_cache, the_same_prompt_again_computes_only_its_last_partial_page) {
-  scheduler_config cfg;
+  scheduler_config cfg = default_config();
   cfg.pipeline_depth = 1;
   scheduler s(cfg, std::make_unique<fcfs_policy>());
   s.set_capacity(64, 4);
@@ -206,7 +214,7 @@ TEST(scheduler_prefix_cache, the_same_prompt_again_computes_only_its_last_partia
 }
 
 TEST(scheduler_prefix_cache, a_prompt_of_whole_pages_recomputes_its_last_page) {
-  scheduler_config cfg;
+  scheduler_config cfg = default_config();
   cfg.pipeline_depth = 1;
   scheduler s(cfg, std::make_unique<fcfs_policy>());
   s.set_capacity(64, 4);
@@ -221,7 +229,7 @@ TEST(scheduler_prefix_cache, a_prompt_of_whole_pages_recomputes_its_last_page) {
 }
 
 TEST(scheduler_prefix_cache, a_running_request_shares_its_prompt_pages_with_a_newcomer) {
-  scheduler_config cfg;
+  scheduler_config cfg = default_config();
   cfg.pipeline_depth = 1;
   scheduler s(cfg, std::make_unique<fcfs_policy>());
   s.set_capacity(64, 4);
@@ -252,7 +260,7 @@ TEST(scheduler_prefix_cache, a_running_request_shares_its_prompt_pages_with_a_ne
 }
 
 TEST(scheduler_prefix_cache, a_preempted_request_finds_its_pages_again) {
-  scheduler_config cfg;
+  scheduler_config cfg = default_config();
   cfg.pipeline_depth = 1;
   scheduler s(cfg, std::make_unique<fcfs_policy>());
   s.set_capacity(6, 4); // 24 token slots
@@ -280,7 +288,7 @@ TEST(scheduler_prefix_cache, a_preempted_request_finds_its_pages_again) {
 }
 
 TEST(scheduler_prefix_cache, switched_off_it_finds_nothing) {
-  scheduler_config cfg;
+  scheduler_config cfg = default_config();
   cfg.pipeline_depth = 1;
   cfg.prefix_caching = false;
   scheduler s(cfg, std::make_unique<fcfs_policy>());
@@ -301,10 +309,10 @@ TEST(scheduler_prefix_cache, switched_off_it_finds_nothing) {
 // number of tables holding it, no page is handed to two sequences unless
 // shared from the cache, and at the end nothing is held.
 TEST(scheduler_prefix_cache, references_return_to_zero_after_random_requests_and_cancels) {
-  scheduler_config cfg;
-  cfg.max_batch_size = 16;
-  cfg.max_num_batched_tokens = 64;
-  cfg.max_queued = 100000;
+  scheduler_config cfg = default_config();
+  cfg.limits.max_batch_size = 16;
+  cfg.limits.max_num_batched_tokens = 64;
+  cfg.limits.max_queued_requests = 100000;
   scheduler s(cfg, std::make_unique<fcfs_policy>());
   s.set_capacity(96, 4);
   std::mt19937 rng(11);
@@ -397,8 +405,8 @@ TEST(scheduler_prefix_cache_with_model, the_cache_never_changes_tokens) {
                                           64, 8)[0];
   }
   scheduler_config on;
-  on.max_batch_size = 6;
-  on.max_num_batched_tokens = 24;
+  on.limits.max_batch_size = 6;
+  on.limits.max_num_batched_tokens = 24;
   int64_t preemptions = 0, hits = 0;
   auto together = test::serve_through_runner(model, items, std::make_unique<fcfs_policy>(), on,
                                              24, 8, &preemptions, &hits);

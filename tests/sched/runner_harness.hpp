@@ -35,9 +35,13 @@ serve_through_runner(std::shared_ptr<const model_folder> model,
                      std::unique_ptr<admission_policy> policy, scheduler_config cfg,
                      int32_t num_pages, int32_t page_size, int64_t* preemptions = nullptr,
                      int64_t* prefix_hits = nullptr) {
+  // max_model_len 0: the model's context, as spawn_engine resolves it.
+  if (cfg.limits.max_model_len <= 0)
+    cfg.limits.max_model_len = model->config.max_position_embeddings;
   scheduler s(cfg, std::move(policy));
   s.set_capacity(num_pages, page_size);
-  auto runner = make_cpu_runner(model, num_pages, page_size);
+  auto runner = make_cpu_runner(model, {.page_size = page_size,
+                                        .kv_cache_tokens = int64_t(num_pages) * page_size});
   std::map<uint64_t, std::vector<int32_t>> out;
   std::deque<step_draft> inflight;
   size_t next = 0, done = 0;

@@ -48,8 +48,8 @@ TEST(scheduler_with_model, batching_chunking_and_preemption_never_change_tokens)
 
   // Together: small token budget (chunked prefill), few pages (preemption).
   scheduler_config tight;
-  tight.max_batch_size = 8;
-  tight.max_num_batched_tokens = 24;
+  tight.limits.max_batch_size = 8;
+  tight.limits.max_num_batched_tokens = 24;
   int64_t preemptions = 0;
   auto together = test::serve_through_runner(model, items, std::make_unique<fcfs_policy>(),
                                              tight, 12, 8, &preemptions);

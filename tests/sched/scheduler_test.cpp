@@ -29,9 +29,17 @@ sched_request make_request(uint64_t id, int32_t prompt_len, int32_t max_tokens,
   return r;
 }
 
+/// The engine's default limits, with the context resolved as spawn_engine
+/// would for a model of 4,096 positions.
+scheduler_config default_config() {
+  scheduler_config c;
+  c.limits.max_model_len = 4096;
+  return c;
+}
+
 class scheduler_test : public ::testing::Test {
 protected:
-  scheduler_config cfg;
+  scheduler_config cfg = default_config();
   std::unique_ptr<scheduler> s;
   sched_time now{0};
 
@@ -164,7 +172,7 @@ TEST_F(scheduler_test, a_stop_token_finishes_and_a_sample_in_flight_is_dropped) 
 }
 
 TEST_F(scheduler_test, long_prompts_are_chunked_and_decodes_go_first) {
-  cfg.max_num_batched_tokens = 16;
+  cfg.limits.max_num_batched_tokens = 16;
   cfg.pipeline_depth = 1;
   make(64, 4);
   add(make_request(1, 5, 50));
@@ -186,7 +194,7 @@ TEST_F(scheduler_test, long_prompts_are_chunked_and_decodes_go_first) {
 }
 
 TEST_F(scheduler_test, max_batch_size_caps_running_requests) {
-  cfg.max_batch_size = 2;
+  cfg.limits.max_batch_size = 2;
   cfg.pipeline_depth = 1;
   make();
   for (uint64_t i = 1; i <= 4; ++i)
@@ -266,8 +274,8 @@ TEST_F(scheduler_test, abort_frees_pages_once_no_plan_uses_them) {
 }
 
 TEST_F(scheduler_test, admission_refuses_what_cannot_be_served) {
-  cfg.max_model_len = 64;
-  cfg.max_queued = 2;
+  cfg.limits.max_model_len = 64;
+  cfg.limits.max_queued_requests = 2;
   make(8, 4); // 32 tokens of cache
   EXPECT_EQ(s->add(make_request(1, 0, 5), now), admit_result::empty_prompt);
   EXPECT_EQ(s->add(make_request(1, 64, 5), now), admit_result::too_long);
@@ -278,14 +286,14 @@ TEST_F(scheduler_test, admission_refuses_what_cannot_be_served) {
   EXPECT_EQ(s->add(make_request(3, 10, 5), now), admit_result::queue_full);
   // max_tokens is capped by the context.
   EXPECT_EQ(s->find(1)->max_output, 5);
-  cfg.max_model_len = 14;
+  cfg.limits.max_model_len = 14;
   make(8, 4);
   add(make_request(9, 10, 100));
   EXPECT_EQ(s->find(9)->max_output, 4);
 }
 
 TEST_F(scheduler_test, executor_failure_fails_running_and_keeps_waiting) {
-  cfg.max_batch_size = 1;
+  cfg.limits.max_batch_size = 1;
   make();
   add(make_request(1, 4, 10));
   add(make_request(2, 4, 10));
@@ -329,7 +337,7 @@ TEST(kv_buckets, classes_double_from_the_smallest_and_fit_the_pool) {
 TEST_F(scheduler_test, a_bucket_holds_its_pages_for_life_and_is_never_preempted) {
   cfg.kv = kv_strategy::bucketed;
   cfg.kv_bucket_min_tokens = 8; // classes of 8 and 16 tokens (2 and 4 pages)
-  cfg.max_model_len = 16;
+  cfg.limits.max_model_len = 16;
   cfg.pipeline_depth = 1;
   cfg.prefix_caching = false;
   make(12, 4); // two sets of buckets
@@ -364,7 +372,7 @@ TEST_F(scheduler_test, a_full_class_overflows_into_pages_and_hints_pick_the_buck
   cfg.kv = kv_strategy::bucketed;
   cfg.kv_bucket_min_tokens = 8;
   cfg.kv_buckets_per_size = 1;
-  cfg.max_model_len = 32;
+  cfg.limits.max_model_len = 32;
   make(64, 4);
   auto hinted = make_request(1, 4, 100);
   hinted.max_context = 8; // fits the 8-token class, and caps the output at 4

@@ -101,7 +101,7 @@ TEST(replay, percentiles_are_nearest_rank) {
 
 TEST(replay, requests_longer_than_the_context_are_refused_and_counted) {
   auto o = options("fcfs");
-  o.settings.limits.max_model_len = 1000;
+  o.settings.scheduler.limits.max_model_len = 1000;
   auto r = replay(csv("0,100,5\n0.1,2000,5\n"), o);
   EXPECT_EQ(r.requests[1].refused, "too_long");
   auto j = make_report(r);
@@ -112,7 +112,7 @@ TEST(replay, requests_longer_than_the_context_are_refused_and_counted) {
 
 TEST(replay, the_progress_counter_settles_every_request_once) {
   auto o = options("fcfs");
-  o.settings.limits.max_model_len = 1000;
+  o.settings.scheduler.limits.max_model_len = 1000;
   std::atomic<int64_t> settled{0};
   o.progress = &settled;
   replay(csv("0,100,5\n0.1,2000,5\n0.2,50,1\n"), o);

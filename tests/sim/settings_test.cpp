@@ -18,6 +18,12 @@ engine:
   max_batch_size: 64
   max_num_batched_tokens: 4096
   page_size: 32
+  kv_cache_tokens: 65536
+  step_timeout_ms: 1500
+server:
+  max_queued_requests: 7
+model:
+  max_model_len: 8192
 batching:
   max_batch_size: 16
   min_batch_size: 2
@@ -49,10 +55,14 @@ supervisor:
 )",
                                 "test.yaml");
   auto s = settings_from_config(cfg);
-  EXPECT_EQ(s.limits.max_batch_size, 64);
-  EXPECT_EQ(s.limits.max_num_batched_tokens, 4096);
-  EXPECT_EQ(s.limits.max_model_len, 0) << "0: the model's";
-  EXPECT_EQ(s.page_size, 32);
+  const engine_limits& l = s.scheduler.limits;
+  EXPECT_EQ(l.max_batch_size, 64);
+  EXPECT_EQ(l.max_num_batched_tokens, 4096);
+  EXPECT_EQ(l.max_model_len, 8192);
+  EXPECT_EQ(l.page_size, 32);
+  EXPECT_EQ(l.kv_cache_tokens, 65536);
+  EXPECT_EQ(l.max_queued_requests, 7);
+  EXPECT_EQ(l.step_timeout, 1500ms);
   EXPECT_EQ(s.ladb.max_batch_size, 16);
   EXPECT_EQ(s.ladb.min_batch_size, 2);
   EXPECT_DOUBLE_EQ(s.ladb.variance_tolerance, 0.5);
@@ -77,6 +87,18 @@ supervisor:
   EXPECT_EQ(s.drift.sustain, 30s);
   EXPECT_EQ(s.drift.disable_for, 120500ms);
   EXPECT_EQ(s.drift.min_samples, 9);
+}
+
+// One set of engine limits: what a configuration with no keys gives is
+// engine_limits{}, the defaults every runner, the scheduler and the replay
+// start from.
+TEST(settings, the_configurations_default_limits_are_engine_limits_defaults) {
+  const auto l = limits_from_config(server_config{});
+  EXPECT_EQ(l, engine_limits{});
+  EXPECT_EQ(l.max_batch_size, 128);
+  EXPECT_EQ(l.max_model_len, 0) << "0: the model's";
+  EXPECT_EQ(l.step_timeout, 30s);
+  EXPECT_EQ(settings_from_config(server_config{}).scheduler.limits, engine_limits{});
 }
 
 TEST(settings, defaults_match_the_original_systems_values) {

@@ -107,20 +107,22 @@ void run(const generate_args& a) {
   if (auto problem = params.validate(); !problem.empty())
     throw command_error(problem);
 
-  constexpr int32_t page_size = 16;
+  // One sequence, with a KV cache of just the pages it needs.
+  engine_limits limits;
+  limits.max_batch_size = 1;
+  const int32_t page_size = limits.page_size;
   const int32_t total = int32_t(prompt.size()) + a.max_tokens;
   const int32_t pages = (total + page_size - 1) / page_size;
+  limits.kv_cache_tokens = int64_t(pages) * page_size;
+  limits.max_model_len = total;
   std::unique_ptr<model_runner> runner;
   if (a.device == "cpu") {
-    runner = make_cpu_runner(model, pages, page_size);
+    runner = make_cpu_runner(model, limits);
   } else {
     cuda_runner_options g;
     g.device = parse_cuda_device(a.device);
-    g.max_batch_size = 1;
+    g.limits = limits;
     g.max_seqs = 1;
-    g.page_size = page_size;
-    g.kv_cache_tokens = int64_t(pages) * page_size;
-    g.max_model_len = total;
     g.kv_cache_dtype = a.kv_cache_dtype;
     runner = make_cuda_runner(model, g);
     if (runner->num_pages() < pages)

@@ -76,26 +76,20 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
     o.chat_template = c.model.chat_template;
   else if (!c.model.chat_template.empty())
     o.chat_template_file = c.model.chat_template;
-  o.max_model_len = c.model.max_model_len;
-  o.max_batch_size = c.engine.max_batch_size;
-  o.max_num_batched_tokens = c.engine.max_num_batched_tokens;
-  o.page_size = c.engine.page_size;
-  o.kv_cache_tokens = c.engine.kv_cache_tokens;
-  o.max_queued_requests = c.server.max_queued_requests;
+  auto s = sim::settings_from_config(c); // engine limits, batching, predictor, router, drift
+  o.limits = s.scheduler.limits;
   o.policy = std::string(to_string(c.engine.policy));
   o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
   o.stats_interval = std::chrono::milliseconds(int64_t(c.logging.stats_interval_s * 1000));
   o.step_trace = c.logging.step_trace;
-  o.step_timeout = std::chrono::milliseconds(c.engine.step_timeout_ms);
   o.max_restarts = c.supervisor.executor.max_restarts;
   o.restart_window = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
   o.gpu_memory_fraction = c.engine.gpu_memory_fraction;
   o.cuda_graphs = c.engine.cuda_graphs;
-  o.prefix_caching = c.engine.prefix_caching;
-  o.kv = c.engine.kv_strategy == kv_strategy_kind::bucketed ? kv_strategy::bucketed
-                                                            : kv_strategy::paged;
-  o.kv_bucket_min_tokens = c.engine.kv_bucket_min_tokens;
-  o.kv_buckets_per_size = c.engine.kv_buckets_per_size;
+  o.prefix_caching = s.scheduler.prefix_caching;
+  o.kv = s.scheduler.kv;
+  o.kv_bucket_min_tokens = s.scheduler.kv_bucket_min_tokens;
+  o.kv_buckets_per_size = s.scheduler.kv_buckets_per_size;
   o.kv_cache_dtype = std::string(to_string(c.engine.kv_cache_dtype));
   o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
   o.on_device_lost = [](const std::string& reason) {
@@ -105,7 +99,6 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
     device_lost.store(true);
     ::kill(::getpid(), SIGTERM); // wakes the sigwait in run(): the drain
   };
-  auto s = sim::settings_from_config(c); // batching, predictor, router, drift sections
   o.predictor = s.predictor;
   o.ladb = s.ladb;
   o.srpt = s.srpt;

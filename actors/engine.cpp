@@ -99,11 +99,12 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   // The KV cache's element type is checked against the model here, before
   // any executor starts: a refusal inside the executor would only show as
   // restarts and a degraded engine.
-  if (o.kv_cache_dtype == "fp8" && o.device == "cpu")
+  const std::string dtype(to_string(o.kv_cache_dtype));
+  if (o.kv_cache_dtype == kv_cache_dtype_kind::fp8 && o.device == "cpu")
     throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
                                 "keeps its KV cache in fp32)");
   if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
-    throw std::invalid_argument("engine.kv_cache_dtype '" + o.kv_cache_dtype + "': " + p);
+    throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
 
   // A context longer than the model's: positions it was never trained on
   // (and RoPE tables it does not have). Refused here, naming both numbers.
@@ -147,7 +148,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   }
   st.max_model_len = limits.max_model_len;
   st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(limits.page_size)
-                         + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + o.kv_cache_dtype);
+                         + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + dtype);
 
   if (o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
     throw std::invalid_argument("engine.fault_injection " + o.faults.to_string()

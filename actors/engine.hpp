@@ -80,10 +80,9 @@ struct engine_options {
   kv_strategy kv = kv_strategy::paged;
   int32_t kv_bucket_min_tokens = 4096;
   int32_t kv_buckets_per_size = 32;
-  /// Element type of the KV cache: "bf16", or "fp8" (e4m3 with a scale per
-  /// token row; CUDA only: spawn_engine refuses it on the CPU, whose KV cache
-  /// is fp32 whatever this says).
-  std::string kv_cache_dtype = "bf16";
+  /// Element type of the KV cache (fp8: CUDA only, spawn_engine refuses it
+  /// on the CPU, whose KV cache is fp32 whatever this says).
+  kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
   /// Test hook: builds the runner instead of the device's own (called on the
   /// executor's thread at every (re)start).
   std::function<std::unique_ptr<model_runner>()> runner_factory;

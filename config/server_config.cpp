@@ -50,14 +50,6 @@ std::string_view to_string(scheduling_policy x) {
   return "?";
 }
 
-std::string_view to_string(kv_cache_dtype_kind x) {
-  switch (x) {
-    case kv_cache_dtype_kind::bf16: return "bf16";
-    case kv_cache_dtype_kind::fp8: return "fp8";
-  }
-  return "?";
-}
-
 std::string_view to_string(kv_strategy_kind x) {
   switch (x) {
     case kv_strategy_kind::paged: return "paged";

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "model/dtype.hpp" // kv_cache_dtype_kind, shared with the engine and the runners
+
 namespace metronome {
 
 // -- value types -----------------------------------------------------------------
@@ -50,10 +52,6 @@ bool is_chat_template_name(std::string_view name);
 /// The scheduler's admission policy (issue 6 adds ladb and srpt).
 enum class scheduling_policy : uint8_t { fcfs, ladb, srpt, ladb_literal };
 
-/// Element type of the CUDA KV cache: bf16, or fp8 (e4m3 bytes with one float
-/// scale per token row of each kv head). The CPU's KV cache is fp32 always.
-enum class kv_cache_dtype_kind : uint8_t { bf16, fp8 };
-
 /// How KV pages are granted: on demand (paged), or reserved buckets with
 /// overflow into pages (bucketed; sched/kv_buckets.hpp).
 enum class kv_strategy_kind : uint8_t { paged, bucketed };
@@ -72,7 +70,6 @@ enum class log_format_kind : uint8_t { text, json };
 
 /// The YAML spelling of each value.
 std::string_view to_string(scheduling_policy x);
-std::string_view to_string(kv_cache_dtype_kind x);
 std::string_view to_string(kv_strategy_kind x);
 std::string_view to_string(queue_strategy_kind x);
 std::string_view to_string(fallback_policy_kind x);

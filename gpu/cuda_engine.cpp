@@ -68,7 +68,7 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
               "small_batch_path", "must be auto, gemv, skinny or cublas");
   const std::string kv_problem = cuda_kv_cache_problem(c, options_.kv_cache_dtype);
   check_shape(kv_problem.empty(), "kv_cache_dtype", kv_problem);
-  kv_fp8_ = options_.kv_cache_dtype == "fp8";
+  kv_fp8_ = options_.kv_cache_dtype == kv_cache_dtype_kind::fp8;
 
   int count = 0;
   METRONOME_CUDA(cudaGetDeviceCount(&count));

@@ -523,10 +523,8 @@ double cuda_graph_replay_ms(model_runner& runner, int32_t batch, bool repeat_las
   return r ? r->engine().graph_replay_ms(batch, repeat_last_step) : std::nan("");
 }
 
-std::string cuda_kv_cache_problem(const model_config& c, const std::string& dtype) {
-  if (dtype != "bf16" && dtype != "fp8")
-    return "expected bf16 or fp8";
-  if (dtype == "bf16")
+std::string cuda_kv_cache_problem(const model_config& c, kv_cache_dtype_kind dtype) {
+  if (dtype == kv_cache_dtype_kind::bf16)
     return {};
   // Every kernel that reads or writes the cache has an fp8 form from the
   // second generation on, for the shapes of its tensor-core decode kernel.

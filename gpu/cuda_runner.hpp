@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/dtype.hpp"
 #include "model/engine_limits.hpp"
 #include "model/model_runner.hpp"
 
@@ -38,11 +39,12 @@ struct cuda_runner_options {
   /// With cuda_graphs: also capture steps that carry prompt chunks of up to
   /// 256 tokens in all beside their decodes (padded to a grid of sizes).
   bool mixed_graphs = true;
-  /// Element type of the KV cache: "bf16", or "fp8" (e4m3 bytes with one
-  /// float scale per token row of each kv head: half the bytes a decode
-  /// step reads, about 3% more than half at head_dim 128 for the scales).
-  /// Anything else: make_cuda_runner throws std::invalid_argument.
-  std::string kv_cache_dtype = "bf16";
+  /// Element type of the KV cache; fp8 (e4m3 bytes with one float scale per
+  /// token row of each kv head) halves the bytes a decode step reads (about
+  /// 3% more than half at head_dim 128, for the scales). One the model or
+  /// the kernels cannot use (cuda_kv_cache_problem): make_cuda_runner throws
+  /// std::invalid_argument.
+  kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
   /// Sequences the runner can hold at once (admitted and not yet released);
   /// 0 = 4 x limits.max_batch_size.
   int32_t max_seqs = 0;
@@ -111,11 +113,11 @@ std::string describe_cuda_runner(const model_runner& runner);
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows);
 
 /// Why the CUDA runner cannot keep `config`'s KV cache as `dtype` ("" when it
-/// can): "expected bf16 or fp8" for another name; fp8 needs head_dim 16, 32,
-/// 64 or 128, at most 8 query heads a kv head and the second-generation
-/// attention kernels. Host arithmetic, no device: spawn_engine asks before
-/// any executor starts, the runner again when it starts. Any thread.
-std::string cuda_kv_cache_problem(const model_config& config, const std::string& dtype);
+/// can): fp8 needs head_dim 16, 32, 64 or 128, at most 8 query heads a kv
+/// head and the second-generation attention kernels. Host arithmetic, no
+/// device: spawn_engine asks before any executor starts, the runner again
+/// when it starts. Any thread.
+std::string cuda_kv_cache_problem(const model_config& config, kv_cache_dtype_kind dtype);
 
 /// The memory plan as a few lines of text, for logs and start-up output.
 std::string format_memory_plan(const std::vector<memory_plan_entry>& plan);

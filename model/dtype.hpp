@@ -40,6 +40,28 @@ std::optional<dtype> parse_torch_dtype(std::string_view name);
 /// The config.json spelling ("bfloat16", ...).
 std::string_view torch_dtype_name(dtype t);
 
+/// Element type of the KV cache (engine.kv_cache_dtype): bf16, or fp8 (e4m3
+/// bytes with one float scale per token row of each kv head). Only the CUDA
+/// runner stores it so; the CPU's KV cache is fp32 always.
+enum class kv_cache_dtype_kind : uint8_t { bf16, fp8 };
+
+/// The spelling of metronome.yaml and the command lines: "bf16", "fp8".
+constexpr std::string_view to_string(kv_cache_dtype_kind x) {
+  switch (x) {
+    case kv_cache_dtype_kind::bf16: return "bf16";
+    case kv_cache_dtype_kind::fp8: return "fp8";
+  }
+  return "?";
+}
+
+/// Parses "bf16" or "fp8"; nullopt for anything else.
+constexpr std::optional<kv_cache_dtype_kind> parse_kv_cache_dtype(std::string_view name) {
+  for (auto x : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8})
+    if (name == to_string(x))
+      return x;
+  return std::nullopt;
+}
+
 // -- scalar conversions ---------------------------------------------------------
 
 inline float bits_to_f32(uint32_t bits) {

@@ -354,7 +354,7 @@ struct options {
   int32_t max_batch = 128;
   int32_t page_size = 16;    // engine_limits::page_size (server: engine.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
-  std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype (bf16, fp8)
+  std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype, as its name (bf16, fp8)
   int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
   std::string profile_mixed;      // B:N[,B:N...]: mixed steps timed, the first profiled, then exit
   std::string profile_prefix;     // P:N[,P:N...]: N new tokens after P cached ones, then exit
@@ -574,7 +574,7 @@ int run(const options& o) {
   ro.gpu_memory_fraction = 0.85;
   ro.small_batch_path = o.path;
   ro.limits.page_size = o.page_size;
-  ro.kv_cache_dtype = o.kv_dtype;
+  ro.kv_cache_dtype = parse_kv_cache_dtype(o.kv_dtype).value(); // checked with the arguments
   ro.profile_batch = profile_batch;
   const auto t_load = std::chrono::steady_clock::now();
   auto runner = make_cuda_runner(model, ro);
@@ -854,7 +854,7 @@ std::string parse_args(int argc, char** argv, options& o) {
       return "gpu_bench: " + a + " needs a value";
     ++i;
     if (text) {
-      if (text == &o.kv_dtype && v != "bf16" && v != "fp8")
+      if (text == &o.kv_dtype && !parse_kv_cache_dtype(v))
         return "gpu_bench: " + a + ": expected bf16 or fp8, not '" + v + "'";
       *text = v;
       continue;

@@ -213,9 +213,9 @@ int run(const options& o) {
   ro.limits.kv_cache_tokens = max_step_tokens + 64 * 16 + 1024;
   ro.cuda_graphs = false; // prompt steps only
   std::unique_ptr<model_runner> runners[2];
-  ro.kv_cache_dtype = "bf16";
+  ro.kv_cache_dtype = kv_cache_dtype_kind::bf16;
   runners[0] = make_cuda_runner(model, ro);
-  ro.kv_cache_dtype = "fp8";
+  ro.kv_cache_dtype = kv_cache_dtype_kind::fp8;
   runners[1] = make_cuda_runner(model, ro);
   const int32_t page = runners[0]->page_size();
 

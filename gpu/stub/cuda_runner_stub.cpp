@@ -61,8 +61,8 @@ std::vector<float> cuda_runner_logits(model_runner&, int32_t) {
   return {};
 }
 
-std::string cuda_kv_cache_problem(const model_config&, const std::string& dtype) {
-  return dtype == "bf16" || dtype == "fp8" ? "" : "expected bf16 or fp8";
+std::string cuda_kv_cache_problem(const model_config&, kv_cache_dtype_kind) {
+  return {};
 }
 
 std::string format_memory_plan(const std::vector<memory_plan_entry>&) {

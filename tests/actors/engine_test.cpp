@@ -333,17 +333,15 @@ TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
     } catch (const std::invalid_argument& e) {
       return std::string(e.what());
     }
-    ADD_FAILURE() << "spawn_engine accepted kv_cache_dtype " << opts.kv_cache_dtype;
+    ADD_FAILURE() << "spawn_engine accepted kv_cache_dtype " << to_string(opts.kv_cache_dtype);
     return std::string();
   };
-  opts.kv_cache_dtype = "fp8";
+  opts.kv_cache_dtype = kv_cache_dtype_kind::fp8;
   EXPECT_EQ(message_of(), "engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' keeps "
                           "its KV cache in fp32)");
-  opts.kv_cache_dtype = "fp4";
-  EXPECT_EQ(message_of(), "engine.kv_cache_dtype 'fp4': expected bf16 or fp8");
   EXPECT_FALSE(eng);
   // bf16, the default, runs on the CPU (whose KV cache is fp32 regardless).
-  opts.kv_cache_dtype = "bf16";
+  opts.kv_cache_dtype = kv_cache_dtype_kind::bf16;
   start();
   EXPECT_EQ(eng->status->kv_cache_strategy, "paged;page_size=16;dtype=fp32");
   auto out = run(completion("Hello", 2));
@@ -362,7 +360,7 @@ TEST_F(engine_test, an_fp8_kv_cache_the_model_cannot_use_is_refused_at_start) {
   mo.config.num_heads = 1;
   mo.config.num_kv_heads = 1;
   mo.config.head_dim = 256;
-  if (cuda_kv_cache_problem(mo.config, "fp8").empty())
+  if (cuda_kv_cache_problem(mo.config, kv_cache_dtype_kind::fp8).empty())
     GTEST_SKIP() << "this build has no CUDA kernels to ask";
   mo.seed = 7;
   mo.tokenizer_dir = test::env("TESTDATA") + "/tokenizers/llama3";
@@ -370,7 +368,7 @@ TEST_F(engine_test, an_fp8_kv_cache_the_model_cannot_use_is_refused_at_start) {
   make_model(mo);
   opts.model_dir = mo.out_dir;
   opts.device = "cuda:0";
-  opts.kv_cache_dtype = "fp8";
+  opts.kv_cache_dtype = kv_cache_dtype_kind::fp8;
   try {
     eng = spawn_engine(sys, opts);
     ADD_FAILURE() << "spawn_engine accepted fp8 for head_dim 256";

@@ -420,7 +420,7 @@ TEST_P(gpu_runner, an_fp8_kv_cache_keeps_the_logits_near_transformers) {
   auto ref = load_golden(GetParam());
   auto model = model_folder::open(test::tiny_model(GetParam(), ref["seed"].get<uint64_t>()));
   auto o8 = test::small_runner_options();
-  o8.kv_cache_dtype = "fp8";
+  o8.kv_cache_dtype = kv_cache_dtype_kind::fp8;
   auto fp8 = make_cuda_runner(model, o8);
   auto bf16 = make_cuda_runner(model, test::small_runner_options());
   const auto& runs = ref["runs"];
@@ -597,7 +597,7 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
 /// CPU engine.
 void expect_every_decode_path_follows_the_cpu_engine(
   const std::shared_ptr<const model_folder>& model, const std::string& label,
-  const std::string& kv_dtype = "bf16") {
+  kv_cache_dtype_kind kv_dtype = kv_cache_dtype_kind::bf16) {
   // 20 sequences decoding together: the skinny GEMM runs with several token
   // tiles (eager: 20 rows; captured: the graph of 24, padding rows included).
   auto base = test_prompts(model->config.vocab_size);
@@ -639,7 +639,7 @@ void expect_every_decode_path_follows_the_cpu_engine(
         exact += expect_greedy_matches_cpu(
           model, prompts[i], got[i],
           label + " path " + path + (graphs ? "" : " eager") + " prompt " + std::to_string(i),
-          kv_dtype == "fp8");
+          kv_dtype == kv_cache_dtype_kind::fp8);
         steps += int32_t(got[i].size());
       }
       // Near-ties are rare: most steps pick the CPU's own argmax.
@@ -659,7 +659,7 @@ void expect_every_decode_path_follows_the_cpu_engine(
         expect_greedy_matches_cpu(model, p, shared[i],
                                   label + " path " + path + (graphs ? "" : " eager")
                                     + " shared prefix, prompt " + std::to_string(i),
-                                  kv_dtype == "fp8");
+                                  kv_dtype == kv_cache_dtype_kind::fp8);
       }
     }
   }
@@ -714,7 +714,7 @@ TEST(gpu_runner_head_dim_128, every_decode_path_follows_the_cpu_engine) {
   expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3, head dim 128");
 }
 
-// The fp8 KV cache (kv_cache_dtype "fp8": e4m3 rows with a scale each) on
+// The fp8 KV cache (kv_cache_dtype fp8: e4m3 rows with a scale each) on
 // every decode path, graphs and eager, prefill chunks included, against the
 // CPU engine with its cache rounded the same way (set_kv_fp8): its choices
 // are the CPU's argmax or within a near-tie of it, at head_dim 16 (the
@@ -722,26 +722,27 @@ TEST(gpu_runner_head_dim_128, every_decode_path_follows_the_cpu_engine) {
 TEST_P(gpu_runner, an_fp8_kv_cache_on_every_decode_path_follows_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
-  expect_every_decode_path_follows_the_cpu_engine(model, GetParam() + " fp8 KV", "fp8");
+  expect_every_decode_path_follows_the_cpu_engine(model, GetParam() + " fp8 KV",
+                                                  kv_cache_dtype_kind::fp8);
 }
 
 TEST(gpu_runner_head_dim_128, an_fp8_kv_cache_on_every_decode_path_follows_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
   auto model = head_dim_128_model();
   expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3, head dim 128, fp8 KV",
-                                                  "fp8");
+                                                  kv_cache_dtype_kind::fp8);
 }
 
 // The fp8 cache's memory: a token's rows take head_dim + 4 bytes (the scale)
 // a kv head in K and in V, against 2 x head_dim in bf16, so the same pool
-// holds about twice the tokens (each layer's share rounded up to 256 bytes);
-// an unknown kv_cache_dtype is refused.
+// holds about twice the tokens (each layer's share rounded up to 256 bytes).
 TEST(gpu_runner_plans, an_fp8_kv_cache_takes_its_bytes_a_token) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model("tiny-qwen2", 11));
   const auto& c = model->config;
-  std::map<std::string, int64_t> pool;
-  for (const std::string dtype : {"bf16", "fp8"}) {
+  std::map<kv_cache_dtype_kind, int64_t> pool;
+  for (const auto dtype : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8}) {
+    const bool fp8 = dtype == kv_cache_dtype_kind::fp8;
     auto o = test::small_runner_options();
     o.kv_cache_dtype = dtype;
     auto gpu = make_cuda_runner(model, o);
@@ -750,20 +751,12 @@ TEST(gpu_runner_plans, an_fp8_kv_cache_takes_its_bytes_a_token) {
         pool[dtype] = e.bytes;
     // The pool has one page more than it hands out (the padding rows').
     const int64_t tokens = int64_t(gpu->num_pages() + 1) * gpu->page_size();
-    const int64_t per_row = dtype == "fp8" ? c.head_dim + 4 : 2 * c.head_dim;
+    const int64_t per_row = fp8 ? c.head_dim + 4 : 2 * c.head_dim;
     const int64_t layer = tokens * 2 * c.num_kv_heads * per_row;
-    EXPECT_EQ(pool[dtype], c.num_layers * (dtype == "fp8" ? (layer + 255) / 256 * 256 : layer))
-      << dtype;
+    EXPECT_EQ(pool[dtype], c.num_layers * (fp8 ? (layer + 255) / 256 * 256 : layer))
+      << to_string(dtype);
   }
-  EXPECT_LT(pool["fp8"], pool["bf16"]);
-  auto o = test::small_runner_options();
-  o.kv_cache_dtype = "fp4";
-  try {
-    make_cuda_runner(model, o);
-    ADD_FAILURE() << "kv_cache_dtype fp4 was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("kv_cache_dtype"), std::string::npos) << e.what();
-  }
+  EXPECT_LT(pool[kv_cache_dtype_kind::fp8], pool[kv_cache_dtype_kind::bf16]);
 }
 
 // Pages of one token with one kv head (tiny-mistral): an odd number of rows a
@@ -775,7 +768,7 @@ TEST(gpu_runner_plans, an_fp8_kv_cache_with_pages_of_one_token_follows_the_cpu_e
   auto model = model_folder::open(test::tiny_model("tiny-mistral", 11));
   ASSERT_EQ(model->config.num_kv_heads, 1);
   auto o = test::small_runner_options(1);
-  o.kv_cache_dtype = "fp8";
+  o.kv_cache_dtype = kv_cache_dtype_kind::fp8;
   auto gpu = make_cuda_runner(model, o);
   ASSERT_EQ((gpu->num_pages() + 1) % 2, 1); // odd rows a layer
   const auto prompts = test_prompts(model->config.vocab_size);
@@ -900,20 +893,20 @@ TEST(gpu_runner_plans, reports_its_memory_plan) {
 // device is touched (host arithmetic: runs without a GPU), so that the server
 // refuses it at start instead of failing its executor.
 TEST(gpu_runner_plans, the_kv_cache_problem_names_what_fp8_cannot_serve) {
+  constexpr auto bf16 = kv_cache_dtype_kind::bf16, fp8 = kv_cache_dtype_kind::fp8;
   model_config c = *preset_config("tiny-llama3");
-  EXPECT_EQ(cuda_kv_cache_problem(c, "bf16"), "");
-  EXPECT_EQ(cuda_kv_cache_problem(c, "fp8"), "");
-  EXPECT_EQ(cuda_kv_cache_problem(c, "fp4"), "expected bf16 or fp8");
+  EXPECT_EQ(cuda_kv_cache_problem(c, bf16), "");
+  EXPECT_EQ(cuda_kv_cache_problem(c, fp8), "");
   c.head_dim = 256;
-  EXPECT_EQ(cuda_kv_cache_problem(c, "bf16"), "");
-  EXPECT_NE(cuda_kv_cache_problem(c, "fp8").find("this model: head_dim 256"), std::string::npos);
+  EXPECT_EQ(cuda_kv_cache_problem(c, bf16), "");
+  EXPECT_NE(cuda_kv_cache_problem(c, fp8).find("this model: head_dim 256"), std::string::npos);
   c.head_dim = 128;
   c.num_heads = 16 * c.num_kv_heads;
-  EXPECT_NE(cuda_kv_cache_problem(c, "fp8").find("16 a kv head"), std::string::npos);
+  EXPECT_NE(cuda_kv_cache_problem(c, fp8).find("16 a kv head"), std::string::npos);
   c.num_heads = 8 * c.num_kv_heads;
-  EXPECT_EQ(cuda_kv_cache_problem(c, "fp8"), "");
+  EXPECT_EQ(cuda_kv_cache_problem(c, fp8), "");
   test::kernel_generation_scope first(1);
-  EXPECT_NE(cuda_kv_cache_problem(c, "fp8").find("second-generation"), std::string::npos);
+  EXPECT_NE(cuda_kv_cache_problem(c, fp8).find("second-generation"), std::string::npos);
 }
 
 TEST(gpu_runner_plans, no_device_count_means_skip) {

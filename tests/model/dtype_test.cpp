@@ -77,6 +77,16 @@ TEST(dtype, names_parse_both_ways) {
   EXPECT_FALSE(parse_torch_dtype("int8"));
 }
 
+// The KV cache's element type: the engine and the runners hold the enum, the
+// configuration and the command lines its names.
+TEST(dtype, kv_cache_dtype_names_parse_both_ways) {
+  for (auto t : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8})
+    EXPECT_EQ(parse_kv_cache_dtype(to_string(t)), t);
+  EXPECT_EQ(to_string(kv_cache_dtype_kind::fp8), "fp8");
+  EXPECT_FALSE(parse_kv_cache_dtype("fp4"));
+  EXPECT_FALSE(parse_kv_cache_dtype("BF16"));
+}
+
 // FP8 E4M3 against torch's float8_e4m3fn (tools/golden/e4m3_reference.py,
 // run on the GPU machine): every code's value, and the code of each input
 // (values, midpoints between codes and a float ulp either side, the

@@ -69,9 +69,10 @@ void run(const generate_args& a) {
   }
   if (a.prompt.has_value() == !a.prompt_ids.empty())
     throw command_error("give exactly one of --prompt and --prompt-ids");
-  if (a.kv_cache_dtype != "bf16" && a.kv_cache_dtype != "fp8")
+  const auto kv_dtype = parse_kv_cache_dtype(a.kv_cache_dtype);
+  if (!kv_dtype)
     throw command_error("--kv-cache-dtype: expected bf16 or fp8, got '" + a.kv_cache_dtype + "'");
-  if (a.kv_cache_dtype == "fp8" && a.device == "cpu")
+  if (*kv_dtype == kv_cache_dtype_kind::fp8 && a.device == "cpu")
     throw command_error("--kv-cache-dtype fp8 needs --device cuda:N (the CPU engine keeps its "
                         "KV cache in fp32)");
   const std::filesystem::path model_dir = a.model.empty() ? default_model_dir()
@@ -123,7 +124,7 @@ void run(const generate_args& a) {
     g.device = parse_cuda_device(a.device);
     g.limits = limits;
     g.max_seqs = 1;
-    g.kv_cache_dtype = a.kv_cache_dtype;
+    g.kv_cache_dtype = *kv_dtype;
     runner = make_cuda_runner(model, g);
     if (runner->num_pages() < pages)
       throw command_error("--device " + a.device + ": the KV cache holds "

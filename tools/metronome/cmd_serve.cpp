@@ -90,7 +90,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.kv = s.scheduler.kv;
   o.kv_bucket_min_tokens = s.scheduler.kv_bucket_min_tokens;
   o.kv_buckets_per_size = s.scheduler.kv_buckets_per_size;
-  o.kv_cache_dtype = std::string(to_string(c.engine.kv_cache_dtype));
+  o.kv_cache_dtype = c.engine.kv_cache_dtype;
   o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
   o.on_device_lost = [](const std::string& reason) {
     spdlog::critical("device lost ({}): draining, then exiting with {} for the service manager "

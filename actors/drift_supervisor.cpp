@@ -31,15 +31,15 @@ double seconds(sched_time t) {
 }
 
 /// Orders the scheduler to run `policy`; logs a refusal or a silent scheduler.
-void switch_policy(self_ptr self, const std::string& policy) {
+void switch_policy(self_ptr self, policy_kind policy) {
   self->request(self->state.scheduler, std::chrono::seconds(10), policy_atom::value, policy)
     .then(
       [=](bool ok) {
         if (!ok)
-          spdlog::error("drift supervisor: the scheduler does not know policy {}", policy);
+          spdlog::error("drift supervisor: the scheduler refused policy {}", to_string(policy));
       },
       [=](caf::error& err) {
-        spdlog::error("drift supervisor: switching to {} failed: {}", policy,
+        spdlog::error("drift supervisor: switching to {} failed: {}", to_string(policy),
                       self->system().render(err));
       });
 }
@@ -53,12 +53,12 @@ void act(self_ptr self, const drift_verdict& v, sched_time now) {
   if (order->recalibrate_window) {
     spdlog::warn("drift supervisor: mean relative error {:.3f} of {} predictions above {:.3f} "
                  "for {:g} s: recalibrating the predictor and running {} for {:g} s",
-                 v.error, v.samples, v.limit, seconds(o.sustain), order->policy,
+                 v.error, v.samples, v.limit, seconds(o.sustain), to_string(order->policy),
                  seconds(o.disable_for));
     self->send(st.scheduler, recalibrate_atom::value, int64_t(order->recalibrate_window->count()));
   } else {
     spdlog::info("drift supervisor: {:g} s of {} are over: back to {}", seconds(o.disable_for),
-                 st.config.fallback, order->policy);
+                 to_string(st.config.fallback), to_string(order->policy));
   }
   switch_policy(self, order->policy);
   if (st.metrics)

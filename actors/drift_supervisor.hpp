@@ -23,9 +23,9 @@ class engine_metrics;
 struct drift_supervisor_config {
   drift_options drift;
   /// The latency-aware policy to restore after a disable (ladb or srpt).
-  std::string policy = "ladb";
+  policy_kind policy = policy_kind::ladb;
   /// The fallback while disabled.
-  std::string fallback = "fcfs";
+  policy_kind fallback = policy_kind::fcfs;
   /// How often the window is re-evaluated without new samples.
   sched_time tick = std::chrono::seconds(1);
 };

@@ -180,9 +180,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     }
   }
   e.scheduler = spawn_scheduler(sys, sc, e.status, e.metrics);
-  if (o.drift.enabled && o.policy != "fcfs")
-    e.drift_supervisor = spawn_drift_supervisor(sys, e.scheduler, {o.drift, o.policy, "fcfs"},
-                                                e.metrics);
+  if (o.drift.enabled && o.policy != policy_kind::fcfs)
+    e.drift_supervisor = spawn_drift_supervisor(
+      sys, e.scheduler, {o.drift, o.policy, policy_kind::fcfs}, e.metrics);
   if (o.stats_interval.count() > 0)
     e.stats_reporter = spawn_stats_reporter(sys, e.scheduler, e.metrics, e.status,
                                             o.stats_interval);

@@ -49,9 +49,8 @@ struct engine_options {
   /// timeout, passed on to the scheduler and the runner
   /// (model/engine_limits.hpp; max_model_len 0 = the model's context).
   engine_limits limits;
-  /// Scheduling policy: ladb (the default, as `serve`'s), srpt, fcfs,
-  /// ladb-literal.
-  std::string policy = "ladb";
+  /// Scheduling policy; ladb is `serve`'s default too.
+  policy_kind policy = policy_kind::ladb;
   /// Settings of the latency-aware policies (config sections predictor,
   /// batching, router) and of their drift supervisor (supervisor.drift),
   /// which runs when the policy is not fcfs and drift.enabled.

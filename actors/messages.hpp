@@ -327,6 +327,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_ATOM(metronome, metronome, watch_atom, "watch")
   CAF_ADD_ATOM(metronome, metronome, recalibrate_atom, "recal")
   CAF_ADD_ATOM(metronome, metronome, step_done_atom, "stepdone")
+  CAF_ADD_TYPE_ID(metronome, (metronome::policy_kind))
 CAF_END_TYPE_ID_BLOCK(metronome)
 
 CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")

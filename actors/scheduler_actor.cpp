@@ -104,9 +104,8 @@ void fail_request(self_ptr self, uint64_t id, request_errc code, const std::stri
 
 void pump(self_ptr self);
 
-std::unique_ptr<admission_policy> make_policy(const scheduler_actor_config& c,
-                                              const std::string& name) {
-  return c.policies ? make_admission_policy(name, *c.policies) : make_admission_policy(name);
+std::unique_ptr<admission_policy> make_policy(const scheduler_actor_config& c, policy_kind p) {
+  return c.policies ? make_admission_policy(p, *c.policies) : make_admission_policy(p);
 }
 
 /// Sends the predictions of requests finished since the last call to the
@@ -337,13 +336,10 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
       pump(self);
     },
     [=](executor_down_msg& down) { lose_executor(self, down.reason, down.permanent); },
-    [=](policy_atom, std::string& name) -> caf::result<bool> {
-      auto p = make_policy(self->state.config, name);
-      if (!p)
-        return false;
+    [=](policy_atom, policy_kind kind) -> bool {
       auto& s = self->state;
-      spdlog::info("scheduler: policy {} -> {}", s.core->policy().name(), name);
-      s.core->set_policy(std::move(p), engine_now(self));
+      spdlog::info("scheduler: policy {} -> {}", s.core->policy().name(), to_string(kind));
+      s.core->set_policy(make_policy(s.config, kind), engine_now(self));
       pump(self);
       return true;
     },
@@ -385,9 +381,6 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
 caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
                            std::shared_ptr<engine_status> status,
                            std::shared_ptr<engine_metrics> metrics) {
-  if (!make_policy(config, config.policy))
-    throw std::invalid_argument("unknown scheduling policy '" + config.policy + "' (policies: "
-                                + std::string(policy_names()) + ")");
   return sys.spawn(scheduler_actor, std::move(config), std::move(status), std::move(metrics));
 }
 

@@ -25,8 +25,8 @@ struct scheduler_actor_config {
   /// The scheduler's settings; scheduler.limits.step_timeout is how long the
   /// actor waits for a step before it has the executor replaced.
   scheduler_config scheduler;
-  /// Admission policy at start (fcfs, ladb, srpt).
-  std::string policy = "fcfs";
+  /// Admission policy at start.
+  policy_kind policy = policy_kind::fcfs;
   /// The model's end-of-sequence ids.
   std::vector<int32_t> eos_ids;
   /// Settings and shared predictor of the latency-aware policies
@@ -41,8 +41,8 @@ struct scheduler_actor_config {
 /// CAF's test coordinator advances by hand.
 sched_time engine_now(caf::local_actor* self);
 
-/// Spawns the scheduler actor. Throws std::invalid_argument for an unknown
-/// policy name. Besides the contracts in interfaces.hpp it answers
+/// Spawns the scheduler actor. Besides the contracts in interfaces.hpp it
+/// answers
 /// watch_atom (the sender receives std::vector<drift_sample> of finished
 /// predicted requests: the drift supervisor) and recalibrate_atom + window
 /// in ns (the predictor refits on that recent history).

@@ -17,6 +17,22 @@ namespace metronome {
 /// Engine time: nanoseconds since the engine (or the replay) started.
 using sched_time = std::chrono::nanoseconds;
 
+/// The admission policies: first come first served, the latency-aware ladb
+/// and srpt (sched/ladb_policy.hpp, sched/srpt_policy.hpp), and the original
+/// system's literal forms of both. The engine, the scheduler, the drift
+/// supervisor and the replay hold this; names are parsed only at the
+/// configuration and command-line edges.
+enum class policy_kind : uint8_t { fcfs, ladb, srpt, ladb_literal, srpt_literal };
+
+/// "fcfs", "ladb", "srpt", "ladb-literal", "srpt-literal".
+std::string_view to_string(policy_kind p);
+
+/// Parses a policy's name; nullopt for any other text.
+std::optional<policy_kind> parse_policy_kind(std::string_view name);
+
+/// The names parse_policy_kind knows, for messages.
+std::string_view policy_names();
+
 struct sched_request;
 
 /// What the scheduler sees at the start of a scheduling pass.
@@ -98,8 +114,8 @@ public:
                                               int32_t free_slots, sched_time now) override;
 };
 
-/// Builds a policy by name; nullptr for an unknown name. Latency-aware
-/// policies register here as they are added.
-std::unique_ptr<admission_policy> make_admission_policy(std::string_view name);
+/// Builds policy `p`; latency-aware ones with default settings and a
+/// predictor of their own.
+std::unique_ptr<admission_policy> make_admission_policy(policy_kind p);
 
 } // namespace metronome

@@ -86,8 +86,8 @@ std::optional<sched_time> drift_detector::next_check() const {
 }
 
 std::optional<drift_order> drift_order_of(const drift_verdict& v, sched_time now,
-                                          const drift_options& options, const std::string& policy,
-                                          const std::string& fallback) {
+                                          const drift_options& options, policy_kind policy,
+                                          policy_kind fallback) {
   if (v.action == drift_action::none)
     return std::nullopt;
   drift_event ev;
@@ -97,10 +97,10 @@ std::optional<drift_order> drift_order_of(const drift_verdict& v, sched_time now
   ev.samples = v.samples;
   const bool disable = v.action == drift_action::disable;
   ev.action = disable ? "disable" : "enable";
-  ev.policy = disable ? fallback : policy;
-  ev.cause = disable ? "drift" : "recovered";
   drift_order o;
-  o.policy = ev.policy;
+  o.policy = disable ? fallback : policy;
+  ev.policy = to_string(o.policy);
+  ev.cause = disable ? "drift" : "recovered";
   if (disable)
     o.recalibrate_window = options.window;
   o.event = std::move(ev);

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 
+#include "sched/admission_policy.hpp"
 #include "sched/predictor.hpp"
 
 namespace metronome {
@@ -107,7 +108,7 @@ struct drift_event {
   int64_t at_ns = 0;
   /// "disable" (recalibrate, switch to the fallback) or "enable".
   std::string action;
-  /// The policy switched to.
+  /// The policy switched to (its name: the event is logged and reported).
   std::string policy;
   /// "drift" or "recovered".
   std::string cause;
@@ -122,14 +123,14 @@ struct drift_event {
 /// `recalibrate_window` and switches to the fallback; an enable switches
 /// back to the latency-aware policy.
 struct drift_order {
-  std::string policy;
+  policy_kind policy = policy_kind::fcfs;
   std::optional<sched_time> recalibrate_window;
   drift_event event;
 };
 
 /// The order for verdict `v` at `now`; nullopt for drift_action::none.
 std::optional<drift_order> drift_order_of(const drift_verdict& v, sched_time now,
-                                          const drift_options& options, const std::string& policy,
-                                          const std::string& fallback);
+                                          const drift_options& options, policy_kind policy,
+                                          policy_kind fallback);
 
 } // namespace metronome

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 #include "sched/scheduler.hpp"
 
@@ -235,28 +237,28 @@ std::shared_ptr<policy_context> policy_context::make(predictor_options p, ladb_o
   return ctx;
 }
 
-std::unique_ptr<admission_policy> make_admission_policy(std::string_view name,
+std::unique_ptr<admission_policy> make_admission_policy(policy_kind p,
                                                         const policy_context& ctx) {
   auto state = ctx.state;
   if (!state.model)
     state = latency_aware_state::make(ctx.predictor);
-  if (name == "fcfs")
-    return std::make_unique<fcfs_policy>();
-  if (name == "ladb" || name == "ladb-literal") {
-    auto o = ctx.ladb;
-    o.literal = name == "ladb-literal";
-    return std::make_unique<ladb_policy>(o, state);
+  switch (p) {
+    case policy_kind::fcfs:
+      return std::make_unique<fcfs_policy>();
+    case policy_kind::ladb:
+    case policy_kind::ladb_literal: {
+      auto o = ctx.ladb;
+      o.literal = p == policy_kind::ladb_literal;
+      return std::make_unique<ladb_policy>(o, state);
+    }
+    case policy_kind::srpt:
+    case policy_kind::srpt_literal: {
+      auto o = ctx.srpt;
+      o.literal = p == policy_kind::srpt_literal;
+      return std::make_unique<srpt_policy>(o, state);
+    }
   }
-  if (name == "srpt" || name == "srpt-literal") {
-    auto o = ctx.srpt;
-    o.literal = name == "srpt-literal";
-    return std::make_unique<srpt_policy>(o, state);
-  }
-  return nullptr;
-}
-
-std::string_view policy_names() {
-  return "fcfs, ladb, srpt, ladb-literal, srpt-literal";
+  throw std::invalid_argument("make_admission_policy: no policy " + std::to_string(int(p)));
 }
 
 } // namespace metronome

@@ -167,12 +167,8 @@ struct policy_context {
                                               srpt_options s = {});
 };
 
-/// Builds a policy by name (fcfs, ladb, srpt, ladb-literal, srpt-literal)
-/// sharing `ctx`'s predictor; nullptr for an unknown name.
-std::unique_ptr<admission_policy> make_admission_policy(std::string_view name,
+/// Builds policy `p` with `ctx`'s settings, sharing its predictor.
+std::unique_ptr<admission_policy> make_admission_policy(policy_kind p,
                                                         const policy_context& ctx);
-
-/// The names make_admission_policy knows, for messages.
-std::string_view policy_names();
 
 } // namespace metronome

@@ -60,18 +60,14 @@ public:
     page_size_ = limits.page_size;
     num_pages_ = int32_t(kv_tokens / page_size_);
     ctx_ = policy_context::make(o.settings.predictor, o.settings.ladb, o.settings.srpt);
-    auto policy = make_admission_policy(o.policy, *ctx_);
-    if (!policy)
-      throw std::runtime_error("unknown policy '" + o.policy + "' (policies: "
-                               + std::string(policy_names()) + ")");
-    drift_on_ = o.policy != "fcfs" && o.settings.drift.enabled;
-    sched_ = std::make_unique<scheduler>(config_, std::move(policy));
+    drift_on_ = o.policy != policy_kind::fcfs && o.settings.drift.enabled;
+    sched_ = std::make_unique<scheduler>(config_, make_admission_policy(o.policy, *ctx_));
     sched_->set_capacity(num_pages_, page_size_);
     sched_->set_step_cost(o.cost.step);
     if (!o.step_trace.empty())
       trace_out_ = std::make_unique<step_trace>(o.step_trace);
     detector_ = std::make_unique<drift_detector>(o.settings.drift);
-    res_.policy = o.policy;
+    res_.policy = to_string(o.policy);
     res_.trace_name = t.name;
     res_.rate_scale = o.rate_scale;
     res_.max_batch_size = limits.max_batch_size;
@@ -267,7 +263,7 @@ private:
   }
 
   void apply(const drift_verdict& v) {
-    auto order = drift_order_of(v, now_, o_.settings.drift, o_.policy, "fcfs");
+    auto order = drift_order_of(v, now_, o_.settings.drift, o_.policy, policy_kind::fcfs);
     if (!order)
       return;
     if (order->recalibrate_window) {

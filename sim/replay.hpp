@@ -36,7 +36,7 @@
 namespace metronome::sim {
 
 struct replay_options {
-  std::string policy = "fcfs";
+  policy_kind policy = policy_kind::fcfs;
   /// Arrival rate multiplier: arrivals at trace time / rate_scale.
   double rate_scale = 1.0;
   scheduling_settings settings;
@@ -77,6 +77,7 @@ struct request_record {
 };
 
 struct replay_result {
+  /// The policy's name (to_string(replay_options::policy)), as reported.
   std::string policy;
   std::string trace_name;
   double rate_scale = 1;
@@ -116,7 +117,8 @@ struct replay_result {
 };
 
 /// Replays `t`. Throws std::runtime_error when the replay stalls (a policy
-/// that holds requests without a deadline).
+/// that holds requests without a deadline), std::invalid_argument for a rate
+/// scale that is not positive.
 replay_result replay(const trace& t, const replay_options& options);
 
 } // namespace metronome::sim

@@ -26,6 +26,16 @@ engine_limits limits_from_config(const server_config& cfg) {
   return l;
 }
 
+policy_kind policy_from_config(scheduling_policy p) {
+  switch (p) {
+    case scheduling_policy::fcfs: return policy_kind::fcfs;
+    case scheduling_policy::ladb: return policy_kind::ladb;
+    case scheduling_policy::srpt: return policy_kind::srpt;
+    case scheduling_policy::ladb_literal: return policy_kind::ladb_literal;
+  }
+  return policy_kind::ladb;
+}
+
 scheduling_settings settings_from_config(const server_config& cfg) {
   scheduling_settings s;
   s.scheduler.limits = limits_from_config(cfg);

@@ -29,6 +29,9 @@ struct scheduling_settings {
 /// model.max_model_len (0 = the model's) and server.max_queued_requests.
 engine_limits limits_from_config(const server_config& cfg);
 
+/// The admission policy engine.policy names.
+policy_kind policy_from_config(scheduling_policy p);
+
 /// The settings of `cfg`; scheduler.limits as limits_from_config.
 scheduling_settings settings_from_config(const server_config& cfg);
 

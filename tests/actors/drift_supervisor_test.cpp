@@ -56,8 +56,8 @@ protected:
       return {
         [=](watch_atom) { ++log->watches; },
         [=](recalibrate_atom, int64_t window_ns) { log->recalibrations.push_back(window_ns); },
-        [=](policy_atom, std::string& name) {
-          log->policies.push_back(name);
+        [=](policy_atom, policy_kind p) {
+          log->policies.emplace_back(to_string(p));
           return true;
         },
       };
@@ -102,7 +102,7 @@ TEST_F(drift_supervisor_test, disables_after_sustained_drift_and_restores_after_
   c.drift.sustain = 2s;
   c.drift.disable_for = 5s;
   c.drift.min_samples = 3;
-  c.policy = "ladb";
+  c.policy = policy_kind::ladb;
   c.tick = 1s;
   auto sup = spawn_drift_supervisor(sys, scheduler, c, metrics);
   tracked.push_back(sup);

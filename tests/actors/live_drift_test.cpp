@@ -93,7 +93,7 @@ protected:
 TEST_F(live_drift_test, a_jump_in_lengths_disables_ladb_and_the_cool_down_restores_it) {
   engine_options o;
   o.model_dir = chat_model();
-  o.policy = "ladb";
+  o.policy = policy_kind::ladb;
   o.limits.max_batch_size = 8;
   o.predictor.warmup_steps = 5;
   o.predictor.update_interval = 10ms;

@@ -23,7 +23,7 @@ using test::workload_item;
 
 std::map<uint64_t, std::vector<int32_t>> serve(std::shared_ptr<const model_folder> model,
                                                const std::vector<workload_item>& items,
-                                               const std::string& policy, scheduler_config cfg,
+                                               policy_kind policy, scheduler_config cfg,
                                                int32_t pages, int32_t page_size,
                                                int64_t* preemptions = nullptr) {
   auto ctx = policy_context::make();
@@ -53,16 +53,16 @@ TEST(ladb_with_model, reordering_and_shared_steps_never_change_tokens) {
   for (size_t i = 0; i < items.size(); ++i) {
     auto one = items[i];
     one.arrival_step = 0;
-    alone[i] = serve(model, {one}, "fcfs", scheduler_config{}, 64, 16)[0];
+    alone[i] = serve(model, {one}, policy_kind::fcfs, scheduler_config{}, 64, 16)[0];
   }
   scheduler_config tight;
   tight.limits.max_batch_size = 8;
   tight.limits.max_num_batched_tokens = 32;
-  for (const char* policy : {"ladb", "srpt", "ladb-literal"}) {
+  for (auto policy : {policy_kind::ladb, policy_kind::srpt, policy_kind::ladb_literal}) {
     int64_t preemptions = 0;
     auto together = serve(model, items, policy, tight, 16, 8, &preemptions);
-    EXPECT_EQ(together, alone) << policy;
-    EXPECT_GT(preemptions, 0) << policy << ": the workload should force preemptions";
+    EXPECT_EQ(together, alone) << to_string(policy);
+    EXPECT_GT(preemptions, 0) << to_string(policy) << ": the workload should force preemptions";
   }
 }
 

@@ -21,14 +21,14 @@ class ladb_test : public ::testing::Test, public test::policy_harness {
 protected:
   std::shared_ptr<policy_context> ctx = context();
 
-  void use(const std::string& name) {
-    make(make_admission_policy(name, *ctx));
+  void use(policy_kind p) {
+    make(make_admission_policy(p, *ctx));
   }
 };
 
 TEST_F(ladb_test, admits_the_least_remaining_work_first) {
   cfg.limits.max_num_batched_tokens = 4096;
-  use("ladb");
+  use(policy_kind::ladb);
   add(make_request(1, 1500, 16));
   add(make_request(2, 40, 16));
   add(make_request(3, 600, 16));
@@ -37,7 +37,7 @@ TEST_F(ladb_test, admits_the_least_remaining_work_first) {
   EXPECT_EQ(admitted(*d), (std::vector<uint64_t>{2, 3, 1}));
   // fcfs on the same arrivals: arrival order.
   ctx = context();
-  use("fcfs");
+  use(policy_kind::fcfs);
   add(make_request(1, 1500, 16));
   add(make_request(2, 40, 16));
   add(make_request(3, 600, 16));
@@ -46,7 +46,7 @@ TEST_F(ladb_test, admits_the_least_remaining_work_first) {
 
 TEST_F(ladb_test, work_within_variance_tolerance_keeps_arrival_order) {
   cfg.limits.max_num_batched_tokens = 8192;
-  use("ladb");
+  use(policy_kind::ladb);
   add(make_request(1, 1050, 16)); // work 1050 + 16 x 16: same cohort as 2
   now += 1ms;
   add(make_request(2, 1000, 16));
@@ -60,7 +60,7 @@ TEST_F(ladb_test, starvation_guard_bounds_slowdown_not_waiting) {
   o.starvation_wait = 1s;
   o.starvation_tokens_per_s = 1000;
   ctx = context(o);
-  auto p = make_admission_policy("ladb", *ctx);
+  auto p = make_admission_policy(policy_kind::ladb, *ctx);
   auto lng = make_request(1, 3000, 16, 0s); // work 3000 + 256
   auto sht = make_request(2, 100, 16, 2800ms);
   p->on_arrival(lng, 0s);
@@ -84,7 +84,7 @@ TEST_F(ladb_test, step_time_limit_follows_the_decodes_and_saves_long_steps) {
   o.long_step_share = 0.25;
   o.max_long_steps = 1;
   auto c = context(o);
-  auto p = make_admission_policy("ladb", *c);
+  auto p = make_admission_policy(policy_kind::ladb, *c);
   step_load load{2048, 8, 0, 1, 10.0, 2.0};
   EXPECT_EQ(p->step_time_limit_ms(load, 0s), 15.0) << "the prompt fits: no long step used";
   load.prefill_ms = 30;
@@ -96,15 +96,15 @@ TEST_F(ladb_test, step_time_limit_follows_the_decodes_and_saves_long_steps) {
 
   o.max_step_ms = 12;
   o.long_step_share = 0;
-  p = make_admission_policy("ladb", *context(o));
+  p = make_admission_policy(policy_kind::ladb, *context(o));
   EXPECT_EQ(p->step_time_limit_ms(load, 0s), 12.0);
   load.decode_ms = 20;
   EXPECT_EQ(p->step_time_limit_ms(load, 0s), 20.0) << "never below the decodes' own time";
   o.max_step_ms = 0;
   o.step_time_factor = 0;
-  EXPECT_FALSE(make_admission_policy("ladb", *context(o))->step_time_limit_ms(load, 0s));
+  EXPECT_FALSE(make_admission_policy(policy_kind::ladb, *context(o))->step_time_limit_ms(load, 0s));
   EXPECT_FALSE(fcfs_policy().step_time_limit_ms(load, 0s));
-  EXPECT_FALSE(make_admission_policy("srpt", *context(o))->step_time_limit_ms(load, 0s));
+  EXPECT_FALSE(make_admission_policy(policy_kind::srpt, *context(o))->step_time_limit_ms(load, 0s));
 }
 
 TEST_F(ladb_test, prompt_chunks_are_cut_to_the_step_time_limit) {
@@ -116,9 +116,9 @@ TEST_F(ladb_test, prompt_chunks_are_cut_to_the_step_time_limit) {
   o.step_time_factor = 1.5;
   cfg.limits.max_num_batched_tokens = 1024;
   cfg.pipeline_depth = 1;
-  for (std::string name : {"ladb", "fcfs"}) {
+  for (auto p : {policy_kind::ladb, policy_kind::fcfs}) {
     ctx = context(o);
-    use(name);
+    use(p);
     add(make_request(1, 10, 100));
     add(make_request(2, 12, 100));
     run(*next()); // both prefilled, each has a token
@@ -128,7 +128,7 @@ TEST_F(ladb_test, prompt_chunks_are_cut_to_the_step_time_limit) {
     EXPECT_EQ(tokens_of(d->plan, 1), 1);
     EXPECT_EQ(tokens_of(d->plan, 2), 1);
     const int32_t n = tokens_of(d->plan, 3);
-    if (name == "fcfs") {
+    if (p == policy_kind::fcfs) {
       EXPECT_EQ(n, 1022);
       EXPECT_FALSE(d->limit_ms);
       continue;
@@ -155,7 +155,7 @@ TEST_F(ladb_test, no_limit_while_nothing_decodes_and_prompts_always_progress) {
   cfg.limits.max_num_batched_tokens = 1024;
   cfg.pipeline_depth = 1;
   ctx = context(o);
-  use("ladb");
+  use(policy_kind::ladb);
   add(make_request(1, 3000, 16));
   auto d = next();
   ASSERT_TRUE(d);
@@ -163,7 +163,7 @@ TEST_F(ladb_test, no_limit_while_nothing_decodes_and_prompts_always_progress) {
   EXPECT_FALSE(d->limit_ms);
 
   ctx = context(o);
-  use("ladb");
+  use(policy_kind::ladb);
   add(make_request(2, 10, 100));
   run(*next()); // 2 decodes from now on
   add(make_request(1, 3000, 16));
@@ -175,7 +175,7 @@ TEST_F(ladb_test, no_limit_while_nothing_decodes_and_prompts_always_progress) {
 }
 
 TEST_F(ladb_test, adapted_never_holds_a_request) {
-  use("ladb");
+  use(policy_kind::ladb);
   add(make_request(1, 20, 8));
   auto d = next();
   ASSERT_TRUE(d);
@@ -188,7 +188,7 @@ TEST_F(ladb_test, literal_holds_a_cohort_until_it_fills_or_its_window_ends) {
   o.min_batch_size = 3;
   o.min_hold = o.max_hold = 100ms;
   ctx = context(o);
-  use("ladb-literal");
+  use(policy_kind::ladb_literal);
   add(make_request(1, 20, 8)); // predicted 8 (capped): one cohort
   EXPECT_FALSE(next()) << "held: its cohort has 1 of 3";
   EXPECT_EQ(s->policy().next_deadline(now), 100ms);
@@ -214,7 +214,7 @@ TEST_F(ladb_test, literal_timeout_fallback_dispatches_at_once) {
   o.min_hold = o.max_hold = 1s;
   o.timeout = 250ms;
   ctx = context(o);
-  use("ladb-literal");
+  use(policy_kind::ladb_literal);
   add(make_request(1, 20, 8));
   EXPECT_FALSE(next());
   EXPECT_EQ(s->policy().next_deadline(now), 250ms) << "the timeout comes before the window";
@@ -230,7 +230,7 @@ TEST_F(ladb_test, literal_timeout_fallback_dispatches_at_once) {
   o.immediate_dispatch = false;
   ctx = context(o);
   now = 0s;
-  use("ladb-literal");
+  use(policy_kind::ladb_literal);
   add(make_request(1, 20, 8));
   now = 250ms;
   EXPECT_FALSE(next());
@@ -242,7 +242,7 @@ TEST_F(ladb_test, literal_timeout_fallback_dispatches_at_once) {
 
 TEST_F(ladb_test, a_request_that_outruns_its_prediction_is_reclassified_and_counted) {
   cfg.pipeline_depth = 1;
-  use("ladb");
+  use(policy_kind::ladb);
   add(make_request(1, 10, 100)); // cold start: 0.8 x 10 + 5 = 13 steps
   auto* r = s->find(1);
   ASSERT_TRUE(r);
@@ -267,7 +267,7 @@ TEST_F(ladb_test, a_request_that_outruns_its_prediction_is_reclassified_and_coun
 
 TEST_F(ladb_test, finished_requests_feed_the_shared_predictor_across_policy_switches) {
   cfg.pipeline_depth = 1;
-  use("ladb");
+  use(policy_kind::ladb);
   int emitted = 0;
   token_for = [&](uint64_t) { return ++emitted == 5 ? 2 : 7; }; // stop at the 5th token
   add(make_request(1, 10, 100));
@@ -285,7 +285,7 @@ TEST_F(ladb_test, finished_requests_feed_the_shared_predictor_across_policy_swit
   ASSERT_TRUE(s->abort(2, "cancelled", now));
   EXPECT_EQ(model.observations(), 1);
   // srpt built from the same context learns into the same predictor.
-  s->set_policy(make_admission_policy("srpt", *ctx), now);
+  s->set_policy(make_admission_policy(policy_kind::srpt, *ctx), now);
   emitted = 0;
   add(make_request(3, 10, 100));
   while (s->num_running() + s->num_waiting() > 0)

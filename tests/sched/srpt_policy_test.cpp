@@ -21,7 +21,7 @@ std::vector<uint64_t> ids(const std::vector<sched_request*>& xs) {
 
 TEST(srpt, shortest_remaining_work_first_then_promotion_by_slowdown) {
   auto ctx = policy_context::make();
-  auto p = make_admission_policy("srpt", *ctx);
+  auto p = make_admission_policy(policy_kind::srpt, *ctx);
   auto a = make_request(1, 2000, 16, 0ms);
   auto b = make_request(2, 50, 16, 100ms);
   auto c = make_request(3, 800, 16, 110ms);
@@ -43,7 +43,7 @@ TEST(srpt, shortest_remaining_work_first_then_promotion_by_slowdown) {
   // Without the slowdown bound, promote_after alone decides (the original).
   srpt_options o;
   o.starvation_tokens_per_s = 0;
-  auto fixed = make_admission_policy("srpt", *policy_context::make({}, {}, o));
+  auto fixed = make_admission_policy(policy_kind::srpt, *policy_context::make({}, {}, o));
   fixed->on_arrival(a, 0ms);
   EXPECT_EQ(ids(fixed->admission_order(waiting, 8, 120ms)), (std::vector<uint64_t>{2, 3, 1}));
   EXPECT_EQ(ids(fixed->admission_order(waiting, 8, 150ms)), (std::vector<uint64_t>{1, 2, 3}));
@@ -51,8 +51,8 @@ TEST(srpt, shortest_remaining_work_first_then_promotion_by_slowdown) {
 
 TEST(srpt, literal_orders_by_predicted_decode_steps_alone) {
   auto ctx = policy_context::make();
-  auto work = make_admission_policy("srpt", *ctx);
-  auto steps = make_admission_policy("srpt-literal", *ctx);
+  auto work = make_admission_policy(policy_kind::srpt, *ctx);
+  auto steps = make_admission_policy(policy_kind::srpt_literal, *ctx);
   // Cold start: 1000-token prompt with max_tokens 8 is predicted 8 steps;
   // a 10-token prompt with max_tokens 100 is predicted 13.
   auto big = make_request(1, 1000, 8);
@@ -67,7 +67,7 @@ TEST(srpt, literal_orders_by_predicted_decode_steps_alone) {
 
 TEST(srpt, predictions_survive_preemption_and_are_not_redone) {
   auto ctx = policy_context::make();
-  auto p = make_admission_policy("srpt", *ctx);
+  auto p = make_admission_policy(policy_kind::srpt, *ctx);
   auto r = make_request(1, 10, 100);
   p->on_arrival(r, 0ms);
   EXPECT_DOUBLE_EQ(r.predicted_steps, 13.0);

@@ -19,9 +19,10 @@ trace csv(const std::string& text) {
   return parse_trace("arrival_s,prompt_tokens,output_tokens\n" + text, trace_format::csv, "t.csv");
 }
 
-replay_options options(std::string policy) {
+/// Options for the policy named `policy` (as replay's --policy names it).
+replay_options options(std::string_view policy) {
   replay_options o;
-  o.policy = std::move(policy);
+  o.policy = parse_policy_kind(policy).value();
   o.cost = cost_model{}; // the built-in provisional H200 model
   return o;
 }
@@ -150,14 +151,19 @@ TEST(replay, a_jump_in_output_lengths_disables_the_policy_for_the_cool_down) {
   // fcfs never drifts: it predicts nothing.
   EXPECT_TRUE(replay(csv(text), [&] {
                 auto f = o;
-                f.policy = "fcfs";
+                f.policy = policy_kind::fcfs;
                 return f;
               }())
                 .events.empty());
 }
 
-TEST(replay, an_unknown_policy_is_an_error) {
-  EXPECT_THROW(replay(csv("0,10,1\n"), options("lifo")), std::runtime_error);
+// Policy names are parsed where they are read (replay's --policy: unknown
+// ones are refused there, replay_cli_test); a rate scale is checked here.
+TEST(replay, policy_names_parse_both_ways_and_a_bad_rate_scale_is_an_error) {
+  for (auto p : {policy_kind::fcfs, policy_kind::ladb, policy_kind::srpt,
+                 policy_kind::ladb_literal, policy_kind::srpt_literal})
+    EXPECT_EQ(parse_policy_kind(to_string(p)), p);
+  EXPECT_FALSE(parse_policy_kind("lifo"));
   auto o = options("fcfs");
   o.rate_scale = 0;
   EXPECT_THROW(replay(csv("0,10,1\n"), o), std::invalid_argument);

@@ -134,16 +134,19 @@ std::vector<double> parse_scales(const std::string& text) {
   return out;
 }
 
-std::vector<std::string> parse_policies(const std::string& text) {
+std::vector<policy_kind> parse_policies(const std::string& text) {
   auto names = text == "all" ? std::vector<std::string>{"fcfs", "ladb", "srpt"} : split(text);
   if (names.empty())
     throw command_error("--policy: no policy given");
-  static const policy_context defaults;
-  for (const auto& n : names)
-    if (!make_admission_policy(n, defaults))
+  std::vector<policy_kind> out;
+  for (const auto& n : names) {
+    const auto p = parse_policy_kind(n);
+    if (!p)
       throw command_error("--policy: unknown policy '" + n + "' (policies: "
                           + std::string(policy_names()) + ", or all)");
-  return names;
+    out.push_back(*p);
+  }
+  return out;
 }
 
 sim::cost_model load_cost_model(const std::optional<std::string>& path) {
@@ -341,7 +344,7 @@ void run(const replay_args& a) {
     base.step_trace = *a.step_trace;
   }
   struct job {
-    std::string policy;
+    policy_kind policy;
     double scale;
   };
   std::vector<job> jobs;
@@ -386,8 +389,8 @@ void run(const replay_args& a) {
     bar->stop();
   for (size_t i = 0; i < jobs.size(); ++i)
     if (!errors[i].empty())
-      throw command_error(jobs[i].policy + " at rate scale " + fmt::format("{}", jobs[i].scale)
-                          + ": " + errors[i]);
+      throw command_error(std::string(to_string(jobs[i].policy)) + " at rate scale "
+                          + fmt::format("{}", jobs[i].scale) + ": " + errors[i]);
   const double wall
     = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

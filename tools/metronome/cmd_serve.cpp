@@ -78,7 +78,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
     o.chat_template_file = c.model.chat_template;
   auto s = sim::settings_from_config(c); // engine limits, batching, predictor, router, drift
   o.limits = s.scheduler.limits;
-  o.policy = std::string(to_string(c.engine.policy));
+  o.policy = sim::policy_from_config(c.engine.policy);
   o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
   o.stats_interval = std::chrono::milliseconds(int64_t(c.logging.stats_interval_s * 1000));
   o.step_trace = c.logging.step_trace;

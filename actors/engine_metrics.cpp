@@ -194,16 +194,16 @@ void engine_metrics::on_token_gap(double seconds) {
   itl_.observe(seconds);
 }
 
-void engine_metrics::on_finish(const std::string& reason, double e2e_s, int32_t prompt_tokens,
+void engine_metrics::on_finish(finish_kind reason, double e2e_s, int32_t prompt_tokens,
                                int32_t completion_tokens, double queue_s, double ttft_s) {
   // The tokens were computed either way (throughput counts them).
   prompt_tokens_.inc(prompt_tokens);
   generation_tokens_.inc(completion_tokens);
-  if (reason == "cancelled") {
+  if (reason == finish_kind::cancelled) {
     cancelled_.inc();
     return;
   }
-  finished_.with({reason}).inc();
+  finished_.with({std::string(to_string(reason))}).inc();
   e2e_.observe(e2e_s);
   request_prompt_tokens_.observe(prompt_tokens);
   request_generation_tokens_.observe(completion_tokens);

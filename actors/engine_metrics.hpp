@@ -14,6 +14,7 @@
 
 #include "metrics/process_metrics.hpp"
 #include "metrics/prometheus.hpp"
+#include "sched/finish_kind.hpp"
 
 namespace metronome {
 
@@ -53,12 +54,12 @@ public:
   /// The time between two consecutive output tokens of one request.
   void on_token_gap(double seconds);
 
-  /// A request ended normally (reason "stop", "length"), or was cancelled
-  /// ("cancelled": counted apart, in no latency histogram). queue_s and
-  /// ttft_s as on_first_token's (0 when no token came): with e2e_s they
-  /// split the request into prefill (first scheduled to first token) and
-  /// decode (first token to last) time. Any thread.
-  void on_finish(const std::string& reason, double e2e_s, int32_t prompt_tokens,
+  /// A request ended normally (stop, length: the finished_reason label is
+  /// its to_string), or was cancelled (counted apart, in no latency
+  /// histogram). queue_s and ttft_s as on_first_token's (0 when no token
+  /// came): with e2e_s they split the request into prefill (first scheduled
+  /// to first token) and decode (first token to last) time. Any thread.
+  void on_finish(finish_kind reason, double e2e_s, int32_t prompt_tokens,
                  int32_t completion_tokens, double queue_s = 0, double ttft_s = 0);
 
   /// A request failed with error code `code` (its to_string).

@@ -28,7 +28,8 @@ using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_ou
 // request actor:  token_msg, generation_error (from the scheduler),
 //                 timeout_atom (its own timer), DOWN of its sink (cancel)
 // scheduler:      admit_msg (sender = request actor, monitored),
-//                 cancel_atom + seq_id, executor_up_msg, executor_down_msg,
+//                 cancel_atom + seq_id + finish_kind, executor_up_msg,
+//                 executor_down_msg,
 //                 policy_atom + policy_kind -> bool, stats_atom -> scheduler_stats,
 //                 watch_atom (the sender then gets std::vector<drift_sample>
 //                 after each step), recalibrate_atom + window

@@ -6,7 +6,7 @@
 // Who sends what (see docs/architecture.md for a traced request):
 //   client (net session, embedder) -> frontend:   generate_request
 //   frontend -> request actor (spawned per request, client is its sink)
-//   request actor -> scheduler:                    admit_msg, cancel_atom
+//   request actor -> scheduler:                    admit_msg, cancel_atom + finish_kind
 //   scheduler -> request actor:                    token_msg, generation_error
 //   request actor -> client sink:                  text_delta, generation_done,
 //                                                  generation_error
@@ -25,6 +25,7 @@
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
 #include "sched/drift_detector.hpp"
+#include "sched/finish_kind.hpp"
 #include "sched/kv_buckets.hpp"
 
 // -- std::optional in messages (CAF 0.17 knows only caf::optional) --------------
@@ -143,9 +144,10 @@ struct text_delta {
 /// The end of a request.
 struct generation_done {
   std::string request_id;
-  /// "stop" (EOS, stop token or stop string), "length" (max_tokens or the
-  /// context), "cancelled" (client or caller cancelled).
-  std::string finish_reason;
+  /// stop (EOS, stop token or stop string), length (max_tokens or the
+  /// context) or cancelled (client or caller cancelled); the network edge
+  /// writes its to_string.
+  finish_kind finish_reason = finish_kind::stop;
   int32_t prompt_tokens = 0;
   /// Of prompt_tokens, those the prefix cache held (OpenAI's
   /// usage.prompt_tokens_details.cached_tokens).
@@ -224,8 +226,8 @@ struct token_msg {
   std::vector<std::vector<token_logprob>> logprobs;
   /// Sequences in the step that produced them.
   int32_t batch_size = 0;
-  /// "" while running, else "stop" or "length": no more tokens follow.
-  std::string finish_reason;
+  /// none while running, else stop or length: no more tokens follow.
+  finish_kind finish_reason = finish_kind::none;
   /// When the request was first scheduled (engine clock, ns); on the first
   /// token_msg only.
   int64_t first_scheduled_ns = 0;
@@ -328,6 +330,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_ATOM(metronome, metronome, recalibrate_atom, "recal")
   CAF_ADD_ATOM(metronome, metronome, step_done_atom, "stepdone")
   CAF_ADD_TYPE_ID(metronome, (metronome::policy_kind))
+  CAF_ADD_TYPE_ID(metronome, (metronome::finish_kind))
 CAF_END_TYPE_ID_BLOCK(metronome)
 
 CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")

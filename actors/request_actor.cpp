@@ -130,7 +130,7 @@ void fail(self_ptr self, request_errc code, std::string message, std::string par
   self->quit();
 }
 
-void cancel_in_scheduler(self_ptr self, const std::string& reason) {
+void cancel_in_scheduler(self_ptr self, finish_kind reason) {
   auto& st = self->state;
   if (st.admitted)
     self->send(st.ctx->scheduler, cancel_atom::value, st.seq, reason);
@@ -151,7 +151,7 @@ void emit(self_ptr self, std::string text, std::vector<int32_t> ids) {
   self->send(st.sink, std::move(d));
 }
 
-void finish(self_ptr self, const std::string& reason) {
+void finish(self_ptr self, finish_kind reason) {
   auto& st = self->state;
   generation_done done;
   done.request_id = st.req.request_id;
@@ -228,16 +228,16 @@ void on_tokens(self_ptr self, const token_msg& m) {
   }
   for (size_t i = 0; i < m.tokens.size(); ++i) {
     ++st.completion_tokens;
-    const bool stop_token = m.finish_reason == "stop" && i + 1 == m.tokens.size();
+    const bool stop_token = m.finish_reason == finish_kind::stop && i + 1 == m.tokens.size();
     if (!stop_token)
       st.held += st.decoder->push(m.tokens[i]);
   }
-  const bool last = !m.finish_reason.empty();
+  const bool last = m.finish_reason != finish_kind::none;
   if (last)
     st.held += st.decoder->finish();
   if (release_text(self, m.tokens, last)) {
-    cancel_in_scheduler(self, "stop");
-    finish(self, "stop");
+    cancel_in_scheduler(self, finish_kind::stop);
+    finish(self, finish_kind::stop);
     return;
   }
   if (last) {
@@ -344,7 +344,7 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
       // keep the generic text
     }
     auto& s = self->state;
-    cancel_in_scheduler(self, "failed");
+    cancel_in_scheduler(self, finish_kind::failed);
     self->send(s.sink, generation_error{s.req.request_id, request_errc::engine_failure,
                                         "the request failed: " + what, ""});
     return caf::make_error(caf::sec::runtime_error, what);
@@ -354,9 +354,10 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (dm.source == s.sink.address()) {
-      cancel_in_scheduler(self, "cancelled"); // the client went away
+      cancel_in_scheduler(self, finish_kind::cancelled); // the client went away
       if (s.ctx->metrics)
-        s.ctx->metrics->on_finish("cancelled", 0.0, s.prompt_tokens, s.completion_tokens);
+        s.ctx->metrics->on_finish(finish_kind::cancelled, 0.0, s.prompt_tokens,
+                                  s.completion_tokens);
       self->quit();
     } else if (dm.source == s.ctx->scheduler.address()) {
       s.admitted = false;
@@ -393,7 +394,7 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   self->request(caf::actor_cast<caf::actor>(self), timeout, timeout_atom::value)
     .then([] { /* never answered */ },
           [=](caf::error&) { // sec::request_timeout: the deadline has passed
-            cancel_in_scheduler(self, "timeout");
+            cancel_in_scheduler(self, finish_kind::timeout);
             fail(self, request_errc::timeout,
                  "the request did not finish within " + std::to_string(timeout.count()) + " ms");
           });

@@ -171,7 +171,7 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
     for (const auto& [id, _] : st.requests)
       waiting.push_back(id);
     for (auto id : waiting) {
-      st.core->abort(id, "failed", engine_now(self));
+      st.core->abort(id, finish_kind::failed, engine_now(self));
       fail_request(self, id, request_errc::unavailable,
                    "the engine is unavailable: its executor keeps failing (" + reason + ")");
     }
@@ -273,7 +273,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
     if (i == s.by_addr.end())
       return;
     const auto id = i->second;
-    if (s.core->abort(id, "cancelled", engine_now(self)))
+    if (s.core->abort(id, finish_kind::cancelled, engine_now(self)))
       ++s.cancelled; // its pages are free now or once no plan in flight uses them
     s.by_addr.erase(i);
     s.requests.erase(id);
@@ -320,7 +320,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
       publish(self);
       pump(self);
     },
-    [=](cancel_atom, uint64_t id, std::string& reason) {
+    [=](cancel_atom, uint64_t id, finish_kind reason) {
       auto& s = self->state;
       if (s.core->abort(id, reason, engine_now(self)))
         ++s.cancelled;

@@ -25,7 +25,8 @@ caf::behavior client(caf::event_based_actor* self, caf::actor frontend,
   return {
     [=](metronome::text_delta& d) { std::cout << d.text << std::flush; },
     [=](metronome::generation_done& d) {
-      std::cout << "\n[" << d.completion_tokens << " tokens, finish_reason=" << d.finish_reason
+      std::cout << "\n[" << d.completion_tokens
+                << " tokens, finish_reason=" << to_string(d.finish_reason)
                 << ", ttft=" << d.ttft_s * 1e3 << " ms, e2e=" << d.e2e_s * 1e3 << " ms]\n";
       self->quit();
     },

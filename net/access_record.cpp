@@ -58,7 +58,7 @@ void access_record::on_done(const generation_done& d) {
   prompt_tokens_ = d.prompt_tokens;
   output_tokens_ = d.completion_tokens;
   cached_tokens_ = d.cached_tokens;
-  finish_reason_ = d.finish_reason;
+  finish_reason_ = to_string(d.finish_reason);
 }
 
 void access_record::on_error(const api_error& e) {
@@ -78,7 +78,7 @@ void access_record::on_error_body(std::string_view body) {
 void access_record::on_client_gone() {
   on_status(499);
   if (generation_ && finish_reason_.empty() && error_code_.empty())
-    finish_reason_ = "cancelled";
+    finish_reason_ = to_string(finish_kind::cancelled);
 }
 
 void access_record::write(clock::time_point now) {

@@ -517,8 +517,9 @@ void http_session::on_done(uint64_t tag, generation_done& done) {
     access_->on_done(done);
   if (a.first_token_batch_size == 0)
     a.first_token_batch_size = done.first_token_batch_size;
-  spdlog::debug("{} done: {} prompt={} completion={} e2e={:.3f}s", a.meta.id, done.finish_reason,
-               done.prompt_tokens, done.completion_tokens, done.e2e_s);
+  spdlog::debug("{} done: {} prompt={} completion={} e2e={:.3f}s", a.meta.id,
+                to_string(done.finish_reason), done.prompt_tokens, done.completion_tokens,
+                done.e2e_s);
   if (!a.stream) {
     response_type res{http::status::ok, a.version};
     res.set(http::field::content_type, "application/json");

@@ -122,7 +122,7 @@ json completion_body(const response_meta& meta, const std::string& text,
     c["text"] = text;
   logprobs_cursor cursor;
   c["logprobs"] = meta.logprobs ? logprobs_json(meta.kind, logprobs, cursor) : json(nullptr);
-  c["finish_reason"] = done.finish_reason;
+  c["finish_reason"] = std::string(to_string(done.finish_reason));
   j["choices"] = json::array({std::move(c)});
   j["usage"] = usage_json(done);
   return j;
@@ -144,10 +144,11 @@ json delta_chunk(const response_meta& meta, std::string_view text,
   return chunk(meta, text, nullptr, std::move(lp));
 }
 
-json finish_chunk(const response_meta& meta, const std::string& finish_reason) {
+json finish_chunk(const response_meta& meta, finish_kind finish_reason) {
+  const json reason = std::string(to_string(finish_reason));
   if (meta.kind == api_kind::chat)
-    return chunk(meta, json::object(), finish_reason);
-  return chunk(meta, "", finish_reason);
+    return chunk(meta, json::object(), reason);
+  return chunk(meta, "", reason);
 }
 
 json usage_chunk(const response_meta& meta, const generation_done& done) {

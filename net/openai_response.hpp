@@ -73,7 +73,7 @@ nlohmann::json delta_chunk(const response_meta& meta, std::string_view text,
 
 /// The chunk with an empty delta (chat) or empty text (completion) and the
 /// finish_reason.
-nlohmann::json finish_chunk(const response_meta& meta, const std::string& finish_reason);
+nlohmann::json finish_chunk(const response_meta& meta, finish_kind finish_reason);
 
 /// The usage chunk: "choices": [] and the usage.
 nlohmann::json usage_chunk(const response_meta& meta, const generation_done& done);

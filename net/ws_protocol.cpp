@@ -86,7 +86,7 @@ std::string ws_delta_event(const std::string& id, std::string_view text,
 std::string ws_done_event(const std::string& id, const generation_done& done) {
   return dump_json({{"type", "done"},
                     {"id", id},
-                    {"finish_reason", done.finish_reason},
+                    {"finish_reason", std::string(to_string(done.finish_reason))},
                     {"usage", usage_json(done)},
                     {"timings",
                      {{"queue_ms", ms(done.queue_s)},
@@ -96,7 +96,9 @@ std::string ws_done_event(const std::string& id, const generation_done& done) {
 }
 
 std::string ws_cancelled_event(const std::string& id) {
-  return dump_json({{"type", "done"}, {"id", id}, {"finish_reason", "cancelled"}});
+  return dump_json({{"type", "done"},
+                    {"id", id},
+                    {"finish_reason", std::string(to_string(finish_kind::cancelled))}});
 }
 
 std::string ws_error_event(const std::optional<std::string>& id, const api_error& error) {

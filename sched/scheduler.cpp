@@ -163,13 +163,13 @@ const sched_request* scheduler::find(uint64_t id) const {
   return i == requests_.end() ? nullptr : &i->second;
 }
 
-void scheduler::finish(sched_request& r, std::string reason, sched_time now) {
+void scheduler::finish(sched_request& r, finish_kind reason, sched_time now) {
   if (r.status == request_status::waiting)
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r.id));
   else if (r.status == request_status::running)
     running_.erase(std::find(running_.begin(), running_.end(), r.id));
   r.status = request_status::finished;
-  r.finish_reason = std::move(reason);
+  r.finish_reason = reason;
   finishing_.push_back(r.id);
   policy_->on_finish(r, now);
 }
@@ -192,11 +192,11 @@ void scheduler::collect_finished(std::vector<uint64_t>* done) {
   finishing_.erase(keep, finishing_.end());
 }
 
-bool scheduler::abort(uint64_t id, std::string reason, sched_time now) {
+bool scheduler::abort(uint64_t id, finish_kind reason, sched_time now) {
   auto i = requests_.find(id);
   if (i == requests_.end() || i->second.status == request_status::finished)
     return false;
-  finish(i->second, std::move(reason), now);
+  finish(i->second, reason, now);
   collect_finished(nullptr);
   return true;
 }
@@ -450,10 +450,10 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
       ev.cached_tokens = r.cached_tokens;
     }
     if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())
-      ev.finish_reason = "stop";
+      ev.finish_reason = finish_kind::stop;
     else if (int32_t(r.output.size()) >= r.max_output)
-      ev.finish_reason = "length";
-    if (!ev.finish_reason.empty())
+      ev.finish_reason = finish_kind::length;
+    if (ev.finish_reason != finish_kind::none)
       finish(r, ev.finish_reason, now);
     u.tokens.push_back(std::move(ev));
   }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "sched/admission_policy.hpp"
+#include "sched/finish_kind.hpp"
 #include "sched/kv_buckets.hpp"
 #include "sched/kv_page_pool.hpp"
 #include "sched/step_cost.hpp"
@@ -101,7 +102,7 @@ struct sched_request {
   int32_t inflight = 0;
   /// The runner holds its state (added, not yet released).
   bool in_runner = false;
-  std::string finish_reason;
+  finish_kind finish_reason = finish_kind::none;
   int32_t preemptions = 0;
   /// Prefix cache: the chained hashes of its full pages of known tokens
   /// (prompt, output) computed so far, how many of its table's pages are
@@ -151,8 +152,8 @@ struct token_event {
   int32_t token = 0;
   /// Sequences in the step.
   int32_t batch_size = 0;
-  /// "" while running; "stop" or "length" on the last token.
-  std::string finish_reason;
+  /// none while running; stop or length on the last token.
+  finish_kind finish_reason = finish_kind::none;
   /// Set on the request's first token.
   std::optional<sched_time> first_scheduled;
   /// sampled_token::logprobs (empty unless the request asked).
@@ -211,7 +212,7 @@ public:
   /// Ends a request early (client gone, stop string, timeout) with `reason`.
   /// Returns false for an unknown or finished id. Its pages are freed, now
   /// or when no plan in flight uses it any more.
-  bool abort(uint64_t id, std::string reason, sched_time now);
+  bool abort(uint64_t id, finish_kind reason, sched_time now);
 
   /// Makes the next plan, or nullopt when there is nothing to do or
   /// pipeline_depth plans are in flight.
@@ -324,7 +325,7 @@ private:
   std::vector<int32_t> cached_prefix(sched_request& r);
   /// Names r's full pages of known, computed tokens in the pool.
   void name_pages(sched_request& r);
-  void finish(sched_request& r, std::string reason, sched_time now);
+  void finish(sched_request& r, finish_kind reason, sched_time now);
   void collect_finished(std::vector<uint64_t>* finished);
   std::vector<sched_request*> waiting_list();
 

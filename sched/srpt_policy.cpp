@@ -46,9 +46,9 @@ void latency_aware_policy::on_token(sched_request& r, sched_time) {
 }
 
 void latency_aware_policy::on_finish(const sched_request& r, sched_time now) {
-  if (r.finish_reason != "stop" && r.finish_reason != "length")
+  if (r.finish_reason != finish_kind::stop && r.finish_reason != finish_kind::length)
     return; // cancelled or failed: the length says nothing
-  if (r.finish_reason == "length" && int32_t(r.output.size()) < r.max_output)
+  if (r.finish_reason == finish_kind::length && int32_t(r.output.size()) < r.max_output)
     return;
   std::optional<double> predicted;
   if (r.predicted_steps > 0)

@@ -247,7 +247,7 @@ private:
       last_token_[idx] = now_;
       ++rec.produced;
       ++res_.output_tokens;
-      if (!ev.finish_reason.empty()) {
+      if (ev.finish_reason != finish_kind::none) {
         rec.e2e_s = seconds(now_ - arrived);
         settled();
       }

@@ -119,7 +119,7 @@ TEST_F(engine_test, a_completion_streams_the_greedy_tokens_as_text) {
   auto out = run(completion("The quick brown fox", 12));
   ASSERT_FALSE(out.error) << out.error->message;
   ASSERT_TRUE(out.done);
-  EXPECT_EQ(out.done->finish_reason, "length");
+  EXPECT_EQ(out.done->finish_reason, finish_kind::length);
   EXPECT_EQ(out.done->completion_tokens, 12);
   EXPECT_EQ(out.ids.size(), 12u);
   // The text is the tokenizer's decoding of the ids, whatever the chunking.
@@ -198,7 +198,7 @@ TEST_F(engine_test, a_stop_string_ends_generation_before_it_and_is_not_sent) {
   req.stop = {"\x01never", stop};
   auto out = run(req);
   ASSERT_TRUE(out.done) << (out.error ? out.error->message : "");
-  EXPECT_EQ(out.done->finish_reason, "stop");
+  EXPECT_EQ(out.done->finish_reason, finish_kind::stop);
   EXPECT_EQ(out.text, full.text.substr(0, full.text.find(stop)));
   EXPECT_TRUE(settles());
 }

@@ -116,7 +116,7 @@ caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, caf::a
   self->send(scheduler, std::move(m));
   return {
     [=](token_msg& t) {
-      if (!t.finish_reason.empty())
+      if (t.finish_reason != finish_kind::none)
         self->state.finished = true;
       self->state.tokens.push_back(std::move(t));
     },

@@ -262,7 +262,7 @@ TEST_F(request_lifecycle_test, a_request_that_reaches_its_length_leaves_nothing_
   for (int i = 0; i < 3; ++i)
     step();
   ASSERT_TRUE(state_of(c).done);
-  EXPECT_EQ(state_of(c).done->finish_reason, "length");
+  EXPECT_EQ(state_of(c).done->finish_reason, finish_kind::length);
   EXPECT_EQ(state_of(c).done->completion_tokens, 3);
   expect_nothing_left(c);
 }
@@ -273,7 +273,7 @@ TEST_F(request_lifecycle_test, a_request_ended_by_a_stop_string_leaves_nothing_b
   auto c = start_client(std::move(req));
   step();
   ASSERT_TRUE(state_of(c).done);
-  EXPECT_EQ(state_of(c).done->finish_reason, "stop");
+  EXPECT_EQ(state_of(c).done->finish_reason, finish_kind::stop);
   expect_nothing_left(c);
 }
 

@@ -42,8 +42,8 @@ TEST(engine_metrics, vllms_metrics_carry_the_model_name_escaped) {
   status.waiting = 1;
   m.on_first_token(0.01, 0.05);
   m.on_token_gap(0.002);
-  m.on_finish("stop", 0.5, 12, 7, 0.01, 0.05);
-  m.on_finish("cancelled", 0.2, 3, 1);
+  m.on_finish(finish_kind::stop, 0.5, 12, 7, 0.01, 0.05);
+  m.on_finish(finish_kind::cancelled, 0.2, 3, 1);
   m.on_error("queue_full");
   m.on_preemptions(1);
   m.on_prefix_cache(16, 8, 1);

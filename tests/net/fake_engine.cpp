@@ -30,10 +30,10 @@ std::string script_of(const generate_request& req) {
   return req.messages.empty() ? std::string{} : req.messages.back().content;
 }
 
-generation_done done_of(const generate_request& req, std::string reason, int32_t tokens) {
+generation_done done_of(const generate_request& req, finish_kind reason, int32_t tokens) {
   generation_done d;
   d.request_id = req.request_id;
-  d.finish_reason = std::move(reason);
+  d.finish_reason = reason;
   d.prompt_tokens = 7;
   d.completion_tokens = tokens;
   d.queue_s = 0.001;
@@ -92,14 +92,14 @@ plan plan_for(const generate_request& req) {
       p.events.emplace_back(delta_of(req, word + " ", n == 0));
       ++n;
     }
-    p.events.emplace_back(done_of(req, "stop", n));
+    p.events.emplace_back(done_of(req, finish_kind::stop, n));
   } else if (verb == "count") {
     int n = 0;
     int ms = 0;
     in >> n >> ms;
     for (int i = 0; i < n; ++i)
       p.events.emplace_back(delta_of(req, "t" + std::to_string(i) + " ", i == 0));
-    p.events.emplace_back(done_of(req, "length", n));
+    p.events.emplace_back(done_of(req, finish_kind::length, n));
     p.interval = std::chrono::milliseconds(ms);
   } else if (verb == "hang") {
     p.events.emplace_back(delta_of(req, "x", true));
@@ -119,13 +119,13 @@ plan plan_for(const generate_request& req) {
     p.events.emplace_back(delta_of(req, "v", true));
     p.vanish = true;
   } else if (verb == "empty") {
-    p.events.emplace_back(done_of(req, "stop", 0));
+    p.events.emplace_back(done_of(req, finish_kind::stop, 0));
   } else if (verb == "params") {
     p.events.emplace_back(delta_of(req, params_json(req), true));
-    p.events.emplace_back(done_of(req, "stop", 1));
+    p.events.emplace_back(done_of(req, finish_kind::stop, 1));
   } else {
     p.events.emplace_back(delta_of(req, script, true));
-    p.events.emplace_back(done_of(req, "stop", 1));
+    p.events.emplace_back(done_of(req, finish_kind::stop, 1));
   }
   return p;
 }

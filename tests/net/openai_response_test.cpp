@@ -24,9 +24,9 @@ response_meta meta(api_kind kind, bool usage = false) {
   return m;
 }
 
-generation_done done(std::string reason) {
+generation_done done(finish_kind reason) {
   generation_done d;
-  d.finish_reason = std::move(reason);
+  d.finish_reason = reason;
   d.prompt_tokens = 5;
   d.completion_tokens = 3;
   return d;
@@ -55,7 +55,7 @@ std::string unchunk(const std::string& framed) {
 }
 
 TEST(OpenaiResponse, ChatCompletionBody) {
-  auto j = completion_body(meta(api_kind::chat), "Hello there", done("stop"));
+  auto j = completion_body(meta(api_kind::chat), "Hello there", done(finish_kind::stop));
   EXPECT_EQ(j["id"], "chatcmpl-1");
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["created"], 1700000000);
@@ -86,10 +86,11 @@ std::vector<position_logprobs> two_positions() {
 
 TEST(OpenaiResponse, ChatLogprobsFollowTheOpenaiShape) {
   auto m = meta(api_kind::chat);
-  EXPECT_TRUE(completion_body(m, "x", done("stop"), two_positions())["choices"][0]["logprobs"]
+  const auto stop = done(finish_kind::stop);
+  EXPECT_TRUE(completion_body(m, "x", stop, two_positions())["choices"][0]["logprobs"]
                 .is_null()); // not asked
   m.logprobs = true;
-  auto lp = completion_body(m, " caf\xC3\xA9", done("stop"), two_positions())["choices"][0]["logprobs"];
+  auto lp = completion_body(m, " caf\xC3\xA9", stop, two_positions())["choices"][0]["logprobs"];
   EXPECT_TRUE(lp["refusal"].is_null());
   const auto& content = lp["content"];
   ASSERT_EQ(content.size(), 2u);
@@ -132,12 +133,13 @@ TEST(OpenaiResponse, CompletionLogprobsFollowTheLegacyShape) {
   ASSERT_EQ(first["top_logprobs"][1].size(), 1u);
   EXPECT_DOUBLE_EQ(first["top_logprobs"][1]["\xEF\xBF\xBD"].get<double>(), -0.5);
   // The whole body starts at offset 0.
-  auto body = completion_body(m, "x", done("length"), positions)["choices"][0]["logprobs"];
+  auto body
+    = completion_body(m, "x", done(finish_kind::length), positions)["choices"][0]["logprobs"];
   EXPECT_EQ(body["text_offset"], json({0, 4, 5}));
 }
 
 TEST(OpenaiResponse, TextCompletionBody) {
-  auto j = completion_body(meta(api_kind::completion), "abc", done("length"));
+  auto j = completion_body(meta(api_kind::completion), "abc", done(finish_kind::length));
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["choices"][0]["text"], "abc");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
@@ -160,7 +162,7 @@ TEST(OpenaiResponse, ChatStreamChunks) {
   EXPECT_EQ(d["id"], role["id"]);
   EXPECT_EQ(d["created"], role["created"]);
 
-  auto f = finish_chunk(m, "stop");
+  auto f = finish_chunk(m, finish_kind::stop);
   EXPECT_TRUE(f["choices"][0]["delta"].is_object());
   EXPECT_TRUE(f["choices"][0]["delta"].empty());
   EXPECT_EQ(f["choices"][0]["finish_reason"], "stop");
@@ -173,7 +175,7 @@ TEST(OpenaiResponse, UsageChunkOnlyWhenAsked) {
   ASSERT_TRUE(d.contains("usage"));
   EXPECT_TRUE(d["usage"].is_null());
   // ... and the last one has no choices and the usage.
-  auto u = usage_chunk(m, done("stop"));
+  auto u = usage_chunk(m, done(finish_kind::stop));
   EXPECT_TRUE(u["choices"].is_array());
   EXPECT_TRUE(u["choices"].empty());
   EXPECT_EQ(u["usage"]["completion_tokens"], 3);
@@ -184,7 +186,7 @@ TEST(OpenaiResponse, CompletionStreamChunks) {
   auto d = delta_chunk(m, "tok");
   EXPECT_EQ(d["object"], "text_completion");
   EXPECT_EQ(d["choices"][0]["text"], "tok");
-  auto f = finish_chunk(m, "length");
+  auto f = finish_chunk(m, finish_kind::length);
   EXPECT_EQ(f["choices"][0]["text"], "");
   EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
 }

@@ -83,7 +83,7 @@ TEST(WsProtocol, Events) {
   EXPECT_EQ(d, (json{{"type", "delta"}, {"id", "a"}, {"text", "tok"}}));
 
   generation_done g;
-  g.finish_reason = "length";
+  g.finish_reason = finish_kind::length;
   g.prompt_tokens = 4;
   g.completion_tokens = 6;
   g.queue_s = 0.010;

@@ -282,7 +282,7 @@ TEST_F(ladb_test, finished_requests_feed_the_shared_predictor_across_policy_swit
   // A cancelled request says nothing about lengths.
   add(make_request(2, 10, 100));
   run(*next());
-  ASSERT_TRUE(s->abort(2, "cancelled", now));
+  ASSERT_TRUE(s->abort(2, finish_kind::cancelled, now));
   EXPECT_EQ(model.observations(), 1);
   // srpt built from the same context learns into the same predictor.
   s->set_policy(make_admission_policy(policy_kind::srpt, *ctx), now);

@@ -252,8 +252,8 @@ TEST(scheduler_prefix_cache, a_running_request_shares_its_prompt_pages_with_a_ne
     EXPECT_EQ(s.pages().references(t1[i]), 2);
   }
   EXPECT_EQ(d->plan.chunks.back().new_pages.size(), 1u) << "its own page for the rest";
-  EXPECT_TRUE(s.abort(1, "cancelled", now));
-  EXPECT_TRUE(s.abort(2, "cancelled", now));
+  EXPECT_TRUE(s.abort(1, finish_kind::cancelled, now));
+  EXPECT_TRUE(s.abort(2, finish_kind::cancelled, now));
   run(s, *d, now);
   EXPECT_EQ(s.used_pages(), 0);
   EXPECT_EQ(s.pages().sequences(), 0);
@@ -345,7 +345,7 @@ TEST(scheduler_prefix_cache, references_return_to_zero_after_random_requests_and
     }
     if (!live.empty() && rng() % 4 == 0) {
       const size_t k = rng() % live.size();
-      s.abort(live[k], "cancelled", now);
+      s.abort(live[k], finish_kind::cancelled, now);
     }
     while (auto d = s.schedule(now))
       inflight.push_back(std::move(*d));

@@ -106,7 +106,7 @@ TEST_F(scheduler_test, prefill_then_pipelined_decodes_until_length) {
   EXPECT_FALSE(next()) << "two plans in flight is the pipeline depth";
   auto u0 = run(*p0);
   ASSERT_EQ(u0.tokens.size(), 1u);
-  EXPECT_EQ(u0.tokens[0].finish_reason, "");
+  EXPECT_EQ(u0.tokens[0].finish_reason, finish_kind::none);
   EXPECT_TRUE(u0.tokens[0].first_scheduled.has_value());
   auto p2 = next();
   ASSERT_TRUE(p2);
@@ -114,7 +114,7 @@ TEST_F(scheduler_test, prefill_then_pipelined_decodes_until_length) {
   run(*p1);
   auto u2 = run(*p2);
   ASSERT_EQ(u2.tokens.size(), 1u);
-  EXPECT_EQ(u2.tokens[0].finish_reason, "length");
+  EXPECT_EQ(u2.tokens[0].finish_reason, finish_kind::length);
   EXPECT_EQ(u2.finished, std::vector<uint64_t>{1});
   EXPECT_EQ(s->num_running(), 0);
   check_pages();
@@ -158,7 +158,7 @@ TEST_F(scheduler_test, a_stop_token_finishes_and_a_sample_in_flight_is_dropped) 
   auto p1 = next();
   auto u0 = run(*p0, [](uint64_t) { return 2; });
   ASSERT_EQ(u0.tokens.size(), 1u);
-  EXPECT_EQ(u0.tokens[0].finish_reason, "stop");
+  EXPECT_EQ(u0.tokens[0].finish_reason, finish_kind::stop);
   EXPECT_NE(s->pages().table(1), nullptr) << "plan 1 still uses its pages";
   auto u1 = run(*p1);
   EXPECT_TRUE(u1.tokens.empty());
@@ -258,9 +258,9 @@ TEST_F(scheduler_test, abort_frees_pages_once_no_plan_uses_them) {
   make();
   add(make_request(1, 6, 50));
   auto p0 = next();
-  EXPECT_TRUE(s->abort(1, "cancelled", now));
+  EXPECT_TRUE(s->abort(1, finish_kind::cancelled, now));
   EXPECT_NE(s->pages().table(1), nullptr) << "plan 0 still uses its pages";
-  EXPECT_FALSE(s->abort(1, "cancelled", now));
+  EXPECT_FALSE(s->abort(1, finish_kind::cancelled, now));
   auto u = run(*p0);
   EXPECT_TRUE(u.tokens.empty());
   EXPECT_EQ(s->pages().table(1), nullptr);
@@ -268,7 +268,7 @@ TEST_F(scheduler_test, abort_frees_pages_once_no_plan_uses_them) {
   check_pages();
   // Aborting a waiting request frees nothing (it holds no pages).
   add(make_request(2, 6, 5));
-  EXPECT_TRUE(s->abort(2, "cancelled", now));
+  EXPECT_TRUE(s->abort(2, finish_kind::cancelled, now));
   EXPECT_EQ(s->pages().unmatched_frees(), 0);
   EXPECT_EQ(s->num_waiting(), 0);
 }

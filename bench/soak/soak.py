@@ -329,11 +329,13 @@ def scrape(host, port):
             raise soak_error(f"/metrics: HTTP {resp.status}")
     finally:
         conn.close()
+    # Summed over label sets: the engine's gauges carry model_name (one
+    # series a served model), the process's none.
     out = {}
     for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*) (\S+)$", line)
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
         if m and m.group(1) in WATCHED:
-            out[m.group(1)] = float(m.group(2))
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
     missing = [k for k in WATCHED if k not in out]
     if missing:
         raise soak_error(f"/metrics lacks {missing} (a server without the process metrics?)")

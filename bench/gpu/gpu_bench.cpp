@@ -418,6 +418,20 @@ int profile_mixed_one(bench_driver& d, model_runner& runner, const std::string& 
   return 0;
 }
 
+/// The non-empty items of a comma-separated list of specs, in order.
+std::vector<std::string> spec_list(const std::string& specs) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= specs.size();) {
+    size_t end = specs.find(',', at);
+    if (end == std::string::npos)
+      end = specs.size();
+    if (end > at)
+      out.push_back(specs.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
 /// `--profile-mixed B:N`: B decodes at 1,024 keys beside one prompt chunk of
 /// N tokens (N = 0: the B decodes alone, uncaptured), the step's wall time
 /// with and without graphs, and one such step inside a profiler range for
@@ -427,14 +441,7 @@ int profile_mixed_one(bench_driver& d, model_runner& runner, const std::string& 
 /// the exit code.
 int profile_mixed(bench_driver& d, model_runner& runner, const std::string& specs) {
   bool first = true;
-  for (size_t at = 0; at <= specs.size();) {
-    size_t end = specs.find(',', at);
-    if (end == std::string::npos)
-      end = specs.size();
-    const std::string spec = specs.substr(at, end - at);
-    at = end + 1;
-    if (spec.empty())
-      continue;
+  for (const std::string& spec : spec_list(specs)) {
     if (const int rc = profile_mixed_one(d, runner, spec, first); rc != 0)
       return rc;
     first = false;
@@ -448,14 +455,7 @@ int profile_mixed(bench_driver& d, model_runner& runner, const std::string& spec
 /// prompt, with graphs and without; medians of 5, each on a new sequence.
 /// The gap is what the cached keys cost a short suffix (issue 34's bar).
 int profile_prefix(bench_driver& d, model_runner& runner, const std::string& specs) {
-  for (size_t at = 0; at <= specs.size();) {
-    size_t end = specs.find(',', at);
-    if (end == std::string::npos)
-      end = specs.size();
-    const std::string spec = specs.substr(at, end - at);
-    at = end + 1;
-    if (spec.empty())
-      continue;
+  for (const std::string& spec : spec_list(specs)) {
     const auto colon = spec.find(':');
     const auto p = parse_integer(spec.substr(0, colon));
     const auto n =

@@ -571,7 +571,10 @@ TEST_F(AccessServer, ForeignHostNamesAreRefused) {
             200u);
 }
 
-/// Captures the log (at debug level) while alive.
+/// Captures the log (at debug level) while alive. spdlog's macros log
+/// through a raw pointer to the default logger, so the server must be stopped
+/// (its io threads joined) before a capture ends: a thread still logging would
+/// use the capture's logger after it is destroyed.
 class log_capture {
 public:
   log_capture()
@@ -619,6 +622,7 @@ TEST_F(AccessServer, ClientStringsCannotForgeLogLines) {
   EXPECT_NE(text.find("id=x\\nFORGED"), std::string::npos) << text;
   EXPECT_EQ(text.find("\nFORGED"), std::string::npos) << text;
   EXPECT_EQ(text.find('\x01'), std::string::npos) << text;
+  stop();
 }
 
 TEST_F(AccessServer, WarnsWhenOpenBeyondLoopbackWithoutAKey) {
@@ -641,6 +645,7 @@ TEST_F(AccessServer, WarnsWhenOpenBeyondLoopbackWithoutAKey) {
     start();
     EXPECT_EQ(log.text().find("WITHOUT an API key"), std::string::npos);
     EXPECT_NE(log.text().find("1 API key required"), std::string::npos) << log.text();
+    stop();
   }
 }
 

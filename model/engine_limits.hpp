@@ -22,6 +22,11 @@ struct engine_limits {
   /// Most tokens one step computes: one per decoding sequence plus prompt
   /// chunks (engine.max_num_batched_tokens).
   int32_t max_num_batched_tokens = 2048;
+  /// Most prompt tokens of one sequence in one step
+  /// (engine.prefill_chunk_tokens); 0 = what is left of the step's budget.
+  /// A cap keeps one long prompt from taking a whole step, so several
+  /// prompts progress side by side; at most max_num_batched_tokens.
+  int32_t prefill_chunk_tokens = 0;
   /// Longest sequence, prompt plus output, in tokens (model.max_model_len);
   /// 0 = the model's max_position_embeddings. The scheduler takes it
   /// resolved (> 0; with 0 every request is too long): spawn_engine resolves

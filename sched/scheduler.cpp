@@ -1,6 +1,7 @@
 #include "sched/scheduler.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <span>
 #include <stdexcept>
 
@@ -262,6 +263,10 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     load.prefill_ms = ready_prompt > 0 ? step_times_.predict_ms(wanted) - load.decode_ms : 0.0;
   }
   int32_t prefill_left = std::max(1, policy_->prefill_budget(load, now));
+  // engine.prefill_chunk_tokens: the most prompt tokens one sequence gets.
+  const int32_t chunk_cap = config_.limits.prefill_chunk_tokens > 0
+                              ? config_.limits.prefill_chunk_tokens
+                              : std::numeric_limits<int32_t>::max();
   d.limit_ms = load.decoding > 0 ? policy_->step_time_limit_ms(load, now) : std::nullopt;
   // The decodes go in the step whatever the limit: prompt chunks get the rest.
   step_shape limit_shape = decodes;
@@ -311,7 +316,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       continue;
     }
     const bool prompt = uncomputed > 1;
-    int32_t n = std::min(uncomputed, prompt ? std::min(budget, prefill_left) : budget);
+    int32_t n
+      = std::min(uncomputed, prompt ? std::min({budget, prefill_left, chunk_cap}) : budget);
     if (prompt)
       n = within_limit(r, n);
     if (n <= 0) {
@@ -363,7 +369,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       const std::vector<int32_t> hit = cached_prefix(*r);
       const int32_t cached = int32_t(hit.size()) * page_size_;
       r->num_computed = cached;
-      const int32_t n = within_limit(*r, std::min({total - cached, budget, prefill_left}));
+      const int32_t n
+        = within_limit(*r, std::min({total - cached, budget, prefill_left, chunk_cap}));
       const int32_t need = pages_for(int64_t(cached) + n) - int32_t(hit.size());
       const bool bucketed = n > 0 && take_bucket(*r);
       // Shared pages no table holds stop counting as free.

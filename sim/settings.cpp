@@ -18,6 +18,7 @@ engine_limits limits_from_config(const server_config& cfg) {
   engine_limits l;
   l.max_batch_size = cfg.engine.max_batch_size;
   l.max_num_batched_tokens = cfg.engine.max_num_batched_tokens;
+  l.prefill_chunk_tokens = cfg.engine.prefill_chunk_tokens;
   l.max_model_len = cfg.model.max_model_len;
   l.page_size = cfg.engine.page_size;
   l.kv_cache_tokens = cfg.engine.kv_cache_tokens;

@@ -193,6 +193,30 @@ TEST_F(scheduler_test, long_prompts_are_chunked_and_decodes_go_first) {
   check_pages();
 }
 
+TEST_F(scheduler_test, prefill_chunk_tokens_caps_each_prompts_share_of_a_step) {
+  cfg.limits.max_num_batched_tokens = 64;
+  cfg.limits.prefill_chunk_tokens = 10;
+  cfg.pipeline_depth = 1;
+  make(64, 4);
+  add(make_request(1, 25, 3));
+  add(make_request(2, 7, 3));
+  // Each prompt gets at most 10 tokens a step, whatever the budget leaves:
+  // 1 takes 10 + 10 + 5, and 2 (7 tokens) fits whole beside it.
+  auto p = next();
+  EXPECT_EQ(tokens_of(p->plan, 1), 10);
+  EXPECT_EQ(tokens_of(p->plan, 2), 7);
+  run(*p);
+  p = next();
+  EXPECT_EQ(tokens_of(p->plan, 1), 10);
+  EXPECT_EQ(tokens_of(p->plan, 2), 1); // a decode: the cap is for prompts only
+  run(*p);
+  p = next();
+  EXPECT_EQ(tokens_of(p->plan, 1), 5);
+  EXPECT_TRUE(p->samples[0]);
+  run(*p);
+  check_pages();
+}
+
 TEST_F(scheduler_test, max_batch_size_caps_running_requests) {
   cfg.limits.max_batch_size = 2;
   cfg.pipeline_depth = 1;

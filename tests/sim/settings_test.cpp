@@ -17,6 +17,7 @@ engine:
   policy: ladb-literal
   max_batch_size: 64
   max_num_batched_tokens: 4096
+  prefill_chunk_tokens: 512
   page_size: 32
   kv_cache_tokens: 65536
   step_timeout_ms: 1500
@@ -58,6 +59,7 @@ supervisor:
   const engine_limits& l = s.scheduler.limits;
   EXPECT_EQ(l.max_batch_size, 64);
   EXPECT_EQ(l.max_num_batched_tokens, 4096);
+  EXPECT_EQ(l.prefill_chunk_tokens, 512);
   EXPECT_EQ(l.max_model_len, 8192);
   EXPECT_EQ(l.page_size, 32);
   EXPECT_EQ(l.kv_cache_tokens, 65536);

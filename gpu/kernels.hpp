@@ -18,6 +18,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include "gpu/step_inputs.hpp"
+
 namespace metronome::gpu {
 
 using bf16 = __nv_bfloat16;
@@ -306,12 +308,6 @@ void launch_decode_attention_rope(const attention_shape& shape, const rope_input
                                   int32_t warps, float* part_o, float* part_ml,
                                   int32_t* counters, bf16* out, cudaStream_t stream);
 
-/// Work item of the prefill kernel: sequence and first query row of a tile.
-struct prefill_item {
-  int32_t seq = 0; // < 0: a padding item (its block returns at once)
-  int32_t row = 0; // offset of the tile within the sequence's rows
-};
-
 /// Query rows per prefill tile of the active prefill kernel (64 or 128); the
 /// host cuts each prompt chunk into items of this many rows.
 int32_t prefill_tile_rows();
@@ -458,14 +454,6 @@ struct sample_rows {
   const int32_t* top_k = nullptr;
   const uint64_t* seed = nullptr;
   const int32_t* step = nullptr; // index in the sequence's random stream
-};
-
-/// One penalty entry: a distinct token of one row's prompt or output.
-struct penalty_entry {
-  int32_t row = 0;
-  int32_t token = 0;
-  int32_t output_count = 0; // times sampled so far
-  int32_t repetition = 0;   // 1: apply the repetition penalty
 };
 
 /// Applies repetition, frequency and presence penalties in place (count read

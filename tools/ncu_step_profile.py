@@ -4,7 +4,7 @@
 bench/gpu/run_h200.sh's `profile` step runs gpu_bench under
 `ncu --profile-from-start off` with METRONOME_PROFILE_BATCH=<batch>: the
 engine replays that batch size's graph once more on the last step's inputs
-inside a profiler range (cuda_engine::time_graph), so ncu measures exactly the
+inside a profiler range (decode_graph_cache::time), so ncu measures exactly the
 kernels of one real step, each on its own (ncu serialises them, so a kernel's
 time includes its own ramp-up and tail but no overlap with its neighbours).
 

@@ -230,7 +230,7 @@ fi
 
 # -- one decode step per kernel (Nsight Compute), both shapes -------------------------------
 # The engine replays the graph of METRONOME_PROFILE_BATCH once more inside a
-# profiler range (cuda_engine::time_graph, the first replay of that size in
+# profiler range (decode_graph_cache::time, the first replay of that size in
 # the process: batch 1 at 128 keys, batch 64 at 1,024); ncu times each of its
 # kernels on its own. ncu's serialisation would tilt the engine's per-size
 # choice of decode path, so batch 64 is profiled on each path; batch 1 on the

@@ -55,6 +55,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/launch.cuh"
+#include "gpu/split_merge.cuh"
 
 namespace metronome::gpu {
 
@@ -75,12 +76,6 @@ constexpr int32_t min_split_tokens = 64;
 /// Most splits (partials buffer and merge are sized for it).
 constexpr int32_t max_splits = 64;
 constexpr float log2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
   uint32_t r;
@@ -773,32 +768,17 @@ __global__ void __launch_bounds__(WARPS * 32)
         acc += sm_o[w][h][d] * a;
         lsum += sm_l[w][h] * a;
       }
-    if (active == 1) {
-      out[(int64_t(qrow) * sh.num_heads + h0 + h) * D + d] =
-        __float2bfloat16_rn(lsum > 0.0f ? acc / lsum : 0.0f);
-    } else {
-      const int64_t idx = (int64_t(b) * sh.num_heads + h0 + h) * splits + split;
-      part_o[idx * D + d] = acc;
-      if (d == 0) {
-        part_ml[idx * 2] = mm;
-        part_ml[idx * 2 + 1] = lsum;
-      }
-    }
+    write_split_result<D>(out, part_o, part_ml, sh.num_heads, qrow, b, h0 + h, d, splits, split,
+                          active, acc, mm, lsum);
   }
   if (active == 1)
     return;
 
-  // The last split to finish merges all of them (threadfence reduction) and
+  // The last split to finish merges all of them (split_merge.cuh) and
   // resets the counter for the next step or graph replay.
-  __threadfence();
-  __syncthreads();
   int32_t* counter = counters + int64_t(b) * sh.kv_heads + kvh;
-  if (tid == 0)
-    last = atomicAdd(counter, 1) == active - 1;
-  __syncthreads();
-  if (!last)
+  if (!arrive_last(counter, active, tid, last))
     return;
-  __threadfence();
   // The first `pre` partial outputs of this thread's first item are
   // requested now, with the statistics below rather than after them: one
   // memory round trip less at the end of the kernel.
@@ -813,57 +793,25 @@ __global__ void __launch_bounds__(WARPS * 32)
       if (k < active)
         pv[k] = __ldcg(reinterpret_cast<const float4*>(part_o + (hb + k) * D + d4));
   }
-  for (int h = warp; h < nh; h += warps) {
-    const int64_t hb = (int64_t(b) * sh.num_heads + h0 + h) * splits;
-    float ms[2], ls[2];
-    float mm = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int s2 = lane + 32 * k;
-      ms[k] = s2 < active ? __ldcg(part_ml + (hb + s2) * 2) : -INFINITY;
-      ls[k] = s2 < active ? __ldcg(part_ml + (hb + s2) * 2 + 1) : 0.0f;
-      if (ls[k] > 0.0f)
-        mm = fmaxf(mm, ms[k]);
-    }
-    mm = warp_max(mm);
-    float lsum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int s2 = lane + 32 * k;
-      const float w = (ls[k] > 0.0f && mm != -INFINITY) ? fast_exp2(ms[k] - mm) : 0.0f;
-      mg_w[h][s2] = w;
-      lsum += ls[k] * w;
-    }
-    lsum = warp_sum(lsum);
-    if (lane == 0)
-      mg_l[h] = lsum;
-  }
+  split_weights<true, max_splits>(part_ml, int64_t(b) * sh.num_heads + h0, splits, active, nh,
+                                  warp, warps, lane, mg_w, mg_l);
   __syncthreads();
   for (int i = tid; i < items; i += threads) {
     const int h = i / (D / 4), d4 = (i % (D / 4)) * 4;
     const int64_t hb = (int64_t(b) * sh.num_heads + h0 + h) * splits;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    auto add = [&](float w, const float4& v) {
-      acc.x = fmaf(w, v.x, acc.x);
-      acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z);
-      acc.w = fmaf(w, v.w, acc.w);
-    };
     // Splits in order either way, so the sum does not depend on which were
     // prefetched.
     const int first = i == tid ? min(active, pre) : 0;
 #pragma unroll
     for (int s2 = 0; s2 < pre; ++s2)
       if (s2 < first)
-        add(mg_w[h][s2], pv[s2]);
+        fma4(mg_w[h][s2], pv[s2], acc);
 #pragma unroll 8
     for (int s2 = first; s2 < active; ++s2)
-      add(mg_w[h][s2], __ldcg(reinterpret_cast<const float4*>(part_o + (hb + s2) * D + d4)));
-    const float lsum = mg_l[h];
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    bf16* dst = out + (int64_t(qrow) * sh.num_heads + h0 + h) * D + d4;
-    *reinterpret_cast<uint2*>(dst) =
-      make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
+      fma4(mg_w[h][s2], __ldcg(reinterpret_cast<const float4*>(part_o + (hb + s2) * D + d4)),
+           acc);
+    store_merged(out + (int64_t(qrow) * sh.num_heads + h0 + h) * D + d4, acc, mg_l[h]);
   }
   if (tid == 0)
     *counter = 0;

@@ -26,6 +26,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/launch.cuh"
+#include "gpu/split_merge.cuh"
 
 namespace metronome::gpu {
 
@@ -277,78 +278,30 @@ __global__ void __launch_bounds__(threads)
         o += sm_acc[w][h][d] * a;
         l += sm_l[w][h] * a;
       }
-    if (active == 1) {
-      out[(int64_t(qrow) * sh.num_heads + h0 + h) * D + d] =
-        __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
-    } else {
-      const int64_t idx = (int64_t(b) * sh.num_heads + h0 + h) * splits + split;
-      part_o[idx * D + d] = o;
-      if (d == 0) {
-        part_ml[idx * 2] = mm;
-        part_ml[idx * 2 + 1] = l;
-      }
-    }
+    write_split_result<D>(out, part_o, part_ml, sh.num_heads, qrow, b, h0 + h, d, splits, split,
+                          active, o, mm, l);
   }
   if (active == 1)
     return;
 
-  // The last split to finish merges all of them (threadfence reduction) and
+  // The last split to finish merges all of them (split_merge.cuh) and
   // resets the counter for the next step or graph replay.
-  __threadfence();
-  __syncthreads();
   int32_t* counter = counters + int64_t(b) * gridDim.y + blockIdx.y;
-  if (tid == 0)
-    last = atomicAdd(counter, 1) == active - 1;
-  __syncthreads();
-  if (!last)
+  if (!arrive_last(counter, active, tid, last))
     return;
-  __threadfence();
   // Per head: the weight of each split (warp h handles heads h, h + 4, ...).
-  for (int h = warp; h < nh; h += warps) {
-    const int64_t base = (int64_t(b) * sh.num_heads + h0 + h) * splits;
-    float ms[2], ls[2];
-    float mm = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int s2 = lane + 32 * k;
-      ms[k] = s2 < active ? __ldcg(part_ml + (base + s2) * 2) : -INFINITY;
-      ls[k] = s2 < active ? __ldcg(part_ml + (base + s2) * 2 + 1) : 0.0f;
-      if (ls[k] > 0.0f)
-        mm = fmaxf(mm, ms[k]);
-    }
-    mm = warp_max(mm);
-    float lsum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int s2 = lane + 32 * k;
-      const float w = (ls[k] > 0.0f && mm != -INFINITY) ? exp2f(ms[k] - mm) : 0.0f;
-      if (s2 < max_splits)
-        mg_w[h][s2] = w;
-      lsum += ls[k] * w;
-    }
-    lsum = warp_sum(lsum);
-    if (lane == 0)
-      mg_l[h] = lsum;
-  }
+  split_weights<false, max_splits>(part_ml, int64_t(b) * sh.num_heads + h0, splits, active, nh,
+                                   warp, warps, lane, mg_w, mg_l);
   __syncthreads();
   for (int i = tid; i < nh * (D / 4); i += threads) {
     const int h = i / (D / 4), d4 = (i % (D / 4)) * 4;
     const int64_t base = (int64_t(b) * sh.num_heads + h0 + h) * splits;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-    for (int s2 = 0; s2 < active; ++s2) {
-      const float w = mg_w[h][s2];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(part_o + (base + s2) * D + d4));
-      o.x = fmaf(w, v.x, o.x);
-      o.y = fmaf(w, v.y, o.y);
-      o.z = fmaf(w, v.z, o.z);
-      o.w = fmaf(w, v.w, o.w);
-    }
-    const float l = mg_l[h];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    bf16* dst = out + (int64_t(qrow) * sh.num_heads + h0 + h) * D + d4;
-    *reinterpret_cast<uint2*>(dst) =
-      make_uint2(pack_bf16x2(o.x * inv, o.y * inv), pack_bf16x2(o.z * inv, o.w * inv));
+    for (int s2 = 0; s2 < active; ++s2)
+      fma4(mg_w[h][s2], __ldcg(reinterpret_cast<const float4*>(part_o + (base + s2) * D + d4)),
+           o);
+    store_merged(out + (int64_t(qrow) * sh.num_heads + h0 + h) * D + d4, o, mg_l[h]);
   }
   if (tid == 0)
     *counter = 0;

@@ -118,6 +118,13 @@ __device__ __forceinline__ float to_float(bf16 v) {
 
 // -- reductions ------------------------------------------------------------------
 
+/// 2^x by the hardware's approximation (ex2.approx.ftz): 0 for -inf.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)

@@ -111,12 +111,6 @@ __device__ __forceinline__ void bf16x8_to_f16(uint4& x) {
   }
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 /// A tile's rows and keys: the query rows it holds and the keys they see.
 struct tile_span {
   int32_t row0;       // first row of the sequence's chunk in q and out

@@ -65,9 +65,6 @@ using namespace gemv_detail;
 
 namespace {
 
-constexpr int warps_per_block = 8;
-constexpr int threads_per_block = warps_per_block * 32;
-constexpr int unroll = 4;
 constexpr int32_t smem_limit = 96 * 1024;
 
 /// Residual rows up to this long are normalised from registers
@@ -192,21 +189,8 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
 #pragma unroll
       for (int u = 0; u < unroll; ++u) {
         const int32_t k = kk + u * 256;
-        if (active && k < k1) {
-          float fa[8], fb[8];
-          unpack(wa[u], fa);
-          unpack(wb[u], fb);
-#pragma unroll
-          for (int m = 0; m < M; ++m) {
-            float xv[8];
-            unpack(*reinterpret_cast<const bf16x8*>(xs + m * a.k + k), xv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              acc0[m] = fmaf(fa[e], xv[e], acc0[m]);
-              acc1[m] = fmaf(fb[e], xv[e], acc1[m]);
-            }
-          }
-        }
+        if (active && k < k1)
+          fma_pair<M>(wa[u], wb[u], xs, a.k, k, acc0, acc1);
       }
     }
     const pair_rows done = rows;
@@ -324,21 +308,6 @@ void launch(const gemv_args& a, cudaStream_t stream) {
   }
 }
 
-template <gemv_epilogue Ep>
-void launch_m(const gemv_args& a, cudaStream_t stream) {
-  switch (a.m) {
-    case 1: return launch<1, Ep>(a, stream);
-    case 2: return launch<2, Ep>(a, stream);
-    case 3:
-    case 4: return launch<4, Ep>(a, stream);
-    case 5:
-    case 6:
-    case 7:
-    case 8: return launch<8, Ep>(a, stream);
-    default: throw cuda_error("launch_gemv: m = " + std::to_string(a.m) + " is not in 1..8");
-  }
-}
-
 int32_t padded_m(int32_t m) {
   return m <= 2 ? m : m <= 4 ? 4 : 8;
 }
@@ -346,10 +315,7 @@ int32_t padded_m(int32_t m) {
 } // namespace
 
 void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream) {
-  if (a.k % 8 != 0)
-    throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
-  if (a.residual_in && !a.norm_weight)
-    throw cuda_error("launch_gemv: a residual input needs its norm weight");
+  check_gemv_args(a);
   if (epilogue == gemv_epilogue::qkv_rope && a.kv.k8 && !a.kv.stage)
     throw cuda_error("launch_gemv: qkv_rope with the fp8 cache needs kv.stage (the decode "
                      "attention quantises the rows from there)");
@@ -365,12 +331,7 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream
     epilogue == gemv_epilogue::residual_add && !late_triggers() ? false : pdl_active());
   if (active_kernels().gemv == 1 || int64_t(padded_m(a.m)) * a.k * 2 > smem_limit)
     return launch_gemv_v1(epilogue, a, stream);
-  switch (epilogue) {
-    case gemv_epilogue::store_f32: return launch_m<gemv_epilogue::store_f32>(a, stream);
-    case gemv_epilogue::residual_add: return launch_m<gemv_epilogue::residual_add>(a, stream);
-    case gemv_epilogue::swiglu: return launch_m<gemv_epilogue::swiglu>(a, stream);
-    case gemv_epilogue::qkv_rope: return launch_m<gemv_epilogue::qkv_rope>(a, stream);
-  }
+  dispatch_gemv(epilogue, a.m, [&]<int M, gemv_epilogue Ep>() { launch<M, Ep>(a, stream); });
 }
 
 } // namespace metronome::gpu

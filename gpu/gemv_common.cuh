@@ -4,14 +4,26 @@
 // rows a warp's pair covers, staging the input vectors (normalised on the fly
 // from the fp32 residual, or copied), and the fused epilogues (store, residual
 // add, SwiGLU, qkv bias + RoPE + cache write). The fused-RoPE decode attention
-// (decode_attention.cu) uses rope_angle and rope_rotate.
+// (decode_attention.cu) uses rope_angle and rope_rotate. Both GEMV
+// generations also share their block shape, their inner multiply-adds
+// (fma_pair) and their host-side argument checks and dispatch
+// (check_gemv_args, dispatch_gemv).
 
+#include <string>
+
+#include "gpu/cuda_check.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
 
 namespace metronome::gpu::gemv_detail {
 
 using namespace dev;
+
+/// The decode GEMV's block (both generations): eight warps, and each lane
+/// keeps `unroll` 16-byte loads of each of its two rows in flight.
+constexpr int warps_per_block = 8;
+constexpr int threads_per_block = warps_per_block * 32;
+constexpr int unroll = 4;
 
 struct pair_rows {
   int32_t r0, r1;
@@ -96,6 +108,28 @@ __device__ void stage_x(const gemv_args& a, const float* inv_rms, int32_t k0, in
       const int32_t v = v0 + u * int32_t(blockDim.x);
       if (v < total)
         store16(xs + (v / vecs) * kc + (v % vecs) * 8, out[u]);
+    }
+  }
+}
+
+/// acc0[m] += wa . x_m and acc1[m] += wb . x_m over eight k, where x_m is
+/// the eight bf16 at xs + m * stride + k: each product one fmaf, in the
+/// order e = 0..7 (the decode GEMV's inner step, both generations).
+template <int M>
+__device__ __forceinline__ void fma_pair(const bf16x8& wa, const bf16x8& wb, const bf16* xs,
+                                         int32_t stride, int32_t k, float (&acc0)[M],
+                                         float (&acc1)[M]) {
+  float fa[8], fb[8];
+  unpack(wa, fa);
+  unpack(wb, fb);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float xv[8];
+    unpack(*reinterpret_cast<const bf16x8*>(xs + m * stride + k), xv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      acc0[m] = fmaf(fa[e], xv[e], acc0[m]);
+      acc1[m] = fmaf(fb[e], xv[e], acc1[m]);
     }
   }
 }
@@ -259,6 +293,45 @@ template <int M, gemv_epilogue Ep>
 __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pair_rows& rows,
                                          int32_t m, float y0, float y1) {
   epilogue<M, Ep>(a, p, rows, m, y0, y1, load_epilogue_inputs<Ep>(a, p, rows, m));
+}
+
+// -- host side, both generations -----------------------------------------------------
+
+/// The checks every launch_gemv makes before it dispatches (both
+/// generations): k in whole 16-byte vectors, a norm weight with a residual
+/// input.
+inline void check_gemv_args(const gemv_args& a) {
+  if (a.k % 8 != 0)
+    throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
+  if (a.residual_in && !a.norm_weight)
+    throw cuda_error("launch_gemv: a residual input needs its norm weight");
+}
+
+/// Calls f.template operator()<M, Ep>() (f: a lambda
+/// []<int M, gemv_epilogue Ep>() {...}) with Ep = epilogue and M the batch
+/// rows m padded to 1, 2, 4 or 8; throws for m outside 1..8.
+template <class F>
+void dispatch_gemv(gemv_epilogue epilogue, int32_t m, F&& f) {
+  const auto rows = [&]<gemv_epilogue Ep>() {
+    switch (m) {
+      case 1: return f.template operator()<1, Ep>();
+      case 2: return f.template operator()<2, Ep>();
+      case 3:
+      case 4: return f.template operator()<4, Ep>();
+      case 5:
+      case 6:
+      case 7:
+      case 8: return f.template operator()<8, Ep>();
+      default: throw cuda_error("launch_gemv: m = " + std::to_string(m) + " is not in 1..8");
+    }
+  };
+  switch (epilogue) {
+    case gemv_epilogue::store_f32: return rows.template operator()<gemv_epilogue::store_f32>();
+    case gemv_epilogue::residual_add:
+      return rows.template operator()<gemv_epilogue::residual_add>();
+    case gemv_epilogue::swiglu: return rows.template operator()<gemv_epilogue::swiglu>();
+    case gemv_epilogue::qkv_rope: return rows.template operator()<gemv_epilogue::qkv_rope>();
+  }
 }
 
 } // namespace metronome::gpu::gemv_detail

@@ -33,9 +33,6 @@ using namespace gemv_detail;
 
 namespace {
 
-constexpr int warps_per_block = 8;
-constexpr int threads_per_block = warps_per_block * 32;
-constexpr int unroll = 4;
 constexpr int32_t smem_budget = 64 * 1024;
 /// Bytes of each of a warp's first two rows prefetched before the PDL wait.
 constexpr int32_t prefetch_bytes = 4096;
@@ -124,21 +121,8 @@ __global__ void __launch_bounds__(threads_per_block)
 #pragma unroll
         for (int u = 0; u < unroll; ++u) {
           const int32_t k = kk + u * 256;
-          if (k < len) {
-            float fa[8], fb[8];
-            unpack(wa[u], fa);
-            unpack(wb[u], fb);
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-              float xv[8];
-              unpack(*reinterpret_cast<const bf16x8*>(xs + m * len + k), xv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) {
-                acc0[m] = fmaf(fa[e], xv[e], acc0[m]);
-                acc1[m] = fmaf(fb[e], xv[e], acc1[m]);
-              }
-            }
-          }
+          if (k < len)
+            fma_pair<M>(wa[u], wb[u], xs, len, k, acc0, acc1);
         }
       }
     }
@@ -196,34 +180,11 @@ void launch(const gemv_args& a, cudaStream_t stream) {
                 stream, a, kc);
 }
 
-template <gemv_epilogue Ep>
-void launch_m(const gemv_args& a, cudaStream_t stream) {
-  switch (a.m) {
-    case 1: return launch<1, Ep>(a, stream);
-    case 2: return launch<2, Ep>(a, stream);
-    case 3:
-    case 4: return launch<4, Ep>(a, stream);
-    case 5:
-    case 6:
-    case 7:
-    case 8: return launch<8, Ep>(a, stream);
-    default: throw cuda_error("launch_gemv: m = " + std::to_string(a.m) + " is not in 1..8");
-  }
-}
-
 } // namespace
 
 void launch_gemv_v1(gemv_epilogue epilogue, const gemv_args& a, cudaStream_t stream) {
-  if (a.k % 8 != 0)
-    throw cuda_error("launch_gemv: k = " + std::to_string(a.k) + " is not a multiple of 8");
-  if (a.residual_in && !a.norm_weight)
-    throw cuda_error("launch_gemv: a residual input needs its norm weight");
-  switch (epilogue) {
-    case gemv_epilogue::store_f32: return launch_m<gemv_epilogue::store_f32>(a, stream);
-    case gemv_epilogue::residual_add: return launch_m<gemv_epilogue::residual_add>(a, stream);
-    case gemv_epilogue::swiglu: return launch_m<gemv_epilogue::swiglu>(a, stream);
-    case gemv_epilogue::qkv_rope: return launch_m<gemv_epilogue::qkv_rope>(a, stream);
-  }
+  check_gemv_args(a);
+  dispatch_gemv(epilogue, a.m, [&]<int M, gemv_epilogue Ep>() { launch<M, Ep>(a, stream); });
 }
 
 } // namespace metronome::gpu

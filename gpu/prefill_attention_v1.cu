@@ -22,10 +22,12 @@
 #include "gpu/kernels.hpp"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/launch.cuh"
+#include "gpu/prefill_common.cuh"
 
 namespace metronome::gpu {
 
 using namespace dev;
+using namespace prefill_detail;
 
 namespace {
 
@@ -57,13 +59,9 @@ __global__ void __launch_bounds__(threads)
 
   pdl_wait();
   pdl_trigger();
-  const int head = blockIdx.x;
-  const prefill_item item = items[blockIdx.y];
+  const auto [head, kvh, item, tid, lane, warp, g, t4] = prefill_block_of(sh, items);
   if (item.seq < 0)
     return; // a padding item of a captured mixed step (whole block: no barrier skipped)
-  const int kvh = head / (sh.num_heads / sh.kv_heads);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t4 = lane & 3;
 
   const int32_t seq = item.seq;
   const int32_t row0 = batch.seq_q_start[seq];
@@ -173,11 +171,9 @@ __global__ void __launch_bounds__(threads)
       for (int j = 0; j < bn / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int i = c >> 1;
-          const int32_t key = kt + j * 8 + 2 * t4 + (c & 1);
-          const bool ok = key <= pos_r[i] && (sh.window <= 0 || key > pos_r[i] - sh.window);
+          const bool ok = score_visible(kt, j, c, t4, pos_r[c >> 1], sh.window);
           s[j][c] = ok ? s[j][c] * qscale : -INFINITY;
-          mx[i] = fmaxf(mx[i], s[j][c]);
+          mx[c >> 1] = fmaxf(mx[c >> 1], s[j][c]);
         }
     } else {
 #pragma unroll
@@ -279,21 +275,10 @@ void launch_prefill_attention_v1(const attention_shape& sh, const bf16* q, const
                               int32_t num_items, bf16* out, cudaStream_t stream) {
   if (num_items <= 0)
     return;
-  if (num_items > 65535)
-    throw cuda_error("launch_prefill_attention: " + std::to_string(num_items)
-                     + " tiles exceed the grid limit");
-  if (sh.num_heads % sh.kv_heads != 0 || sh.head_dim != kv.head_dim)
-    throw cuda_error("launch_prefill_attention: inconsistent head counts or head_dim");
-  switch (sh.head_dim) {
-    case 16: return launch_prefill<16>(sh, q, kv, batch, items, num_items, out, stream);
-    case 32: return launch_prefill<32>(sh, q, kv, batch, items, num_items, out, stream);
-    case 64: return launch_prefill<64>(sh, q, kv, batch, items, num_items, out, stream);
-    case 128: return launch_prefill<128>(sh, q, kv, batch, items, num_items, out, stream);
-    case 256: return launch_prefill<256>(sh, q, kv, batch, items, num_items, out, stream);
-    default:
-      throw cuda_error("launch_prefill_attention: head_dim " + std::to_string(sh.head_dim)
-                       + " is not supported (16, 32, 64, 128, 256)");
-  }
+  check_prefill_args(sh, kv, num_items);
+  dispatch_prefill_head_dim(sh.head_dim, [&]<int D>() {
+    launch_prefill<D>(sh, q, kv, batch, items, num_items, out, stream);
+  });
 }
 
 } // namespace metronome::gpu

@@ -754,23 +754,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 
   // Merge the warps; write the output (one split) or this split's partial.
   const int nh = min(group, 8);
-  for (int i = tid; i < nh * D; i += threads) {
-    const int h = i / D, d = i % D;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < warps; ++w)
-      mm = fmaxf(mm, sm_m[w][h]);
-    float acc = 0.0f, lsum = 0.0f;
-    if (mm != -INFINITY)
-#pragma unroll
-      for (int w = 0; w < warps; ++w) {
-        const float a = fast_exp2(sm_m[w][h] - mm); // 0 for a warp that saw nothing
-        acc += sm_o[w][h][d] * a;
-        lsum += sm_l[w][h] * a;
-      }
-    write_split_result<D>(out, part_o, part_ml, sh.num_heads, qrow, b, h0 + h, d, splits, split,
-                          active, acc, mm, lsum);
-  }
+  merge_warps<true, threads>(sm_m, sm_l, sm_o, nh, tid, out, part_o, part_ml, sh.num_heads, qrow,
+                             b, h0, splits, split, active);
   if (active == 1)
     return;
 

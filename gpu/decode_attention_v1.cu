@@ -264,23 +264,8 @@ __global__ void __launch_bounds__(threads)
   __syncthreads();
 
   // Merge the warps; write the output (one split) or this split's partial.
-  for (int i = tid; i < nh * D; i += threads) {
-    const int h = i / D, d = i % D;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < warps; ++w)
-      mm = fmaxf(mm, sm_m[w][h]);
-    float o = 0.0f, l = 0.0f;
-    if (mm != -INFINITY)
-#pragma unroll
-      for (int w = 0; w < warps; ++w) {
-        const float a = sm_m[w][h] == -INFINITY ? 0.0f : exp2f(sm_m[w][h] - mm);
-        o += sm_acc[w][h][d] * a;
-        l += sm_l[w][h] * a;
-      }
-    write_split_result<D>(out, part_o, part_ml, sh.num_heads, qrow, b, h0 + h, d, splits, split,
-                          active, o, mm, l);
-  }
+  merge_warps<false, threads>(sm_m, sm_l, sm_acc, nh, tid, out, part_o, part_ml, sh.num_heads,
+                              qrow, b, h0, splits, split, active);
   if (active == 1)
     return;
 

@@ -11,7 +11,8 @@
 // output. The functions keep the order of every floating-point operation
 // of the kernels they came from, so the outputs' bits do not move; the
 // generations differ only in the exp2 they use (the second generation's
-// ex2.approx, the first's exp2f), a template argument here. All are
+// ex2.approx, the first's exp2f, with an explicit case for a warp that saw
+// nothing), a template argument here. All are
 // __forceinline__: the kernels' generated code is what it was inline.
 
 #include <cstdint>
@@ -52,6 +53,52 @@ __device__ __forceinline__ void write_split_result(bf16* __restrict__ out,
       part_ml[idx * 2] = mm;
       part_ml[idx * 2 + 1] = lsum;
     }
+  }
+}
+
+/// The weight of a warp whose running max is m in the merge of a block's
+/// warps, against the block's max mm (finite): FAST: fast_exp2(m - mm),
+/// which is 0 on its own for a warp that saw nothing (m = -inf); else
+/// exp2f, with that case explicit.
+template <bool FAST>
+__device__ __forceinline__ float warp_weight(float m, float mm) {
+  if constexpr (FAST)
+    return fast_exp2(m - mm);
+  else
+    return m == -INFINITY ? 0.0f : exp2f(m - mm);
+}
+
+/// Merges a block's warps and writes its result: for each of its nh heads
+/// (from head h0) and D dims, strided over the block's T threads, mm is the
+/// largest of the warps' maxima sm_m[w][h]; where it is finite, each warp
+/// weighs warp_weight<FAST>(sm_m[w][h], mm) and acc and lsum sum its
+/// sm_o[w][h][d] and sm_l[w][h] times that weight, in warp order (0 where
+/// mm is not); write_split_result then writes the output (one split) or
+/// this split's partial.
+template <bool FAST, int T, int WARPS, int H, int D>
+__device__ __forceinline__ void merge_warps(const float (&sm_m)[WARPS][H],
+                                            const float (&sm_l)[WARPS][H],
+                                            const float (&sm_o)[WARPS][H][D], int nh, int tid,
+                                            bf16* __restrict__ out, float* __restrict__ part_o,
+                                            float* __restrict__ part_ml, int num_heads,
+                                            int32_t qrow, int b, int h0, int32_t splits,
+                                            int split, int active) {
+  for (int i = tid; i < nh * D; i += T) {
+    const int h = i / D, d = i % D;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w)
+      mm = fmaxf(mm, sm_m[w][h]);
+    float acc = 0.0f, lsum = 0.0f;
+    if (mm != -INFINITY)
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const float a = warp_weight<FAST>(sm_m[w][h], mm);
+        acc += sm_o[w][h][d] * a;
+        lsum += sm_l[w][h] * a;
+      }
+    write_split_result<D>(out, part_o, part_ml, num_heads, qrow, b, h0 + h, d, splits, split,
+                          active, acc, mm, lsum);
   }
 }
 

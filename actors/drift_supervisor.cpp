@@ -17,14 +17,14 @@ namespace {
 struct drift_supervisor_state {
   std::unique_ptr<drift_detector> detector;
   drift_supervisor_config config;
-  caf::actor scheduler;
+  policy_control_actor scheduler;
   std::shared_ptr<engine_metrics> metrics;
   std::vector<drift_event> events;
   int64_t samples_seen = 0;
   static inline const char* name = "drift_supervisor";
 };
 
-using self_ptr = caf::stateful_actor<drift_supervisor_state>*;
+using self_ptr = drift_supervisor_actor::stateful_pointer<drift_supervisor_state>;
 
 double seconds(sched_time t) {
   return std::chrono::duration<double>(t).count();
@@ -66,9 +66,10 @@ void act(self_ptr self, const drift_verdict& v, sched_time now) {
   st.events.push_back(std::move(order->event));
 }
 
-caf::behavior drift_supervisor(self_ptr self, caf::actor scheduler,
-                               drift_supervisor_config config,
-                               std::shared_ptr<engine_metrics> metrics) {
+drift_supervisor_actor::behavior_type drift_supervisor(self_ptr self,
+                                                       policy_control_actor scheduler,
+                                                       drift_supervisor_config config,
+                                                       std::shared_ptr<engine_metrics> metrics) {
   auto& st = self->state;
   st.detector = std::make_unique<drift_detector>(config.drift);
   st.config = std::move(config);
@@ -80,7 +81,7 @@ caf::behavior drift_supervisor(self_ptr self, caf::actor scheduler,
       self->quit(dm.reason);
   });
   self->send(st.scheduler, watch_atom::value);
-  self->delayed_send(self, st.config.tick, tick_atom::value, uint64_t{0});
+  self->delayed_send(drift_supervisor_actor{self}, st.config.tick, tick_atom::value, uint64_t{0});
   return {
     [=](std::vector<drift_sample>& samples) {
       auto& s = self->state;
@@ -94,9 +95,10 @@ caf::behavior drift_supervisor(self_ptr self, caf::actor scheduler,
       auto& s = self->state;
       const auto now = engine_now(self);
       act(self, s.detector->evaluate(now), now);
-      self->delayed_send(self, s.config.tick, tick_atom::value, uint64_t{0});
+      self->delayed_send(drift_supervisor_actor{self}, s.config.tick, tick_atom::value,
+                         uint64_t{0});
     },
-    [=](stats_atom) {
+    [=](stats_atom) -> drift_status {
       auto& s = self->state;
       drift_status out;
       out.disabled = s.detector->disabled();
@@ -112,9 +114,10 @@ caf::behavior drift_supervisor(self_ptr self, caf::actor scheduler,
 
 } // namespace
 
-caf::actor spawn_drift_supervisor(caf::actor_system& sys, caf::actor scheduler,
-                                  drift_supervisor_config config,
-                                  std::shared_ptr<engine_metrics> metrics) {
+drift_supervisor_actor spawn_drift_supervisor(caf::actor_system& sys,
+                                              policy_control_actor scheduler,
+                                              drift_supervisor_config config,
+                                              std::shared_ptr<engine_metrics> metrics) {
   return sys.spawn(drift_supervisor, std::move(scheduler), std::move(config), std::move(metrics));
 }
 

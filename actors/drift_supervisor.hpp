@@ -10,7 +10,7 @@
 
 #include "caf/all.hpp"
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "sched/drift_detector.hpp"
 
 namespace metronome {
@@ -36,8 +36,9 @@ struct drift_supervisor_config {
 /// (spdlog), counted (metrics->on_policy_switch, causes "drift" and
 /// "recovered") and kept: stats_atom answers a drift_status. It quits when
 /// the scheduler does.
-caf::actor spawn_drift_supervisor(caf::actor_system& sys, caf::actor scheduler,
-                                  drift_supervisor_config config,
-                                  std::shared_ptr<engine_metrics> metrics);
+drift_supervisor_actor spawn_drift_supervisor(caf::actor_system& sys,
+                                              policy_control_actor scheduler,
+                                              drift_supervisor_config config,
+                                              std::shared_ptr<engine_metrics> metrics);
 
 } // namespace metronome

@@ -184,7 +184,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     e.drift_supervisor = spawn_drift_supervisor(
       sys, e.scheduler, {o.drift, o.policy, policy_kind::fcfs}, e.metrics);
   if (o.stats_interval.count() > 0)
-    e.stats_reporter = spawn_stats_reporter(sys, e.scheduler, e.metrics, e.status,
+    e.stats_reporter = spawn_stats_reporter(sys, e.scheduler.address(), e.metrics, e.status,
                                             o.stats_interval);
   executor_supervision supervision{o.max_restarts, o.restart_window};
   supervision.on_device_lost = o.on_device_lost;
@@ -204,9 +204,15 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
 }
 
 void engine::shutdown() const {
-  for (const auto& a : {frontend, supervisor, drift_supervisor, stats_reporter, scheduler})
+  auto stop = [](const auto& a) {
     if (a)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  };
+  stop(frontend);
+  stop(supervisor);
+  stop(drift_supervisor);
+  stop(stats_reporter);
+  stop(scheduler);
 }
 
 std::string render_metrics(const engine& e) {

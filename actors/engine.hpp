@@ -146,16 +146,16 @@ private:
   std::string reason_;
 };
 
-/// Handles of a running engine.
+/// Handles of a running engine (their messages: actors/interfaces.hpp).
 struct engine {
   /// Send generate_request here; the sender is the request's sink.
-  caf::actor frontend;
-  caf::actor scheduler;
+  frontend_actor frontend;
+  scheduler_actor scheduler;
   caf::actor supervisor;
   /// The drift supervisor (null unless a latency-aware policy runs).
-  caf::actor drift_supervisor;
+  drift_supervisor_actor drift_supervisor;
   /// Writes the stats line (null when options.stats_interval is 0).
-  caf::actor stats_reporter;
+  stats_reporter_actor stats_reporter;
   std::shared_ptr<engine_status> status;
   std::shared_ptr<engine_metrics> metrics;
   std::shared_ptr<const tokenizer> tokens;

@@ -168,7 +168,7 @@ struct supervisor_state {
 };
 
 caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
-                                  caf::actor scheduler, runner_factory factory,
+                                  scheduler_actor scheduler, runner_factory factory,
                                   executor_supervision policy,
                                   std::shared_ptr<engine_status> status) {
   auto start_child = [=] {
@@ -256,7 +256,7 @@ caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
 
 } // namespace
 
-caf::actor spawn_executor_supervisor(caf::actor_system& sys, caf::actor scheduler,
+caf::actor spawn_executor_supervisor(caf::actor_system& sys, scheduler_actor scheduler,
                                      runner_factory factory, executor_supervision policy,
                                      std::shared_ptr<engine_status> status) {
   return sys.spawn(executor_supervisor, std::move(scheduler), std::move(factory), policy,

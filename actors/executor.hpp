@@ -61,7 +61,7 @@ struct executor_supervision {
 /// Spawns the supervisor, which spawns the executor and reports each
 /// (re)start to `scheduler` as executor_up_msg and each failure as
 /// executor_down_msg. `status->ready` turns true at the first start.
-caf::actor spawn_executor_supervisor(caf::actor_system& sys, caf::actor scheduler,
+caf::actor spawn_executor_supervisor(caf::actor_system& sys, scheduler_actor scheduler,
                                      runner_factory factory, executor_supervision policy,
                                      std::shared_ptr<engine_status> status);
 

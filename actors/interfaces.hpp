@@ -1,11 +1,64 @@
 #pragma once
-// Typed interfaces of Metronome's actors. The request actors, the frontend
-// and the scheduler speak several message kinds and monitor others, so they
-// are untyped `caf::actor`s; their messages are listed here as contracts.
+// Typed interfaces of Metronome's actors: every message an actor accepts,
+// and what it answers, checked by the compiler at each send. The message
+// types themselves are in messages.hpp. Messages an actor sends to itself
+// (its timers) are part of its interface too: CAF 0.17 has no private
+// messages; nothing else sends them.
+//
+// Who talks to whom is in docs/architecture.md. A handle converts to a
+// narrower interface whose messages it accepts (scheduler_actor to
+// policy_control_actor), so an actor holds only what it needs.
+
+#include <vector>
 
 #include "actors/messages.hpp"
 
 namespace metronome {
+
+/// The client's side of one request (a net sink, an embedding program's
+/// actor): the sender of a generate_request. It receives text_delta...,
+/// then exactly one generation_done or generation_error. The frontend takes
+/// the sender of generate_request to be this (CAF cannot check a sender's
+/// type): an untyped client must handle these three messages.
+using request_sink_actor = caf::typed_actor<caf::reacts_to<text_delta>,
+                                            caf::reacts_to<generation_done>,
+                                            caf::reacts_to<generation_error>>;
+
+/// The engine's entry point: spawns a request actor for each
+/// generate_request whose sink is the sender (an anonymous request is
+/// dropped; a degraded engine answers generation_error unavailable at once).
+using frontend_actor = caf::typed_actor<caf::reacts_to<generate_request>>;
+
+/// One per request. token_msg and generation_error come from the scheduler;
+/// timeout_atom is its own deadline (a request to itself that is never
+/// answered, see request_actor.cpp). It also watches its sink (a DOWN
+/// cancels) and the scheduler (a DOWN fails the request).
+using request_actor = caf::typed_actor<caf::reacts_to<token_msg>,
+                                       caf::reacts_to<generation_error>,
+                                       caf::reacts_to<timeout_atom>>;
+
+/// Receives the scheduler's prediction outcomes after each step that
+/// finished predicted requests (the drift supervisor): the sender of
+/// watch_atom.
+using drift_watcher_actor = caf::typed_actor<caf::reacts_to<std::vector<drift_sample>>>;
+
+/// What the drift supervisor needs of the scheduler: subscribe to outcomes
+/// (watch_atom: the sender becomes the drift_watcher_actor), have the
+/// predictor refit on the last window ns of history (recalibrate_atom), and
+/// switch the admission policy (policy_atom; true once switched).
+using policy_control_actor
+  = caf::typed_actor<caf::reacts_to<watch_atom>, caf::reacts_to<recalibrate_atom, int64_t>,
+                     caf::replies_to<policy_atom, policy_kind>::with<bool>>;
+
+/// The scheduler actor (scheduler_actor.hpp). admit_msg's sender is the
+/// request_actor it admits (monitored: its DOWN cancels); cancel_atom ends
+/// a request (seq id, why); executor_up_msg and executor_down_msg come from
+/// the engine supervisor; stats_atom answers its figures; tick_atom is its
+/// own policy deadline timer (with an epoch: stale ticks are ignored).
+using scheduler_actor = policy_control_actor::extend<
+  caf::reacts_to<admit_msg>, caf::reacts_to<cancel_atom, uint64_t, finish_kind>,
+  caf::reacts_to<executor_up_msg>, caf::reacts_to<executor_down_msg>,
+  caf::replies_to<stats_atom>::with<scheduler_stats>, caf::reacts_to<tick_atom, uint64_t>>;
 
 /// One per device, on its own thread: runs a plan, replies with its tokens,
 /// in plan order. A plan is submitted (model_runner::submit) as soon as it
@@ -22,17 +75,14 @@ using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_ou
                                         caf::reacts_to<step_done_atom>,
                                         caf::reacts_to<crash_atom, std::string>>;
 
-// Untyped contracts:
-//
-// frontend:       generate_request (sender = the client's sink actor)
-// request actor:  token_msg, generation_error (from the scheduler),
-//                 timeout_atom (its own timer), DOWN of its sink (cancel)
-// scheduler:      admit_msg (sender = request actor, monitored),
-//                 cancel_atom + seq_id + finish_kind, executor_up_msg,
-//                 executor_down_msg,
-//                 policy_atom + policy_kind -> bool, stats_atom -> scheduler_stats,
-//                 watch_atom (the sender then gets std::vector<drift_sample>
-//                 after each step), recalibrate_atom + window
-// drift supervisor: std::vector<drift_sample>; orders policy switches
+/// The drift supervisor (drift_supervisor.hpp): prediction outcomes from
+/// the scheduler, its own re-evaluation timer (tick_atom), and stats_atom
+/// for its window and the switches it made.
+using drift_supervisor_actor
+  = drift_watcher_actor::extend<caf::reacts_to<tick_atom, uint64_t>,
+                                caf::replies_to<stats_atom>::with<drift_status>>;
+
+/// The stats line's actor (stats_reporter.hpp): only its own timer.
+using stats_reporter_actor = caf::typed_actor<caf::reacts_to<tick_atom, uint64_t>>;
 
 } // namespace metronome

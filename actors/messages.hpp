@@ -3,6 +3,7 @@
 // between actors, its `inspect`, the type ID block, the atoms and the error
 // enum. One struct per message kind.
 //
+// Each actor's interface, the messages it accepts, is in interfaces.hpp.
 // Who sends what (see docs/architecture.md for a traced request):
 //   client (net session, embedder) -> frontend:   generate_request
 //   frontend -> request actor (spawned per request, client is its sink)
@@ -238,6 +239,8 @@ struct token_msg {
 
 /// Executor supervisor -> scheduler: a (re)started executor is ready.
 struct executor_up_msg {
+  /// An executor_actor (interfaces.hpp; a typed handle cannot be named
+  /// before the atoms of the type ID block below).
   caf::actor executor;
   int32_t num_pages = 0;
   int32_t page_size = 0;

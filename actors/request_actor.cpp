@@ -86,7 +86,7 @@ namespace {
 struct request_state {
   std::shared_ptr<const request_context> ctx;
   generate_request req;
-  caf::actor sink;
+  request_sink_actor sink;
   uint64_t seq = 0;
   std::unique_ptr<incremental_decoder> decoder;
   /// Decoded text not yet sent: it might still be the start of a stop string.
@@ -109,14 +109,14 @@ struct request_state {
   /// a finished request (scoped_monitors.hpp).
   scoped_monitors monitors;
   /// The deadline: a request to ourselves that is never answered, so its
-  /// timeout fires at the deadline (see request_actor()). Kept here until
+  /// timeout fires at the deadline (see request_behavior()). Kept here until
   /// the state goes, not dropped, so that a CAF that reports dropped
   /// promises (0.18+: broken_promise) would not end the wait early.
   caf::response_promise deadline;
   static inline const char* name = "request";
 };
 
-using self_ptr = caf::stateful_actor<request_state>*;
+using self_ptr = request_actor::stateful_pointer<request_state>;
 
 double seconds(sched_time d) {
   return std::chrono::duration<double>(d).count();
@@ -325,8 +325,9 @@ float non_alnum_share(const generate_request& req) {
   return total == 0 ? 0.0f : float(other) / float(total);
 }
 
-caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context> ctx,
-                            generate_request req, caf::actor sink) {
+request_actor::behavior_type request_behavior(self_ptr self,
+                                              std::shared_ptr<const request_context> ctx,
+                                              generate_request req, request_sink_actor sink) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.req = std::move(req);
@@ -366,7 +367,7 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   });
   std::vector<int32_t> prompt;
   if (!prepare(self, prompt))
-    return {};
+    return request_actor::behavior_type::make_empty_behavior(); // failed and quit
   st.seq = st.ctx->next_seq_id->fetch_add(1);
   st.decoder = std::make_unique<incremental_decoder>(st.ctx->tokens, st.req.skip_special_tokens);
   admit_msg admit;
@@ -391,7 +392,7 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
   // allocated for the whole timeout (10 minutes by default). A request's
   // timeout is cancelled when the actor ends (local_actor::cleanup ->
   // clock().cancel_timeouts), which frees it at once.
-  self->request(caf::actor_cast<caf::actor>(self), timeout, timeout_atom::value)
+  self->request(request_actor{self}, timeout, timeout_atom::value)
     .then([] { /* never answered */ },
           [=](caf::error&) { // sec::request_timeout: the deadline has passed
             cancel_in_scheduler(self, finish_kind::timeout);
@@ -404,7 +405,7 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
       self->state.admitted = false;
       fail(self, e.code, std::move(e.message), std::move(e.param));
     },
-    [=](timeout_atom) -> caf::response_promise {
+    [=](timeout_atom) -> caf::result<void> {
       // Our own deadline request (above): held, never delivered.
       self->state.deadline = self->make_response_promise();
       return self->state.deadline;
@@ -414,12 +415,12 @@ caf::behavior request_actor(self_ptr self, std::shared_ptr<const request_context
 
 } // namespace
 
-caf::actor spawn_request(caf::actor_system& sys, std::shared_ptr<const request_context> ctx,
-                         generate_request request, caf::actor sink) {
+request_actor spawn_request(caf::actor_system& sys, std::shared_ptr<const request_context> ctx,
+                            generate_request request, request_sink_actor sink) {
   auto status = ctx->status;
   if (status)
     ++status->live_requests;
-  auto a = sys.spawn(request_actor, std::move(ctx), std::move(request), std::move(sink));
+  auto a = sys.spawn(request_behavior, std::move(ctx), std::move(request), std::move(sink));
   if (status)
     a->attach_functor([status] { --status->live_requests; });
   return a;
@@ -429,10 +430,12 @@ namespace {
 
 /// The frontend: turns each generate_request into a request actor whose
 /// sink is the sender.
-caf::behavior frontend(caf::event_based_actor* self, std::shared_ptr<const request_context> ctx) {
+frontend_actor::behavior_type frontend(frontend_actor::pointer self,
+                                       std::shared_ptr<const request_context> ctx) {
   return {
     [=](generate_request& req) {
-      auto sink = caf::actor_cast<caf::actor>(self->current_sender());
+      // The sender is the request's sink (interfaces.hpp: request_sink_actor).
+      auto sink = caf::actor_cast<request_sink_actor>(self->current_sender());
       if (!sink)
         return; // an anonymous request has nowhere to stream
       if (ctx->status && ctx->status->degraded) {
@@ -448,7 +451,7 @@ caf::behavior frontend(caf::event_based_actor* self, std::shared_ptr<const reque
 
 } // namespace
 
-caf::actor spawn_frontend(caf::actor_system& sys, std::shared_ptr<const request_context> ctx) {
+frontend_actor spawn_frontend(caf::actor_system& sys, std::shared_ptr<const request_context> ctx) {
   return sys.spawn(frontend, std::move(ctx));
 }
 

@@ -17,7 +17,7 @@
 #include <chrono>
 #include <memory>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace metronome {
 
@@ -28,7 +28,7 @@ struct engine_status;
 
 /// What all request actors of one engine share. Immutable after creation.
 struct request_context {
-  caf::actor scheduler;
+  scheduler_actor scheduler;
   std::shared_ptr<const tokenizer> tokens;
   std::shared_ptr<const chat_template> chat;
   std::shared_ptr<engine_status> status;
@@ -39,15 +39,14 @@ struct request_context {
   std::shared_ptr<std::atomic<uint64_t>> next_seq_id = std::make_shared<std::atomic<uint64_t>>(1);
 };
 
-/// Spawns the request actor for `request`, streaming to `sink`.
-caf::actor spawn_request(caf::actor_system& sys, std::shared_ptr<const request_context> ctx,
-                         generate_request request, caf::actor sink);
+/// Spawns the request actor for `request`, streaming to `sink`. Any thread.
+request_actor spawn_request(caf::actor_system& sys, std::shared_ptr<const request_context> ctx,
+                            generate_request request, request_sink_actor sink);
 
-/// Spawns the engine's frontend: for each generate_request it receives, it
-/// spawns a request actor whose sink is the sender (an anonymous request is
-/// dropped; a degraded engine answers generation_error unavailable at once).
-/// Any thread; spawn_engine calls it once per engine.
-caf::actor spawn_frontend(caf::actor_system& sys, std::shared_ptr<const request_context> ctx);
+/// Spawns the engine's frontend (frontend_actor in interfaces.hpp): for each
+/// generate_request it receives, it spawns a request actor whose sink is the
+/// sender. Any thread; spawn_engine calls it once per engine.
+frontend_actor spawn_frontend(caf::actor_system& sys, std::shared_ptr<const request_context> ctx);
 
 /// Prompt ids of a chat conversation: the template's special tokens are
 /// control tokens, but special-token text inside message contents stays

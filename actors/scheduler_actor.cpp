@@ -27,7 +27,7 @@ struct scheduler_actor_state {
   uint64_t epoch = 0;
   bool degraded = false;
   uint64_t timer_epoch = 0;
-  std::unordered_map<uint64_t, caf::actor> requests;
+  std::unordered_map<uint64_t, request_actor> requests;
   std::unordered_map<caf::actor_addr, uint64_t> by_addr;
   int64_t finished = 0;
   int64_t cancelled = 0;
@@ -37,13 +37,13 @@ struct scheduler_actor_state {
   int64_t reported_bucket_admissions = 0, reported_bucket_overflows = 0;
   latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
-  caf::actor drift_watcher;
+  drift_watcher_actor drift_watcher;
   /// The step trace's time zero (the actor's start).
   sched_time trace_origin{0};
   static inline const char* name = "scheduler";
 };
 
-using self_ptr = caf::stateful_actor<scheduler_actor_state>*;
+using self_ptr = scheduler_actor::stateful_pointer<scheduler_actor_state>;
 
 void publish(self_ptr self) {
   auto& st = self->state;
@@ -89,7 +89,7 @@ void publish(self_ptr self) {
 void forget(self_ptr self, uint64_t id) {
   auto& st = self->state;
   if (auto i = st.requests.find(id); i != st.requests.end()) {
-    self->demonitor(i->second);
+    self->demonitor(i->second.address());
     st.by_addr.erase(i->second.address());
     st.requests.erase(i);
   }
@@ -206,7 +206,8 @@ void send_plan(self_ptr self, step_plan plan) {
 void arm_deadline(self_ptr self, sched_time now) {
   auto& st = self->state;
   if (auto deadline = st.core->policy().next_deadline(now); deadline && *deadline > now)
-    self->delayed_send(self, *deadline - now, tick_atom::value, ++st.timer_epoch);
+    self->delayed_send(scheduler_actor{self}, *deadline - now, tick_atom::value,
+                       ++st.timer_epoch);
 }
 
 void pump(self_ptr self) {
@@ -257,9 +258,9 @@ generation_error refusal(admit_result r, const sched_request& req, int32_t max_m
   return {{}, request_errc::engine_failure, "unexpected admission result", ""};
 }
 
-caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
-                              std::shared_ptr<engine_status> status,
-                              std::shared_ptr<engine_metrics> metrics) {
+scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor_config config,
+                                                  std::shared_ptr<engine_status> status,
+                                                  std::shared_ptr<engine_metrics> metrics) {
   auto& st = self->state;
   auto policy = make_policy(config, config.policy);
   st.core = std::make_unique<scheduler>(config.scheduler, std::move(policy));
@@ -283,7 +284,8 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
   return {
     [=](admit_msg& m) {
       auto& s = self->state;
-      auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+      // The sender is the request actor (interfaces.hpp): it gets the tokens.
+      auto sender = caf::actor_cast<request_actor>(self->current_sender());
       if (s.degraded) {
         self->send(sender, generation_error{{}, request_errc::unavailable,
                                             "the engine is unavailable: its executor keeps failing",
@@ -344,7 +346,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
       return true;
     },
     [=](watch_atom) {
-      self->state.drift_watcher = caf::actor_cast<caf::actor>(self->current_sender());
+      self->state.drift_watcher = caf::actor_cast<drift_watcher_actor>(self->current_sender());
     },
     [=](recalibrate_atom, int64_t window_ns) {
       auto& s = self->state;
@@ -358,7 +360,7 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
       if (timer == self->state.timer_epoch)
         pump(self);
     },
-    [=](stats_atom) {
+    [=](stats_atom) -> scheduler_stats {
       auto& s = self->state;
       scheduler_stats out;
       out.waiting = s.core->num_waiting();
@@ -378,10 +380,10 @@ caf::behavior scheduler_actor(self_ptr self, scheduler_actor_config config,
 
 } // namespace
 
-caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
-                           std::shared_ptr<engine_status> status,
-                           std::shared_ptr<engine_metrics> metrics) {
-  return sys.spawn(scheduler_actor, std::move(config), std::move(status), std::move(metrics));
+scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
+                                std::shared_ptr<engine_status> status,
+                                std::shared_ptr<engine_metrics> metrics) {
+  return sys.spawn(scheduler_behavior, std::move(config), std::move(status), std::move(metrics));
 }
 
 } // namespace metronome

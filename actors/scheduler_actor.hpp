@@ -41,13 +41,12 @@ struct scheduler_actor_config {
 /// CAF's test coordinator advances by hand.
 sched_time engine_now(caf::local_actor* self);
 
-/// Spawns the scheduler actor. Besides the contracts in interfaces.hpp it
-/// answers
-/// watch_atom (the sender receives std::vector<drift_sample> of finished
-/// predicted requests: the drift supervisor) and recalibrate_atom + window
-/// in ns (the predictor refits on that recent history).
-caf::actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
-                           std::shared_ptr<engine_status> status,
-                           std::shared_ptr<engine_metrics> metrics);
+/// Spawns the scheduler actor (its messages: scheduler_actor in
+/// interfaces.hpp). It publishes its figures to `status` (not null) and
+/// `metrics` (may be null). Any thread; spawn_engine calls it once per
+/// engine.
+scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
+                                std::shared_ptr<engine_status> status,
+                                std::shared_ptr<engine_metrics> metrics);
 
 } // namespace metronome

@@ -34,10 +34,11 @@ public:
     clear();
   }
 
-  /// Has `self` (the actor whose state holds this object) monitor `whom` and
-  /// remembers it for removal. A null handle is ignored. Only on `self`'s
+  /// Has `self` (the actor whose state holds this object) monitor `whom` (a
+  /// caf::actor or a typed handle) and remembers it for removal. A null handle is ignored. Only on `self`'s
   /// thread (its handlers and its state's constructor/destructor).
-  void add(caf::local_actor* self, const caf::actor& whom) {
+  template <class Handle>
+  void add(caf::local_actor* self, const Handle& whom) {
     if (!whom)
       return;
     self_ = self;

@@ -38,13 +38,16 @@ struct stats_reporter_state {
   static inline const char* name = "stats_reporter";
 };
 
-caf::behavior stats_reporter_actor(caf::stateful_actor<stats_reporter_state>* self,
-                                   caf::actor scheduler, std::shared_ptr<engine_metrics> metrics,
-                                   std::shared_ptr<engine_status> status,
-                                   std::chrono::milliseconds interval) {
-  self->monitor(scheduler);
+stats_reporter_actor::behavior_type
+stats_reporter_behavior(stats_reporter_actor::stateful_pointer<stats_reporter_state> self,
+                        caf::actor_addr scheduler, std::shared_ptr<engine_metrics> metrics,
+                        std::shared_ptr<engine_status> status, std::chrono::milliseconds interval) {
+  if (auto s = caf::actor_cast<caf::strong_actor_ptr>(scheduler))
+    self->monitor(s);
+  else
+    self->quit(); // it is gone already
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source == scheduler.address())
+    if (dm.source == scheduler)
       self->quit(dm.reason);
   });
   auto take = [=] {
@@ -52,22 +55,22 @@ caf::behavior stats_reporter_actor(caf::stateful_actor<stats_reporter_state>* se
       line->write(spdlog::level::info);
   };
   take(); // the baseline
-  self->delayed_send(self, interval, tick_atom::value, uint64_t{0});
+  self->delayed_send(stats_reporter_actor{self}, interval, tick_atom::value, uint64_t{0});
   return {
     [=](tick_atom, uint64_t) {
       take();
-      self->delayed_send(self, interval, tick_atom::value, uint64_t{0});
+      self->delayed_send(stats_reporter_actor{self}, interval, tick_atom::value, uint64_t{0});
     },
   };
 }
 
 } // namespace
 
-caf::actor spawn_stats_reporter(caf::actor_system& sys, caf::actor scheduler,
-                                std::shared_ptr<engine_metrics> metrics,
-                                std::shared_ptr<engine_status> status,
-                                std::chrono::milliseconds interval) {
-  return sys.spawn(stats_reporter_actor, std::move(scheduler), std::move(metrics),
+stats_reporter_actor spawn_stats_reporter(caf::actor_system& sys, caf::actor_addr scheduler,
+                                          std::shared_ptr<engine_metrics> metrics,
+                                          std::shared_ptr<engine_status> status,
+                                          std::chrono::milliseconds interval) {
+  return sys.spawn(stats_reporter_behavior, std::move(scheduler), std::move(metrics),
                    std::move(status), interval);
 }
 

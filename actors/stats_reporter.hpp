@@ -21,6 +21,7 @@
 #include "caf/all.hpp"
 
 #include "actors/engine_metrics.hpp"
+#include "actors/interfaces.hpp"
 #include "metrics/log_event.hpp"
 
 namespace metronome {
@@ -44,9 +45,9 @@ private:
 /// Spawns the actor that samples `metrics` and `status` every `interval`
 /// (on its actor clock) and logs each stats_reporter line at info. It ends
 /// with `scheduler` (the engine's), or by an exit message. Any thread.
-caf::actor spawn_stats_reporter(caf::actor_system& sys, caf::actor scheduler,
-                                std::shared_ptr<engine_metrics> metrics,
-                                std::shared_ptr<engine_status> status,
-                                std::chrono::milliseconds interval);
+stats_reporter_actor spawn_stats_reporter(caf::actor_system& sys, caf::actor_addr scheduler,
+                                          std::shared_ptr<engine_metrics> metrics,
+                                          std::shared_ptr<engine_status> status,
+                                          std::chrono::milliseconds interval);
 
 } // namespace metronome

@@ -4,9 +4,10 @@
 //
 //   embed_engine MODEL_DIR [PROMPT]
 //
-// The message interface (actors/messages.hpp):
+// The message interface (actors/interfaces.hpp, the types in messages.hpp):
 //   you -> engine.frontend:  generate_request   (you become the request's sink)
 //   engine -> you:           text_delta*, then generation_done or generation_error
+// so the client below is a request_sink_actor, and the compiler checks both.
 // To cancel, let the sink actor terminate: the engine monitors it and frees
 // the request's KV pages.
 
@@ -19,8 +20,9 @@
 namespace {
 
 /// A client actor: sends one request and prints what streams back.
-caf::behavior client(caf::event_based_actor* self, caf::actor frontend,
-                     metronome::generate_request request) {
+metronome::request_sink_actor::behavior_type client(metronome::request_sink_actor::pointer self,
+                                                    metronome::frontend_actor frontend,
+                                                    metronome::generate_request request) {
   self->send(frontend, std::move(request));
   return {
     [=](metronome::text_delta& d) { std::cout << d.text << std::flush; },

@@ -100,7 +100,7 @@ private:
   /// The generation request in progress.
   struct active_request {
     uint64_t tag = 0;
-    caf::actor sink;
+    request_sink_actor sink;
     response_meta meta;
     bool stream = false;
     /// The status line and headers are out (streaming).

@@ -58,9 +58,9 @@ struct sink_state {
   static inline const char* name = "request-sink";
 };
 
-caf::behavior request_sink(caf::stateful_actor<sink_state>* self, caf::actor frontend,
-                           generate_request req, std::shared_ptr<strand_port> port,
-                           uint64_t tag) {
+request_sink_actor::behavior_type
+request_sink(request_sink_actor::stateful_pointer<sink_state> self, frontend_actor frontend,
+             generate_request req, std::shared_ptr<strand_port> port, uint64_t tag) {
   auto id = req.request_id;
   auto fail = [=](std::string why) {
     port->post([tag, e = generation_error{id, request_errc::unavailable, std::move(why), ""}](
@@ -73,7 +73,8 @@ caf::behavior request_sink(caf::stateful_actor<sink_state>* self, caf::actor fro
       return;
     self->state.source = self->current_sender() ? self->current_sender()->address()
                                                 : caf::actor_addr{};
-    if (auto src = caf::actor_cast<caf::actor>(self->state.source); src && src != frontend)
+    if (auto src = caf::actor_cast<caf::actor>(self->state.source);
+        src && src.address() != frontend.address())
       self->state.monitors.add(self, src);
   };
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -102,13 +103,13 @@ caf::behavior request_sink(caf::stateful_actor<sink_state>* self, caf::actor fro
 
 } // namespace
 
-caf::actor spawn_request_sink(caf::actor_system& sys, const caf::actor& frontend,
-                              generate_request req, std::shared_ptr<strand_port> port,
-                              uint64_t tag) {
+request_sink_actor spawn_request_sink(caf::actor_system& sys, const frontend_actor& frontend,
+                                      generate_request req, std::shared_ptr<strand_port> port,
+                                      uint64_t tag) {
   return sys.spawn(request_sink, frontend, std::move(req), std::move(port), tag);
 }
 
-void cancel_request_sink(const caf::actor& sink) {
+void cancel_request_sink(const request_sink_actor& sink) {
   if (sink)
     caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
 }

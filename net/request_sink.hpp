@@ -30,7 +30,7 @@
 
 #include "caf/all.hpp"
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace metronome::net {
 
@@ -127,11 +127,11 @@ private:
 /// sink reports generation_error unavailable itself, so a connection never
 /// waits for an engine that is gone. (The engine enforces the request's
 /// timeout.) Any thread (normally the connection's strand).
-caf::actor spawn_request_sink(caf::actor_system& sys, const caf::actor& frontend,
-                              generate_request req, std::shared_ptr<strand_port> port,
-                              uint64_t tag);
+request_sink_actor spawn_request_sink(caf::actor_system& sys, const frontend_actor& frontend,
+                                      generate_request req, std::shared_ptr<strand_port> port,
+                                      uint64_t tag);
 
 /// Cancels a request: kills its sink (the engine frees the request).
-void cancel_request_sink(const caf::actor& sink);
+void cancel_request_sink(const request_sink_actor& sink);
 
 } // namespace metronome::net

@@ -74,7 +74,7 @@ public:
 private:
   struct live_request {
     uint64_t tag = 0;
-    caf::actor sink;
+    request_sink_actor sink;
     /// It asked for logprobs: every delta carries a logprobs object.
     bool logprobs = false;
     /// Counts the request in requests_in_flight while it lives.

@@ -50,9 +50,9 @@ protected:
     sys.await_actors_before_shutdown(false);
   }
 
-  caf::actor fake_scheduler() {
+  policy_control_actor fake_scheduler() {
     auto log = seen;
-    auto a = sys.spawn([=](caf::event_based_actor*) -> caf::behavior {
+    auto a = sys.spawn([=](policy_control_actor::pointer) -> policy_control_actor::behavior_type {
       return {
         [=](watch_atom) { ++log->watches; },
         [=](recalibrate_atom, int64_t window_ns) { log->recalibrations.push_back(window_ns); },
@@ -62,7 +62,7 @@ protected:
         },
       };
     });
-    tracked.push_back(a);
+    tracked.push_back(caf::actor_cast<caf::actor>(a));
     return a;
   }
 
@@ -75,7 +75,7 @@ protected:
     return std::vector<drift_sample>(size_t(n), drift_sample{p, a, 0.0, now_ns()});
   }
 
-  drift_status status(const caf::actor& sup) {
+  drift_status status(const drift_supervisor_actor& sup) {
     auto out = std::make_shared<drift_status>();
     auto client = sys.spawn([=](caf::event_based_actor* self) {
       self->request(sup, caf::infinite, stats_atom::value).then([=](drift_status& s) { *out = s; });
@@ -105,7 +105,7 @@ TEST_F(drift_supervisor_test, disables_after_sustained_drift_and_restores_after_
   c.policy = policy_kind::ladb;
   c.tick = 1s;
   auto sup = spawn_drift_supervisor(sys, scheduler, c, metrics);
-  tracked.push_back(sup);
+  tracked.push_back(caf::actor_cast<caf::actor>(sup));
   sched.run();
   EXPECT_EQ(seen->watches, 1) << "it subscribes to the scheduler's outcomes";
 
@@ -148,7 +148,7 @@ TEST_F(drift_supervisor_test, disables_after_sustained_drift_and_restores_after_
 TEST_F(drift_supervisor_test, quits_with_its_scheduler) {
   auto scheduler = fake_scheduler();
   auto sup = spawn_drift_supervisor(sys, scheduler, {}, metrics);
-  tracked.push_back(sup);
+  tracked.push_back(caf::actor_cast<caf::actor>(sup));
   sched.run();
   auto gone = std::make_shared<bool>(false);
   auto watcher = sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {

@@ -222,7 +222,7 @@ TEST_F(engine_test, chat_requests_use_the_template_and_stop_at_eos_unless_ignore
 }
 
 /// A sink that leaves after `n` deltas, as a client that hangs up.
-caf::behavior impatient_sink(caf::event_based_actor* self, caf::actor frontend,
+caf::behavior impatient_sink(caf::event_based_actor* self, frontend_actor frontend,
                              generate_request req, int n) {
   self->send(frontend, std::move(req));
   auto left = std::make_shared<int>(n);

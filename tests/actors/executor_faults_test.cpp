@@ -106,7 +106,7 @@ struct fake_request_state {
   bool finished = false;
 };
 
-caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, caf::actor scheduler,
+caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, scheduler_actor scheduler,
                            uint64_t id, int32_t prompt_len, int32_t max_tokens) {
   admit_msg m;
   m.seq_id = id;
@@ -131,7 +131,7 @@ protected:
   caf::scheduler::test_coordinator& sched
     = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
-  caf::actor scheduler;
+  scheduler_actor scheduler;
   caf::actor supervisor;
   std::vector<caf::actor> spawned;
   /// Runners built: the first start and every restart.
@@ -153,9 +153,9 @@ protected:
   ~executor_faults_test() override {
     for (auto& a : spawned)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (const auto& a : {supervisor, scheduler})
-      if (a)
-        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    if (supervisor)
+      caf::anon_send_exit(supervisor, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
     sched.run();
   }
 

@@ -233,7 +233,7 @@ protected:
                        uint64_t reject_at = UINT64_MAX, bool extra_calls = false) {
     auto l = log;
     supervisor = spawn_executor_supervisor(
-      sys, caf::actor_cast<caf::actor>(self),
+      sys, caf::actor_cast<scheduler_actor>(self), // the scheduler's stand-in
       [l, device_time, fail_at, reject_at, extra_calls] {
         return std::make_unique<fake_device_runner>(l, device_time, fail_at, reject_at,
                                                     extra_calls);
@@ -400,7 +400,7 @@ TEST(executor_shutdown, an_engine_stopped_mid_step_shuts_down) {
     caf::actor_system sys{cfg};
     caf::scoped_actor self{sys};
     auto supervisor = spawn_executor_supervisor(
-      sys, caf::actor_cast<caf::actor>(self),
+      sys, caf::actor_cast<scheduler_actor>(self), // the scheduler's stand-in
       [log] { return std::make_unique<fake_device_runner>(log, 300ms); },
       executor_supervision{}, nullptr);
     executor_actor exec;
@@ -479,7 +479,8 @@ TEST(executor_supervisor, counts_failures_within_the_restart_window_on_the_actor
   auto status = std::make_shared<engine_status>();
   auto recorder = sys.spawn(report_recorder);
   auto supervisor = spawn_executor_supervisor(
-    sys, recorder, [] { return std::make_unique<instant_runner>(); },
+    sys, caf::actor_cast<scheduler_actor>(recorder), // the scheduler's stand-in
+    [] { return std::make_unique<instant_runner>(); },
     executor_supervision{2, std::chrono::seconds(60), false}, status);
   sched.run();
   auto& got = dynamic_cast<caf::stateful_actor<report_state>&>(

@@ -55,7 +55,8 @@ struct test_config : caf::actor_system_config {
 /// an actor's attachables; detaching by observer (what demonitor does) is the
 /// public way to find them, so counting also removes them: call it once per
 /// pair, as the assertion.
-size_t take_monitors(const caf::actor& observed, const caf::actor_addr& observer) {
+template <class Handle>
+size_t take_monitors(const Handle& observed, const caf::actor_addr& observer) {
   caf::default_attachable::observe_token tk{observer, caf::default_attachable::monitor};
   return caf::actor_cast<caf::abstract_actor*>(observed)->detach(tk);
 }
@@ -79,7 +80,7 @@ struct client_state {
   caf::actor_addr request_actor;
 };
 
-caf::behavior client(caf::stateful_actor<client_state>* self, caf::actor frontend,
+caf::behavior client(caf::stateful_actor<client_state>* self, frontend_actor frontend,
                      generate_request req) {
   self->send(frontend, std::move(req));
   auto note = [=] {
@@ -149,9 +150,9 @@ protected:
     = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
   std::shared_ptr<const tokenizer> tokens;
-  caf::actor scheduler;
+  scheduler_actor scheduler;
   caf::actor executor = sys.spawn(test::scripted_executor);
-  caf::actor frontend;
+  frontend_actor frontend;
   std::vector<caf::actor> spawned;
   /// A token whose text is " hello", what every step samples.
   int32_t hello = 0;
@@ -186,8 +187,9 @@ protected:
   ~request_lifecycle_test() override {
     for (auto& a : spawned)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (const auto& a : {frontend, scheduler, executor})
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(frontend, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(executor, caf::exit_reason::user_shutdown);
     sched.run();
   }
 
@@ -443,7 +445,7 @@ TEST_F(request_sink_lifecycle_test, a_cancelled_request_leaves_no_sink_behind) {
   step();
   poll();
   EXPECT_EQ(listener->deltas, 1);
-  net::cancel_request_sink(caf::actor_cast<caf::actor>(s));
+  net::cancel_request_sink(caf::actor_cast<request_sink_actor>(s));
   sched.run();
   EXPECT_EQ(status->running, 0) << "the request was not cancelled";
   expect_sink_gone(s);

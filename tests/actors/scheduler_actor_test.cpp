@@ -29,7 +29,7 @@ struct fake_request_state {
   std::vector<generation_error> errors;
 };
 
-caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, caf::actor scheduler,
+caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, scheduler_actor scheduler,
                            uint64_t id, int32_t prompt_len, int32_t max_tokens) {
   admit_msg m;
   m.seq_id = id;
@@ -50,7 +50,7 @@ protected:
   caf::scheduler::test_coordinator& sched
     = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
-  caf::actor scheduler;
+  scheduler_actor scheduler;
   caf::actor executor = sys.spawn(scripted_executor);
   std::vector<caf::actor> spawned;
 
@@ -69,8 +69,8 @@ protected:
   ~scheduler_actor_test() override {
     for (auto& a : spawned)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (const auto& a : {scheduler, executor})
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(executor, caf::exit_reason::user_shutdown);
     sched.run();
   }
 

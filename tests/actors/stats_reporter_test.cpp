@@ -139,7 +139,7 @@ private:
 };
 
 TEST_F(StatsReporterActor, LogsEveryIntervalWhileBusyFromTheMetrics) {
-  auto reporter = spawn_stats_reporter(sys, scheduler, metrics, status, 10s);
+  auto reporter = spawn_stats_reporter(sys, scheduler.address(), metrics, status, 10s);
   sched.run();
   advance(10s);
   EXPECT_TRUE(lines().empty()) << "idle: no line";

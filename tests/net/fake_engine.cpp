@@ -183,8 +183,8 @@ struct frontend_state {
   std::unordered_set<caf::actor> requests;
 };
 
-caf::behavior fake_frontend(caf::stateful_actor<frontend_state>* self,
-                            std::shared_ptr<fake_stats> stats) {
+frontend_actor::behavior_type fake_frontend(frontend_actor::stateful_pointer<frontend_state> self,
+                                            std::shared_ptr<fake_stats> stats) {
   self->set_down_handler([=](caf::down_msg& dm) {
     auto h = caf::actor_cast<caf::actor>(dm.source);
     self->state.requests.erase(h);
@@ -206,7 +206,7 @@ caf::behavior fake_frontend(caf::stateful_actor<frontend_state>* self,
 
 } // namespace
 
-caf::actor spawn_fake_frontend(caf::actor_system& sys, std::shared_ptr<fake_stats> stats) {
+frontend_actor spawn_fake_frontend(caf::actor_system& sys, std::shared_ptr<fake_stats> stats) {
   return sys.spawn(fake_frontend, std::move(stats));
 }
 

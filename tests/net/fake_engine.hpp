@@ -52,7 +52,7 @@ struct fake_stats {
 inline constexpr int32_t fake_batch_size = 3;
 
 /// Spawns the fake frontend.
-caf::actor spawn_fake_frontend(caf::actor_system& sys, std::shared_ptr<fake_stats> stats);
+frontend_actor spawn_fake_frontend(caf::actor_system& sys, std::shared_ptr<fake_stats> stats);
 
 /// An engine whose frontend is the fake one; status ready, model "fake-model",
 /// max_model_len 128, kv_cache_strategy "paged"; the real engine_metrics.

@@ -8,7 +8,6 @@
 
 #include "actors/engine_metrics.hpp"
 #include "actors/stats_reporter.hpp"
-#include "actors/executor.hpp"
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "model/model_card.hpp"
@@ -186,10 +185,12 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (o.stats_interval.count() > 0)
     e.stats_reporter = spawn_stats_reporter(sys, e.scheduler.address(), e.metrics, e.status,
                                             o.stats_interval);
-  executor_supervision supervision{o.max_restarts, o.restart_window};
+  engine_supervision supervision;
+  supervision.restarts = o.restarts;
   supervision.on_device_lost = o.on_device_lost;
-  e.supervisor = spawn_executor_supervisor(sys, e.scheduler, std::move(factory), supervision,
-                                           e.status);
+  e.supervisor = spawn_engine_supervisor(
+    sys, {e.scheduler, e.drift_supervisor, e.stats_reporter}, std::move(factory),
+    std::move(supervision), e.status);
   auto ctx = std::make_shared<request_context>();
   ctx->scheduler = e.scheduler;
   ctx->tokens = tok;
@@ -209,10 +210,7 @@ void engine::shutdown() const {
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
   stop(frontend);
-  stop(supervisor);
-  stop(drift_supervisor);
-  stop(stats_reporter);
-  stop(scheduler);
+  stop(supervisor); // and through its links the scheduler, executor and watchers
 }
 
 std::string render_metrics(const engine& e) {

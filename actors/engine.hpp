@@ -1,7 +1,8 @@
 #pragma once
-// The engine as one unit: spawns the frontend, scheduler, KV cache allocator,
-// executor supervisor (with its executor) for one model, and hands out the
-// handles a network edge or an embedding program needs.
+// The engine as one unit: spawns the frontend and the supervision tree (the
+// engine supervisor, which owns the scheduler, the executor and the
+// watchers: engine_supervisor.hpp) for one model, and hands out the handles
+// a network edge or an embedding program needs.
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "caf/all.hpp"
 
 #include "actors/drift_supervisor.hpp"
+#include "actors/engine_supervisor.hpp"
 #include "actors/interfaces.hpp"
 #include "sched/ladb_policy.hpp"
 #include "model/engine_limits.hpp"
@@ -67,9 +69,9 @@ struct engine_options {
   std::filesystem::path step_trace;
   /// Default and maximum time a request may take.
   std::chrono::milliseconds request_timeout{std::chrono::minutes(10)};
-  /// Executor restarts allowed within restart_window before giving up.
-  int32_t max_restarts = 3;
-  std::chrono::seconds restart_window{60};
+  /// Executor restarts allowed within their window before the engine is
+  /// degraded (supervisor.executor; the configuration's defaults).
+  restart_policy restarts;
   /// GPU settings.
   double gpu_memory_fraction = 0.9;
   bool cuda_graphs = true;
@@ -89,7 +91,7 @@ struct engine_options {
   /// runner fails as this says (model/fault_injection.hpp); none by default.
   fault_injection faults;
   /// Called when the device is lost for the rest of the process
-  /// (executor_supervision::on_device_lost); `serve` exits non-zero.
+  /// (engine_supervision::on_device_lost); `serve` exits non-zero.
   std::function<void(const std::string& reason)> on_device_lost;
 };
 
@@ -98,7 +100,10 @@ struct engine_options {
 struct engine_status {
   /// The executor has loaded the model and is ready to run steps.
   std::atomic<bool> ready{false};
-  /// The executor failed more often than max_restarts: requests fail fast.
+  /// The engine is degraded (the executor failed more often than
+  /// max_restarts, or lost its device): requests fail fast. Written by the
+  /// engine supervisor only (set_degraded), which owns the state; read by
+  /// /health, the frontend and the scheduler's admission. Any thread.
   std::atomic<bool> degraded{false};
   /// Request actors alive (admitted or tokenizing).
   std::atomic<int64_t> live_requests{0};
@@ -109,18 +114,24 @@ struct engine_status {
   std::atomic<int32_t> kv_used_pages{0};
   std::atomic<int32_t> kv_total_pages{0};
 
-  /// Why the engine is degraded ("" while it is not): the executor's last
-  /// failure, for /health. Any thread.
-  void set_reason(std::string why) {
-    std::lock_guard<std::mutex> guard(memory_mutex_);
-    reason_ = std::move(why);
+  /// Publishes the engine supervisor's decision: degraded, because `why`
+  /// (for /health). The reason is set first, so a reader that sees
+  /// `degraded` finds it. The engine supervisor's thread (tests that stand
+  /// in for it).
+  void set_degraded(std::string why) {
+    {
+      std::lock_guard<std::mutex> guard(memory_mutex_);
+      reason_ = std::move(why);
+    }
+    degraded = true;
   }
+  /// Why the engine is degraded ("" while it is not). Any thread.
   std::string reason() const {
     std::lock_guard<std::mutex> guard(memory_mutex_);
     return reason_;
   }
 
-  /// The runner's memory plan, set by the executor supervisor when an
+  /// The runner's memory plan, set by the engine supervisor when an
   /// executor (re)starts; read by /metrics. Any thread.
   void set_memory_plan(std::vector<memory_plan_entry> plan) {
     std::lock_guard<std::mutex> guard(memory_mutex_);
@@ -151,7 +162,9 @@ struct engine {
   /// Send generate_request here; the sender is the request's sink.
   frontend_actor frontend;
   scheduler_actor scheduler;
-  caf::actor supervisor;
+  /// Owns the scheduler, the executor and the watchers below: stopping it
+  /// stops them all (engine_supervisor.hpp).
+  engine_supervisor_actor supervisor;
   /// The drift supervisor (null unless a latency-aware policy runs).
   drift_supervisor_actor drift_supervisor;
   /// Writes the stats line (null when options.stats_interval is 0).
@@ -163,8 +176,9 @@ struct engine {
   /// with it too). Immutable, any thread.
   std::shared_ptr<const chat_template> chat;
 
-  /// Stops all actors of the engine (requests in flight get
-  /// generation_error unavailable). Call from any thread.
+  /// Stops all actors of the engine: the frontend and the supervisor, which
+  /// takes its tree down with it (requests in flight get generation_error
+  /// unavailable). Call from any thread.
   void shutdown() const;
 };
 

@@ -4,9 +4,6 @@
 #include <mutex>
 #include <vector>
 
-#include <spdlog/spdlog.h>
-
-#include "actors/engine.hpp"
 #include "model/device_error.hpp"
 
 namespace metronome {
@@ -29,11 +26,6 @@ caf::error describe(std::exception_ptr& ep) {
   }
 }
 
-bool is_device_lost(const caf::error& e) {
-  return e.category() == caf::atom("executor")
-         && e.code() == static_cast<uint8_t>(executor_errc::device_lost);
-}
-
 /// Keeps the runner of a lost device until the process exits, never
 /// destroying it: its destructor would wait for, or call into, a device
 /// that cannot answer (freeing device memory waits for a kernel that never
@@ -47,7 +39,7 @@ void abandon(std::unique_ptr<model_runner> runner) {
 
 class executor_impl : public executor_actor::base {
 public:
-  executor_impl(caf::actor_config& cfg, caf::actor supervisor, runner_factory factory)
+  executor_impl(caf::actor_config& cfg, engine_supervisor_actor supervisor, runner_factory factory)
     : executor_actor::base(cfg), supervisor_(std::move(supervisor)), factory_(std::move(factory)) {
     // nop
   }
@@ -94,7 +86,7 @@ public:
     up.page_size = runner_->page_size();
     up.device = runner_->device();
     up.memory_plan = runner_->memory_plan();
-    caf::anon_send(supervisor_, std::move(up)); // typed actors may not send() to untyped ones
+    send(supervisor_, std::move(up));
     return {
       [this](step_plan& plan) -> caf::result<step_output> {
         // Submitted at once, also while earlier steps run: the runner queues
@@ -153,114 +145,27 @@ private:
   }
 
   std::deque<caf::typed_response_promise<step_output>> waiting_; // oldest first
-  caf::actor supervisor_;
+  engine_supervisor_actor supervisor_;
   runner_factory factory_;
   std::unique_ptr<model_runner> runner_;
   /// The device is lost: the runner is kept, never destroyed (abandon()).
   bool abandon_runner_ = false;
 };
 
-struct supervisor_state {
-  caf::actor child;
-  std::deque<caf::actor_clock::time_point> restarts; // on the actor clock
-  bool degraded = false;
-  static inline const char* name = "executor-supervisor";
-};
-
-caf::behavior executor_supervisor(caf::stateful_actor<supervisor_state>* self,
-                                  scheduler_actor scheduler, runner_factory factory,
-                                  executor_supervision policy,
-                                  std::shared_ptr<engine_status> status) {
-  auto start_child = [=] {
-    auto sup = caf::actor_cast<caf::actor>(self);
-    if (policy.own_thread)
-      self->state.child = caf::actor_cast<caf::actor>(
-        self->spawn<executor_impl, caf::linked + caf::detached>(sup, factory));
-    else
-      self->state.child
-        = caf::actor_cast<caf::actor>(self->spawn<executor_impl, caf::linked>(sup, factory));
-  };
-  self->set_exit_handler([=](caf::exit_msg& msg) {
-    auto& st = self->state;
-    if (msg.source != st.child.address()) {
-      self->quit(msg.reason); // our owner is going away
-      return;
-    }
-    st.child = nullptr;
-    if (!msg.reason || msg.reason == caf::exit_reason::user_shutdown)
-      return;
-    const auto reason = self->system().render(msg.reason);
-    if (is_device_lost(msg.reason)) {
-      // No restart can help: every request fails, the engine reports
-      // degraded, and the process exits (on_device_lost) so that its
-      // service manager starts a new one.
-      spdlog::critical("executor failed: {}; the device is unusable until the process exits",
-                       reason);
-      st.degraded = true;
-      if (status) {
-        status->set_reason(reason);
-        status->degraded = true;
-      }
-      self->send(scheduler, executor_down_msg{reason, true});
-      if (policy.on_device_lost)
-        policy.on_device_lost(reason);
-      return;
-    }
-    // The actor clock: CAF's test coordinator drives it in virtual time.
-    const auto now = self->clock().now();
-    while (!st.restarts.empty() && now - st.restarts.front() > policy.restart_window)
-      st.restarts.pop_front();
-    if (int32_t(st.restarts.size()) < policy.max_restarts) {
-      spdlog::error("executor failed ({}); restarting ({} of {} allowed within {} s)", reason,
-                    st.restarts.size() + 1, policy.max_restarts, policy.restart_window.count());
-      self->send(scheduler, executor_down_msg{reason, false});
-      st.restarts.push_back(now);
-      start_child();
-    } else {
-      spdlog::critical("executor failed ({}) {} times within {} s: engine degraded", reason,
-                       st.restarts.size() + 1, policy.restart_window.count());
-      st.degraded = true;
-      if (status) {
-        status->set_reason("the executor failed " + std::to_string(st.restarts.size() + 1)
-                           + " times within " + std::to_string(policy.restart_window.count())
-                           + " s (last: " + reason + ")");
-        status->degraded = true;
-      }
-      self->send(scheduler, executor_down_msg{reason, true});
-    }
-  });
-  start_child();
-  return {
-    [=](executor_up_msg& up) {
-      std::string plan;
-      for (const auto& e : up.memory_plan)
-        plan += (plan.empty() ? "" : ", ") + e.name + " " + std::to_string(e.bytes >> 20) + " MiB";
-      if (status) {
-        status->set_memory_plan(up.memory_plan);
-        status->ready = true;
-      }
-      spdlog::info("executor ready on {}: {} KV pages of {} tokens{}{}", up.device, up.num_pages,
-                   up.page_size, plan.empty() ? "" : "; memory: ", plan);
-      self->send(scheduler, std::move(up));
-    },
-    [=](crash_atom) {
-      // Fault injection for tests and drills: the executor dies as if its
-      // runner had thrown.
-      spdlog::warn("fault injection: crashing the executor");
-      if (self->state.child)
-        caf::anon_send(caf::actor_cast<executor_actor>(self->state.child), crash_atom::value,
-                       std::string("injected crash"));
-    },
-  };
-}
-
 } // namespace
 
-caf::actor spawn_executor_supervisor(caf::actor_system& sys, scheduler_actor scheduler,
-                                     runner_factory factory, executor_supervision policy,
-                                     std::shared_ptr<engine_status> status) {
-  return sys.spawn(executor_supervisor, std::move(scheduler), std::move(factory), policy,
-                   std::move(status));
+executor_actor spawn_linked_executor(engine_supervisor_actor::pointer supervisor,
+                                     runner_factory factory, bool own_thread) {
+  if (own_thread)
+    return supervisor->spawn<executor_impl, caf::linked + caf::detached>(
+      engine_supervisor_actor{supervisor}, std::move(factory));
+  return supervisor->spawn<executor_impl, caf::linked>(engine_supervisor_actor{supervisor},
+                                                      std::move(factory));
+}
+
+bool is_device_lost(const caf::error& e) {
+  return e.category() == caf::atom("executor")
+         && e.code() == static_cast<uint8_t>(executor_errc::device_lost);
 }
 
 } // namespace metronome

@@ -85,4 +85,11 @@ using drift_supervisor_actor
 /// The stats line's actor (stats_reporter.hpp): only its own timer.
 using stats_reporter_actor = caf::typed_actor<caf::reacts_to<tick_atom, uint64_t>>;
 
+/// The engine supervisor (engine_supervisor.hpp), which owns the executor,
+/// the scheduler and the watchers: executor_up_msg from the executor it
+/// started; crash_atom crashes that executor (fault injection for tests and
+/// drills).
+using engine_supervisor_actor
+  = caf::typed_actor<caf::reacts_to<executor_up_msg>, caf::reacts_to<crash_atom>>;
+
 } // namespace metronome

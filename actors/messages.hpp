@@ -12,7 +12,8 @@
 //   request actor -> client sink:                  text_delta, generation_done,
 //                                                  generation_error
 //   scheduler -> executor:                         step_plan -> step_output
-//   executor supervisor -> scheduler:              executor_up_msg, executor_down_msg
+//   executor -> engine supervisor -> scheduler:    executor_up_msg
+//   engine supervisor -> scheduler:                executor_down_msg
 
 #include <chrono>
 #include <cstdint>
@@ -237,7 +238,8 @@ struct token_msg {
   int32_t cached_tokens = 0;
 };
 
-/// Executor supervisor -> scheduler: a (re)started executor is ready.
+/// Executor -> engine supervisor -> scheduler: a (re)started executor is
+/// ready.
 struct executor_up_msg {
   /// An executor_actor (interfaces.hpp; a typed handle cannot be named
   /// before the atoms of the type ID block below).
@@ -249,10 +251,11 @@ struct executor_up_msg {
   std::vector<memory_plan_entry> memory_plan;
 };
 
-/// Executor supervisor -> scheduler: the executor died; its KV is gone.
+/// Engine supervisor -> scheduler: the executor died; its KV is gone.
 struct executor_down_msg {
   std::string reason;
-  /// No restart follows (too many failures): the engine is degraded.
+  /// No restart follows: the supervisor has marked the engine degraded
+  /// (engine_status::degraded), and the waiting requests fail too.
   bool permanent = false;
 };
 

@@ -25,7 +25,6 @@ struct scheduler_actor_state {
   std::shared_ptr<engine_metrics> metrics;
   /// Bumped whenever the executor changes: answers for an older one are stale.
   uint64_t epoch = 0;
-  bool degraded = false;
   uint64_t timer_epoch = 0;
   std::unordered_map<uint64_t, request_actor> requests;
   std::unordered_map<caf::actor_addr, uint64_t> by_addr;
@@ -166,7 +165,9 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
     fail_request(self, id, request_errc::engine_failure,
                  "the engine failed while running this request (" + reason + ")");
   if (permanent) {
-    st.degraded = true;
+    // The engine supervisor has marked the engine degraded
+    // (engine_status::degraded, which admission reads): no executor
+    // follows, so the waiting requests fail too.
     std::vector<uint64_t> waiting;
     for (const auto& [id, _] : st.requests)
       waiting.push_back(id);
@@ -286,7 +287,7 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor
       auto& s = self->state;
       // The sender is the request actor (interfaces.hpp): it gets the tokens.
       auto sender = caf::actor_cast<request_actor>(self->current_sender());
-      if (s.degraded) {
+      if (s.status->degraded) { // published by the engine supervisor, its one owner
         self->send(sender, generation_error{{}, request_errc::unavailable,
                                             "the engine is unavailable: its executor keeps failing",
                                             ""});

@@ -43,8 +43,9 @@ sched_time engine_now(caf::local_actor* self);
 
 /// Spawns the scheduler actor (its messages: scheduler_actor in
 /// interfaces.hpp). It publishes its figures to `status` (not null) and
-/// `metrics` (may be null). Any thread; spawn_engine calls it once per
-/// engine.
+/// `metrics` (may be null), and refuses admissions while
+/// `status->degraded`, which only the engine supervisor sets. Any thread;
+/// spawn_engine calls it once per engine.
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_actor_config config,
                                 std::shared_ptr<engine_status> status,
                                 std::shared_ptr<engine_metrics> metrics);

@@ -38,7 +38,7 @@ configure() { # <dir> <cmake options...>
 # The tests of each job. Both need the CLI (tests run it), which every
 # metronome_test depends on.
 actor_tests=(engine_tests executor_tests scheduler_actor_tests drift_actor_tests
-             request_lifecycle_tests executor_faults_tests)
+             request_lifecycle_tests executor_faults_tests engine_supervisor_tests)
 unit_tests=(model_tests tokenizer_test config_tests metrics_tests sched_tests sim_tests
             workload_tests net_tests bench_serve_tests)
 
@@ -119,7 +119,8 @@ for job in "${jobs_to_run[@]}"; do
       # atomics reads as a race (thousands a run; docs/reliability.md), and
       # the only suppressions that silence them match all actor code, ours
       # included.
-      tsan_tests=(model_tests scheduler_actor_tests request_lifecycle_tests executor_faults_tests)
+      tsan_tests=(model_tests scheduler_actor_tests request_lifecycle_tests executor_faults_tests
+                  engine_supervisor_tests)
       [ -z "${METRONOME_TSAN_ACTORS:-}" ] ||
         tsan_tests+=(net_tests engine_tests executor_tests drift_actor_tests)
       export METRONOME_THREADS=4

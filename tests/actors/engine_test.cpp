@@ -274,7 +274,7 @@ TEST_F(engine_test, an_executor_crash_fails_running_requests_and_the_engine_reco
 }
 
 TEST_F(engine_test, too_many_crashes_degrade_the_engine_to_fast_failure) {
-  opts.max_restarts = 1;
+  opts.restarts.max_restarts = 1;
   start();
   for (int i = 0; i < 2; ++i) {
     while (!eng->status->ready)

@@ -1,6 +1,6 @@
 // Tier 2: executor faults under CAF's deterministic test coordinator. The
-// real scheduler actor, executor supervisor and executor (on the
-// coordinator: executor_supervision::own_thread = false) run a runner that
+// real scheduler actor, engine supervisor and executor (on the
+// coordinator: engine_supervision::own_thread = false) run a runner that
 // computes nothing (it samples token 9 wherever a chunk completes its
 // sequence), wrapped by the fault injection of engine.fault_injection
 // (model/fault_injection.hpp). For each fault (a step that throws, one that
@@ -14,7 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "actors/engine.hpp"
-#include "actors/executor.hpp"
+#include "actors/engine_supervisor.hpp"
+#include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "model/fault_injection.hpp"
 
@@ -132,7 +133,7 @@ protected:
     = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
   scheduler_actor scheduler;
-  caf::actor supervisor;
+  engine_supervisor_actor supervisor;
   std::vector<caf::actor> spawned;
   /// Runners built: the first start and every restart.
   std::shared_ptr<int> starts = std::make_shared<int>(0);
@@ -165,10 +166,10 @@ protected:
   void start(const std::string& spec, int32_t max_restarts) {
     auto faults = fault_injection::parse(spec);
     ASSERT_TRUE(faults) << spec;
-    executor_supervision policy{max_restarts, std::chrono::seconds(60), false};
+    engine_supervision policy{{max_restarts, std::chrono::seconds(60)}, false, {}};
     policy.on_device_lost = [l = lost](const std::string& why) { l->push_back(why); };
-    supervisor = spawn_executor_supervisor(
-      sys, scheduler,
+    supervisor = spawn_engine_supervisor(
+      sys, {scheduler, {}, {}},
       [n = starts, f = *faults] {
         ++*n;
         return with_faults(std::make_unique<Runner>(), f);
@@ -327,6 +328,46 @@ TEST_F(executor_faults_test, after_the_restart_budget_the_engine_is_degraded_and
   ASSERT_EQ(state_of(late).errors.size(), 1u) << "refused at once";
   EXPECT_EQ(state_of(late).errors[0].code, request_errc::unavailable);
   EXPECT_TRUE(state_of(late).tokens.empty());
+}
+
+TEST_F(executor_faults_test, the_frontend_and_the_scheduler_agree_on_the_one_degraded_state) {
+  // The supervisor decides and publishes (engine_status); the scheduler's
+  // admission and the frontend read that one source.
+  start("throw_after:0", 0);
+  auto ctx = std::make_shared<request_context>();
+  ctx->scheduler = scheduler;
+  ctx->status = status;
+  auto frontend = spawn_frontend(sys, ctx);
+  spawned.push_back(caf::actor_cast<caf::actor>(frontend));
+  EXPECT_FALSE(status->degraded);
+  auto r = request(20, 50); // its first step throws, and no restart is allowed
+  expect_engine_failure(r, "injected fault: step 1");
+  ASSERT_TRUE(status->degraded);
+  EXPECT_NE(status->reason().find("failed 1 times within 60 s"), std::string::npos)
+    << status->reason();
+  // The scheduler refuses at once...
+  auto late = request(10, 2);
+  ASSERT_EQ(state_of(late).errors.size(), 1u);
+  EXPECT_EQ(state_of(late).errors[0].code, request_errc::unavailable);
+  // ... and so does the frontend, before any request actor exists.
+  auto got = std::make_shared<std::optional<generation_error>>();
+  auto client = sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    generate_request req;
+    req.request_id = "late";
+    req.prompt = "x";
+    self->send(frontend, std::move(req));
+    return {
+      [=](generation_error& e) { *got = e; },
+      [](text_delta&) {},
+      [](generation_done&) {},
+    };
+  });
+  spawned.push_back(client);
+  sched.run();
+  ASSERT_TRUE(*got);
+  EXPECT_EQ((*got)->code, request_errc::unavailable);
+  EXPECT_EQ(status->live_requests, 0);
+  EXPECT_EQ(*starts, 1);
 }
 
 TEST_F(executor_faults_test, a_hang_with_no_restart_left_degrades_without_hanging) {

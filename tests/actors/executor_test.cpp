@@ -6,8 +6,8 @@
 // has ended, replies come in plan order, a lone plan is answered when the
 // listener reports its end, waiting for a step costs no CPU (nothing polls),
 // and a runner that fails while collecting ends the executor so its
-// supervisor reports it. Under CAF's test coordinator, the supervisor's
-// restart window runs on the actor clock (virtual time).
+// supervisor reports it. (The supervisor's own tests, under CAF's test
+// coordinator: engine_supervisor_test.cpp.)
 
 #include <time.h>
 
@@ -22,7 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "actors/engine.hpp"
-#include "actors/executor.hpp"
+#include "actors/engine_supervisor.hpp"
 #include "tests/actors/actor_test_config.hpp"
 
 namespace metronome {
@@ -220,7 +220,7 @@ protected:
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   std::shared_ptr<call_log> log = std::make_shared<call_log>();
-  caf::actor supervisor;
+  engine_supervisor_actor supervisor;
 
   ~executor_test() override {
     if (supervisor)
@@ -232,13 +232,13 @@ protected:
   executor_actor start(clock_type::duration device_time, uint64_t fail_at = UINT64_MAX,
                        uint64_t reject_at = UINT64_MAX, bool extra_calls = false) {
     auto l = log;
-    supervisor = spawn_executor_supervisor(
-      sys, caf::actor_cast<scheduler_actor>(self), // the scheduler's stand-in
+    supervisor = spawn_engine_supervisor(
+      sys, {caf::actor_cast<scheduler_actor>(self), {}, {}}, // the scheduler's stand-in
       [l, device_time, fail_at, reject_at, extra_calls] {
         return std::make_unique<fake_device_runner>(l, device_time, fail_at, reject_at,
                                                     extra_calls);
       },
-      executor_supervision{0, std::chrono::seconds(60)}, nullptr);
+      {{0, std::chrono::seconds(60)}, true, {}}, std::make_shared<engine_status>());
     executor_actor exec;
     self->receive([&](executor_up_msg& up) { exec = caf::actor_cast<executor_actor>(up.executor); },
                   caf::after(10s) >> [&] { ADD_FAILURE() << "the executor did not start"; });
@@ -399,10 +399,10 @@ TEST(executor_shutdown, an_engine_stopped_mid_step_shuts_down) {
   {
     caf::actor_system sys{cfg};
     caf::scoped_actor self{sys};
-    auto supervisor = spawn_executor_supervisor(
-      sys, caf::actor_cast<scheduler_actor>(self), // the scheduler's stand-in
-      [log] { return std::make_unique<fake_device_runner>(log, 300ms); },
-      executor_supervision{}, nullptr);
+    auto supervisor = spawn_engine_supervisor(
+      sys, {caf::actor_cast<scheduler_actor>(self), {}, {}}, // the scheduler's stand-in
+      [log] { return std::make_unique<fake_device_runner>(log, 300ms); }, {},
+      std::make_shared<engine_status>());
     executor_actor exec;
     self->receive([&](executor_up_msg& up) { exec = caf::actor_cast<executor_actor>(up.executor); },
                   caf::after(10s) >> [&] { ADD_FAILURE() << "the executor did not start"; });
@@ -415,102 +415,6 @@ TEST(executor_shutdown, an_engine_stopped_mid_step_shuts_down) {
                     [&](caf::error&) {});
     EXPECT_LT(clock_type::now() - t0, 10s);
   } // ~actor_system waits for the executor's thread: a hang fails the test
-}
-
-/// A runner whose submit() completes each step (the default submit, as the
-/// CPU runner): it never calls a step listener.
-class instant_runner : public model_runner {
-public:
-  instant_runner() {
-    config_.vocab_size = 100;
-  }
-  step_output execute(const step_plan& plan) override {
-    step_output out;
-    out.step = plan.step;
-    return out;
-  }
-  const model_config& config() const override {
-    return config_;
-  }
-  int32_t num_pages() const override {
-    return 16;
-  }
-  int32_t page_size() const override {
-    return 16;
-  }
-  std::string device() const override {
-    return "instant";
-  }
-
-private:
-  model_config config_;
-};
-
-/// The scheduler's stand-in: what the supervisor reports.
-struct report_state {
-  std::vector<executor_up_msg> ups;
-  std::vector<executor_down_msg> downs;
-};
-
-caf::behavior report_recorder(caf::stateful_actor<report_state>* self) {
-  return {
-    [=](executor_up_msg& up) { self->state.ups.push_back(std::move(up)); },
-    [=](executor_down_msg& down) { self->state.downs.push_back(std::move(down)); },
-  };
-}
-
-struct deterministic_config : caf::actor_system_config {
-  deterministic_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
-  }
-};
-
-TEST(executor_supervisor, counts_failures_within_the_restart_window_on_the_actor_clock) {
-  // Under CAF's test coordinator (virtual time, no threads: the executor
-  // runs on the coordinator, executor_supervision::own_thread = false), two
-  // restarts are allowed within 60 s. The clock moves only when the test
-  // says so: a supervisor reading the wall clock sees the failures at 0 s,
-  // 30 s and 61 s as one burst and gives up at the third.
-  deterministic_config cfg;
-  caf::actor_system sys{cfg};
-  sys.await_actors_before_shutdown(false);
-  auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
-  auto status = std::make_shared<engine_status>();
-  auto recorder = sys.spawn(report_recorder);
-  auto supervisor = spawn_executor_supervisor(
-    sys, caf::actor_cast<scheduler_actor>(recorder), // the scheduler's stand-in
-    [] { return std::make_unique<instant_runner>(); },
-    executor_supervision{2, std::chrono::seconds(60), false}, status);
-  sched.run();
-  auto& got = dynamic_cast<caf::stateful_actor<report_state>&>(
-                *caf::actor_cast<caf::abstract_actor*>(recorder))
-                .state;
-  ASSERT_EQ(got.ups.size(), 1u) << "the executor did not start";
-  auto crash = [&] {
-    caf::anon_send(supervisor, crash_atom::value); // fault injection through the supervisor
-    sched.run();
-  };
-  crash(); // t = 0 s: restart 1 of 2 within [0, 60]
-  sched.advance_time(30s);
-  crash(); // t = 30 s: restart 2 of 2 within [0, 60]
-  sched.advance_time(31s);
-  crash(); // t = 61 s: the failure at 0 s has left the window: restart
-  ASSERT_EQ(got.downs.size(), 3u);
-  EXPECT_FALSE(got.downs[0].permanent);
-  EXPECT_FALSE(got.downs[1].permanent);
-  EXPECT_FALSE(got.downs[2].permanent) << "a failure 61 s ago still counted";
-  EXPECT_EQ(got.ups.size(), 4u);
-  EXPECT_FALSE(status->degraded);
-  crash(); // t = 61 s: the failures at 30 s and 61 s fill the window
-  ASSERT_EQ(got.downs.size(), 4u);
-  EXPECT_TRUE(got.downs[3].permanent);
-  EXPECT_EQ(got.ups.size(), 4u);
-  EXPECT_TRUE(status->degraded);
-  got.ups.clear(); // their executor handles
-  caf::anon_send_exit(supervisor, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(recorder, caf::exit_reason::user_shutdown);
-  sched.run();
 }
 
 } // namespace

@@ -290,10 +290,18 @@ TEST_F(request_lifecycle_test, an_invalid_request_leaves_nothing_behind) {
 }
 
 TEST_F(request_lifecycle_test, a_request_refused_by_the_scheduler_leaves_nothing_behind) {
-  // An engine that lost its executor for good refuses every admission.
+  // An engine that lost its executor for good refuses every admission. The
+  // engine turns degraded (as its supervisor would decide it) after the
+  // frontend let the request through, before the scheduler admits it.
+  auto c = sys.spawn(client, frontend, completion(4));
+  spawned.push_back(c);
+  while (status->live_requests == 0 && sched.try_run_once()) {
+    // until the frontend has spawned the request actor
+  }
+  ASSERT_EQ(status->live_requests, 1);
+  status->set_degraded("gone");
   caf::anon_send(scheduler, executor_down_msg{"gone", true});
   sched.run();
-  auto c = start_client(completion(4));
   ASSERT_TRUE(state_of(c).error);
   EXPECT_EQ(state_of(c).error->code, request_errc::unavailable);
   expect_nothing_left(c);

@@ -82,8 +82,7 @@ TEST_F(ServerTest, HealthFollowsTheEngineStatus) {
   EXPECT_EQ(loading.result_int(), 503u);
   EXPECT_EQ(body_json(loading)["status"], "loading");
   eng_.status->ready = true;
-  eng_.status->set_reason("the executor failed 6 times within 60 s (last: boom)");
-  eng_.status->degraded = true;
+  eng_.status->set_degraded("the executor failed 6 times within 60 s (last: boom)");
   auto degraded = c.request(http::verb::get, "/health");
   EXPECT_EQ(degraded.result_int(), 503u);
   EXPECT_EQ(body_json(degraded)["status"], "degraded");

@@ -49,7 +49,7 @@ namespace fs = std::filesystem;
 /// The exit status after a lost device: EX_TEMPFAIL, "try again".
 constexpr int device_lost_exit_code = 75;
 
-/// Set (from the executor supervisor's thread) when the device is lost.
+/// Set (from the engine supervisor's thread) when the device is lost.
 std::atomic<bool> device_lost{false};
 
 struct serve_args {
@@ -82,8 +82,9 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
   o.stats_interval = std::chrono::milliseconds(int64_t(c.logging.stats_interval_s * 1000));
   o.step_trace = c.logging.step_trace;
-  o.max_restarts = c.supervisor.executor.max_restarts;
-  o.restart_window = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
+  o.restarts.max_restarts = c.supervisor.executor.max_restarts;
+  o.restarts.restart_window
+    = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
   o.gpu_memory_fraction = c.engine.gpu_memory_fraction;
   o.cuda_graphs = c.engine.cuda_graphs;
   o.prefix_caching = s.scheduler.prefix_caching;

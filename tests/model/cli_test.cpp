@@ -134,6 +134,8 @@ TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
   }
   // A CUDA device this machine lacks (any, without a GPU).
   const std::string missing_gpu = "cuda:" + std::to_string(cuda_device_count());
+  // A folder that does not exist yet, whatever else the machine holds.
+  const std::string fresh_out = shell_quote((test::scratch_dir("cli-make-out") / "new").string());
   std::vector<mistake> cases = {
     {"generate --model /nonexistent --prompt-ids 1", "/nonexistent: not a directory"},
     {"generate --model " + shell_quote(broken.string()) + " --prompt-ids 1",
@@ -145,8 +147,8 @@ TEST(cli, mistakes_give_one_clear_message_and_a_failing_exit_code) {
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --kv-cache-dtype fp8", "--kv-cache-dtype fp8 needs --device cuda:N"},
     {"generate --model " + shell_quote(model.string()) + " --prompt-ids 1 --device " + missing_gpu,
      "--device " + missing_gpu + ": " + cuda_device_problem(cuda_device_count())},
-    {"make-model --preset nope --out /tmp/x", "unknown preset 'nope' (presets: tiny-llama3"},
-    {"make-model --out /tmp/x", "give --preset NAME or --config FILE"},
+    {"make-model --preset nope --out " + fresh_out, "unknown preset 'nope' (presets: tiny-llama3"},
+    {"make-model --out " + fresh_out, "give --preset NAME or --config FILE"},
   };
   for (const auto& c : cases) {
     auto r = run_command(bin() + " " + c.args);

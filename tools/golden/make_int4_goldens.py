@@ -4,7 +4,7 @@ checkpoints and the logits of Hugging Face transformers on their dequantized
 weights. Runs once on the GPU machine (python3 with torch, transformers,
 safetensors; no network; nothing from this repository but this file):
 
-    python3 tools/device/make_int4_goldens.py "$OUT"
+    python3 tools/golden/make_int4_goldens.py "$OUT"
 
 What it does, per variant (the list is VARIANTS below):
 

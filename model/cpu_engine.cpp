@@ -25,14 +25,42 @@ cpu_kv_cache::cpu_kv_cache(const model_config& cfg, int32_t num_pages, int32_t p
 cpu_engine::cpu_engine(std::shared_ptr<const model_folder> model, int32_t num_pages,
                        int32_t page_size)
   : model_(std::move(model)),
+    weights_(working_weights(*model_, dequantized_, dequantized_views_)),
     kv_(model_->config, num_pages, page_size),
     inv_freq_(rope_inv_freq(model_->config)) {
   // nop
 }
 
+model_weights cpu_engine::working_weights(const model_folder& model,
+                                          std::deque<std::vector<float>>& storage,
+                                          std::deque<tensor_view>& views) {
+  model_weights w = model.weights;
+  if (!w.quantized)
+    return w;
+  const quantization_config& qc = model.config.quantization.value();
+  for (auto& layer : w.layers) {
+    for (int i = 0; i < num_projections; ++i) {
+      const quantized_linear& ql = layer.quantized[size_t(i)];
+      if (!ql.present())
+        continue;
+      auto& data = storage.emplace_back(size_t(ql.out_features * ql.in_features));
+      dequantize(qc, ql, data.data());
+      tensor_view& v = views.emplace_back();
+      v.name = ql.qweight->name.substr(0, ql.qweight->name.size() - 7) + "weight (dequantized)";
+      v.type = dtype::f32;
+      v.shape = {ql.out_features, ql.in_features};
+      v.data = reinterpret_cast<const std::byte*>(data.data());
+      v.nbytes = data.size() * sizeof(float);
+      v.file = ql.qweight->file;
+      layer.weight(projection(i)) = &v;
+    }
+  }
+  return w;
+}
+
 void cpu_engine::forward(std::span<const forward_input> batch, std::span<float> logits) {
   const auto& cfg = model_->config;
-  const auto& w = model_->weights;
+  const auto& w = weights_;
   const int64_t hidden = cfg.hidden_size, q_size = cfg.q_size(), kv_size = cfg.kv_size();
   const int64_t inter = cfg.intermediate_size, vocab = cfg.vocab_size;
   if (logits.size() < batch.size() * size_t(vocab))

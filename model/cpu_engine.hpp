@@ -11,8 +11,14 @@
 // token of each sequence reaches the final norm and the LM head. Every output
 // element is computed by code that does not depend on the batch, so a
 // sequence gets bit-identical logits alone or batched with others.
+//
+// 4-bit weights (GPTQ, AWQ): the engine dequantizes each quantized
+// projection to fp32 once, when it is made (w = scale * (q - zero), exact),
+// and runs the same float path on them; the model folder keeps its mapped
+// 4-bit tensors untouched.
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -72,7 +78,8 @@ struct forward_input {
 /// one caller at a time (the executor's thread); it parallelises inside.
 class cpu_engine {
 public:
-  /// Allocates the KV cache: num_pages pages of page_size token slots.
+  /// Allocates the KV cache: num_pages pages of page_size token slots, and
+  /// dequantizes a quantized model's projections to fp32.
   cpu_engine(std::shared_ptr<const model_folder> model, int32_t num_pages, int32_t page_size);
 
   const model_config& config() const {
@@ -105,7 +112,16 @@ private:
   void attention(int32_t layer, std::span<const forward_input> batch, const float* q,
                  float* out);
 
+  /// model_->weights, with each quantized projection replaced by a view of
+  /// its dequantized fp32 weight in dequantized_.
+  static model_weights working_weights(const model_folder& model,
+                                       std::deque<std::vector<float>>& storage,
+                                       std::deque<tensor_view>& views);
+
   std::shared_ptr<const model_folder> model_;
+  std::deque<std::vector<float>> dequantized_;
+  std::deque<tensor_view> dequantized_views_;
+  model_weights weights_;
   cpu_kv_cache kv_;
   std::vector<float> inv_freq_;
   bool kv_fp8_ = false;

@@ -1,6 +1,7 @@
 #include "model/dtype.hpp"
 
 #include <array>
+#include <stdexcept>
 
 namespace metronome {
 
@@ -11,6 +12,8 @@ std::optional<dtype> parse_dtype(std::string_view name) {
     return dtype::f16;
   if (name == "BF16")
     return dtype::bf16;
+  if (name == "I32")
+    return dtype::i32;
   return std::nullopt;
 }
 
@@ -29,6 +32,7 @@ std::string_view torch_dtype_name(dtype t) {
     case dtype::f32: return "float32";
     case dtype::f16: return "float16";
     case dtype::bf16: return "bfloat16";
+    case dtype::i32: return "int32";
   }
   return "?";
 }
@@ -122,6 +126,8 @@ void to_f32(dtype t, const std::byte* src, float* dst, size_t n) {
         dst[i] = table[s[i]];
       return;
     }
+    case dtype::i32:
+      throw std::invalid_argument("to_f32: I32 holds packed integers, not values to convert");
   }
 }
 
@@ -142,6 +148,8 @@ void from_f32(dtype t, const float* src, std::byte* dst, size_t n) {
         d[i] = f32_to_f16(src[i]);
       return;
     }
+    case dtype::i32:
+      throw std::invalid_argument("from_f32: I32 holds packed integers, not values to convert");
   }
 }
 

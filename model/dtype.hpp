@@ -13,20 +13,28 @@
 
 namespace metronome {
 
-/// Element type of a tensor as stored in a safetensors file.
-enum class dtype : uint8_t { f32, f16, bf16 };
+/// Element type of a tensor as stored in a safetensors file. i32 holds the
+/// packed 4-bit words of GPTQ and AWQ checkpoints (qweight, qzeros, g_idx;
+/// docs/quantization.md): never a float, so to_f32 and from_f32 refuse it.
+enum class dtype : uint8_t { f32, f16, bf16, i32 };
 
 /// Bytes per element.
 constexpr size_t dtype_size(dtype t) {
-  return t == dtype::f32 ? 4 : 2;
+  return t == dtype::f32 || t == dtype::i32 ? 4 : 2;
 }
 
-/// The safetensors spelling ("F32", "F16", "BF16").
+/// Whether `t` holds floating-point values (f32, f16, bf16).
+constexpr bool is_float(dtype t) {
+  return t != dtype::i32;
+}
+
+/// The safetensors spelling ("F32", "F16", "BF16", "I32").
 constexpr std::string_view dtype_name(dtype t) {
   switch (t) {
     case dtype::f32: return "F32";
     case dtype::f16: return "F16";
     case dtype::bf16: return "BF16";
+    case dtype::i32: return "I32";
   }
   return "?";
 }
@@ -138,10 +146,12 @@ float f16_to_f32(uint16_t h);
 /// float to IEEE half, round to nearest even, overflow to infinity.
 uint16_t f32_to_f16(float f);
 
-/// Converts `n` elements of type `t` at `src` to float.
+/// Converts `n` elements of float type `t` at `src` to float; throws
+/// std::invalid_argument for i32 (packed words, not values).
 void to_f32(dtype t, const std::byte* src, float* dst, size_t n);
 
-/// Converts `n` floats to type `t` at `dst`.
+/// Converts `n` floats to float type `t` at `dst`; throws
+/// std::invalid_argument for i32.
 void from_f32(dtype t, const float* src, std::byte* dst, size_t n);
 
 } // namespace metronome

@@ -299,6 +299,8 @@ model_config model_config::from_json(const json& doc, const std::string& file) {
         r.fail(key, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32)");
     }
   }
+  if (auto* q = r.find(doc, "quantization_config"))
+    cfg.quantization = quantization_config::from_json(*q, file);
   return cfg;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/dtype.hpp"
+#include "model/quantization_config.hpp"
 
 namespace metronome {
 
@@ -56,6 +57,9 @@ struct model_config {
   std::vector<int32_t> eos_token_ids;
   /// `torch_dtype` (or `dtype`) as declared; the weights may differ.
   std::optional<dtype> declared_dtype;
+  /// `quantization_config`: the 4-bit layout of the linear projections
+  /// (docs/quantization.md); absent for a float checkpoint.
+  std::optional<quantization_config> quantization;
 
   /// Query heads per key/value head.
   int32_t gqa_group() const {

@@ -1,19 +1,32 @@
 #pragma once
 // The weights of a Llama-family decoder, bound by name to tensors of a
 // tensor_store and checked against the config: every tensor present, none
-// unexpected, each of the right shape, all of one dtype.
+// unexpected, each of the right shape, the float ones all of one dtype.
+// With a `quantization_config`, a projection stored as `P.qweight` (with
+// `P.qzeros`, `P.scales` and for GPTQ `P.g_idx`) is bound as a
+// quantized_linear instead of `P.weight`; one stored as `P.weight` stays
+// plain (modules left unconverted).
 
 #include <filesystem>
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "model/model_config.hpp"
+#include "model/quantized_linear.hpp"
 #include "model/safetensors.hpp"
 
 namespace metronome {
 
-/// Views of one decoder layer's tensors. Bias pointers are null when absent.
+/// The seven linear projections of a decoder layer, in the order of
+/// layer_weights::quantized.
+enum class projection : uint8_t { q, k, v, o, gate, up, down };
+inline constexpr int num_projections = 7;
+
+/// Views of one decoder layer's tensors. Bias pointers are null when absent;
+/// a projection's float weight pointer (q ... down) is null where it is
+/// stored quantized, and its entry of `quantized` says so.
 struct layer_weights {
   const tensor_view* attn_norm = nullptr;
   const tensor_view* q = nullptr;
@@ -28,6 +41,13 @@ struct layer_weights {
   const tensor_view* gate = nullptr;
   const tensor_view* up = nullptr;
   const tensor_view* down = nullptr;
+  /// The 4-bit form of each projection, indexed by `projection`;
+  /// quantized_linear::present() is false where it is plain.
+  std::array<quantized_linear, num_projections> quantized{};
+
+  /// The float weight slot of `p` (q ... down).
+  const tensor_view*& weight(projection p);
+  const tensor_view* weight(projection p) const;
 };
 
 /// Views of all tensors of a model; lm_head aliases embed when tied.
@@ -37,9 +57,13 @@ struct model_weights {
   const tensor_view* final_norm = nullptr;
   const tensor_view* lm_head = nullptr;
   std::vector<layer_weights> layers;
+  /// Whether any projection is stored quantized (config.quantization says how).
+  bool quantized = false;
 
   /// Binds and validates. Throws model_error naming the file and tensor for a
-  /// missing or unexpected tensor, a wrong shape or a mixed dtype.
+  /// missing or unexpected tensor, a wrong shape or dtype, mixed float
+  /// dtypes, a 4-bit tensor without a quantization_config, or a g_idx that
+  /// contradicts it.
   static model_weights bind(const model_config& cfg, const tensor_store& store);
 };
 

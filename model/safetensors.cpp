@@ -125,7 +125,7 @@ std::vector<tensor_view> parse_safetensors(std::span<const std::byte> bytes,
       fail("malformed header entry: dtype must be a string");
     auto type = parse_dtype(jt.get<std::string>());
     if (!type)
-      fail("unsupported dtype '" + jt.get<std::string>() + "' (supported: F32, F16, BF16)");
+      fail("unsupported dtype '" + jt.get<std::string>() + "' (supported: F32, F16, BF16, I32)");
     if (!js.is_array())
       fail("malformed header entry: shape must be an array");
     tensor_view view;

@@ -33,6 +33,7 @@
 #include "gpu/cuda_runner.hpp"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/step_notifier.hpp"
+#include "gpu/weight_format.hpp"
 #include "model/model_weights.hpp"
 
 namespace metronome {
@@ -475,6 +476,8 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
                                                const cuda_runner_options& options) {
   if (!model)
     throw std::invalid_argument("make_cuda_runner: no model");
+  if (const std::string p = cuda_weights_problem(model->config); !p.empty())
+    throw std::invalid_argument("make_cuda_runner: " + p);
   if (const std::string p = cuda_device_problem(options.device); !p.empty())
     throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
                                 + p);

@@ -64,8 +64,6 @@ void run(const generate_args& a) {
     const int ordinal = parse_cuda_device(a.device);
     if (ordinal < 0)
       throw command_error("--device: expected cpu or cuda:N, got '" + a.device + "'");
-    if (const std::string p = cuda_device_problem(ordinal); !p.empty())
-      throw command_error("--device " + a.device + ": " + p);
   }
   if (a.prompt.has_value() == !a.prompt_ids.empty())
     throw command_error("give exactly one of --prompt and --prompt-ids");
@@ -79,6 +77,13 @@ void run(const generate_args& a) {
                                                           : std::filesystem::path(a.model);
   auto model = model_folder::open(model_dir);
   const auto& cfg = model->config;
+  if (a.device != "cpu") {
+    // The model's weights first: no device could run 4-bit weights yet.
+    if (const std::string p = cuda_weights_problem(cfg); !p.empty())
+      throw command_error("--device " + a.device + ": " + p);
+    if (const std::string p = cuda_device_problem(parse_cuda_device(a.device)); !p.empty())
+      throw command_error("--device " + a.device + ": " + p);
+  }
   // The model folder's tokenizer: required for --prompt, used for printing
   // text whenever the folder has one.
   std::shared_ptr<const tokenizer> tok;

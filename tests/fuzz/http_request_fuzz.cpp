@@ -10,6 +10,7 @@
 // status line; the server closes a half-closed connection within the
 // timeouts, and still answers /health afterwards.
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -90,7 +91,9 @@ int connect_to(uint16_t port) {
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int why = errno;
     ::close(fd);
+    errno = why; // for the caller: EADDRNOTAVAIL is worth a retry
     return -1;
   }
   return fd;
@@ -100,6 +103,14 @@ int connect_to(uint16_t port) {
 /// neither answered nor closed within the receive timeout.
 bool exchange(uint16_t port, const char* bytes, size_t n, std::string& answer) {
   int fd = connect_to(port);
+  // Over a long run, thousands of connections a second leave the loopback's
+  // ephemeral ports in TIME_WAIT (60 s each): connect() then fails with
+  // EADDRNOTAVAIL, a limit of the machine, not a finding. Wait for ports to
+  // come free (up to 60 s); any other failure is a finding.
+  for (int tries = 0; fd < 0 && errno == EADDRNOTAVAIL && tries < 600; ++tries) {
+    ::usleep(100'000);
+    fd = connect_to(port);
+  }
   FUZZ_CHECK(fd >= 0, "cannot connect to the server");
   size_t sent = 0;
   while (sent < n) {

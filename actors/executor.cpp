@@ -81,7 +81,7 @@ public:
         caf::anon_send(self, step_done_atom::value);
     });
     executor_up_msg up;
-    up.executor = caf::actor_cast<caf::actor>(this);
+    up.executor = caf::actor_cast<executor_actor>(this);
     up.num_pages = runner_->num_pages();
     up.page_size = runner_->page_size();
     up.device = runner_->device();

@@ -60,20 +60,9 @@ using scheduler_actor = policy_control_actor::extend<
   caf::reacts_to<executor_up_msg>, caf::reacts_to<executor_down_msg>,
   caf::replies_to<stats_atom>::with<scheduler_stats>, caf::reacts_to<tick_atom, uint64_t>>;
 
-/// One per device, on its own thread: runs a plan, replies with its tokens,
-/// in plan order. A plan is submitted (model_runner::submit) as soon as it
-/// arrives, also while earlier steps run: the runner queues it behind them,
-/// so the device goes from one step to the next without waiting for the
-/// host. Between messages the executor sleeps in its mailbox, never polls:
-/// step_done_atom comes from its runner's step listener
-/// (model_runner::set_step_listener, on a thread of the runner's) when a
-/// step ends, and answers every step that has ended (none, for a late
-/// one). crash_atom makes it fail as if its runner had
-/// thrown: fault injection for tests and drills, and how the scheduler,
-/// whose request for a step timed out, has a hung executor replaced.
-using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>,
-                                        caf::reacts_to<step_done_atom>,
-                                        caf::reacts_to<crash_atom, std::string>>;
+// executor_actor, the executor's interface (one per device: step_plan ->
+// step_output, step_done_atom, crash_atom), is declared in messages.hpp:
+// executor_up_msg carries one.
 
 /// The drift supervisor (drift_supervisor.hpp): prediction outcomes from
 /// the scheduler, its own re-evaluation timer (tick_atom), and stats_atom

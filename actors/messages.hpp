@@ -67,6 +67,67 @@ inspect(Inspector& f, std::optional<T>& x) {
 
 } // namespace caf
 
+// -- type IDs and atoms ----------------------------------------------------------------
+//
+// The block comes before the message structs (declared here, defined
+// below), so that a message may carry a typed handle, whose interface names
+// the atoms: executor_up_msg holds an executor_actor.
+
+namespace metronome {
+
+struct chat_turn;
+struct generate_request;
+struct text_delta;
+struct generation_done;
+struct generation_error;
+enum class request_errc : uint8_t;
+struct admit_msg;
+struct token_msg;
+struct executor_up_msg;
+struct executor_down_msg;
+struct scheduler_stats;
+struct drift_sample;
+struct drift_status;
+
+} // namespace metronome
+
+CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
+  CAF_ADD_TYPE_ID(metronome, (metronome::chat_turn))
+  CAF_ADD_TYPE_ID(metronome, (metronome::generate_request))
+  CAF_ADD_TYPE_ID(metronome, (metronome::text_delta))
+  CAF_ADD_TYPE_ID(metronome, (metronome::generation_done))
+  CAF_ADD_TYPE_ID(metronome, (metronome::generation_error))
+  CAF_ADD_TYPE_ID(metronome, (metronome::request_errc))
+  CAF_ADD_TYPE_ID(metronome, (metronome::admit_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::token_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::executor_up_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::executor_down_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::scheduler_stats))
+  CAF_ADD_TYPE_ID(metronome, (metronome::sampling_params))
+  CAF_ADD_TYPE_ID(metronome, (metronome::new_sequence))
+  CAF_ADD_TYPE_ID(metronome, (metronome::scheduled_chunk))
+  CAF_ADD_TYPE_ID(metronome, (metronome::step_plan))
+  CAF_ADD_TYPE_ID(metronome, (metronome::sampled_token))
+  CAF_ADD_TYPE_ID(metronome, (metronome::step_output))
+  CAF_ADD_ATOM(metronome, metronome, cancel_atom, "cancel")
+  CAF_ADD_ATOM(metronome, metronome, stats_atom, "stats")
+  CAF_ADD_ATOM(metronome, metronome, tick_atom, "tick")
+  CAF_ADD_ATOM(metronome, metronome, timeout_atom, "timeout")
+  CAF_ADD_ATOM(metronome, metronome, policy_atom, "policy")
+  CAF_ADD_ATOM(metronome, metronome, ready_atom, "ready")
+  CAF_ADD_ATOM(metronome, metronome, crash_atom, "crash")
+  CAF_ADD_TYPE_ID(metronome, (metronome::drift_sample))
+  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::drift_sample>))
+  CAF_ADD_TYPE_ID(metronome, (metronome::drift_event))
+  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::drift_event>))
+  CAF_ADD_TYPE_ID(metronome, (metronome::drift_status))
+  CAF_ADD_ATOM(metronome, metronome, watch_atom, "watch")
+  CAF_ADD_ATOM(metronome, metronome, recalibrate_atom, "recal")
+  CAF_ADD_ATOM(metronome, metronome, step_done_atom, "stepdone")
+  CAF_ADD_TYPE_ID(metronome, (metronome::policy_kind))
+  CAF_ADD_TYPE_ID(metronome, (metronome::finish_kind))
+CAF_END_TYPE_ID_BLOCK(metronome)
+
 namespace metronome {
 
 // -- client-facing messages ---------------------------------------------------------
@@ -238,12 +299,28 @@ struct token_msg {
   int32_t cached_tokens = 0;
 };
 
+/// One per device, on its own thread: runs a plan, replies with its tokens,
+/// in plan order. A plan is submitted (model_runner::submit) as soon as it
+/// arrives, also while earlier steps run: the runner queues it behind them,
+/// so the device goes from one step to the next without waiting for the
+/// host. Between messages the executor sleeps in its mailbox, never polls:
+/// step_done_atom comes from its runner's step listener
+/// (model_runner::set_step_listener, on a thread of the runner's) when a
+/// step ends, and answers every step that has ended (none, for a late
+/// one). crash_atom makes it fail as if its runner had
+/// thrown: fault injection for tests and drills, and how the scheduler,
+/// whose request for a step timed out, has a hung executor replaced.
+/// (Declared here rather than in interfaces.hpp, with the other typed
+/// interfaces, because executor_up_msg carries one.)
+using executor_actor = caf::typed_actor<caf::replies_to<step_plan>::with<step_output>,
+                                        caf::reacts_to<step_done_atom>,
+                                        caf::reacts_to<crash_atom, std::string>>;
+
 /// Executor -> engine supervisor -> scheduler: a (re)started executor is
 /// ready.
 struct executor_up_msg {
-  /// An executor_actor (interfaces.hpp; a typed handle cannot be named
-  /// before the atoms of the type ID block below).
-  caf::actor executor;
+  /// The executor that sent it (null only in a default-constructed message).
+  executor_actor executor;
   int32_t num_pages = 0;
   int32_t page_size = 0;
   std::string device;
@@ -300,44 +377,6 @@ struct drift_status {
 
 } // namespace metronome
 
-// -- type IDs and atoms ----------------------------------------------------------------
-
-CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
-  CAF_ADD_TYPE_ID(metronome, (metronome::chat_turn))
-  CAF_ADD_TYPE_ID(metronome, (metronome::generate_request))
-  CAF_ADD_TYPE_ID(metronome, (metronome::text_delta))
-  CAF_ADD_TYPE_ID(metronome, (metronome::generation_done))
-  CAF_ADD_TYPE_ID(metronome, (metronome::generation_error))
-  CAF_ADD_TYPE_ID(metronome, (metronome::request_errc))
-  CAF_ADD_TYPE_ID(metronome, (metronome::admit_msg))
-  CAF_ADD_TYPE_ID(metronome, (metronome::token_msg))
-  CAF_ADD_TYPE_ID(metronome, (metronome::executor_up_msg))
-  CAF_ADD_TYPE_ID(metronome, (metronome::executor_down_msg))
-  CAF_ADD_TYPE_ID(metronome, (metronome::scheduler_stats))
-  CAF_ADD_TYPE_ID(metronome, (metronome::sampling_params))
-  CAF_ADD_TYPE_ID(metronome, (metronome::new_sequence))
-  CAF_ADD_TYPE_ID(metronome, (metronome::scheduled_chunk))
-  CAF_ADD_TYPE_ID(metronome, (metronome::step_plan))
-  CAF_ADD_TYPE_ID(metronome, (metronome::sampled_token))
-  CAF_ADD_TYPE_ID(metronome, (metronome::step_output))
-  CAF_ADD_ATOM(metronome, metronome, cancel_atom, "cancel")
-  CAF_ADD_ATOM(metronome, metronome, stats_atom, "stats")
-  CAF_ADD_ATOM(metronome, metronome, tick_atom, "tick")
-  CAF_ADD_ATOM(metronome, metronome, timeout_atom, "timeout")
-  CAF_ADD_ATOM(metronome, metronome, policy_atom, "policy")
-  CAF_ADD_ATOM(metronome, metronome, ready_atom, "ready")
-  CAF_ADD_ATOM(metronome, metronome, crash_atom, "crash")
-  CAF_ADD_TYPE_ID(metronome, (metronome::drift_sample))
-  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::drift_sample>))
-  CAF_ADD_TYPE_ID(metronome, (metronome::drift_event))
-  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::drift_event>))
-  CAF_ADD_TYPE_ID(metronome, (metronome::drift_status))
-  CAF_ADD_ATOM(metronome, metronome, watch_atom, "watch")
-  CAF_ADD_ATOM(metronome, metronome, recalibrate_atom, "recal")
-  CAF_ADD_ATOM(metronome, metronome, step_done_atom, "stepdone")
-  CAF_ADD_TYPE_ID(metronome, (metronome::policy_kind))
-  CAF_ADD_TYPE_ID(metronome, (metronome::finish_kind))
-CAF_END_TYPE_ID_BLOCK(metronome)
 
 CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")
 CAF_ERROR_CODE_ENUM(metronome::executor_errc, "executor")

@@ -334,7 +334,7 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor
     [=](executor_up_msg& up) {
       auto& s = self->state;
       ++s.epoch;
-      s.executor = caf::actor_cast<executor_actor>(up.executor);
+      s.executor = std::move(up.executor);
       s.core->set_capacity(up.num_pages, up.page_size);
       pump(self);
     },

@@ -240,7 +240,7 @@ protected:
       },
       {{0, std::chrono::seconds(60)}, true, {}}, std::make_shared<engine_status>());
     executor_actor exec;
-    self->receive([&](executor_up_msg& up) { exec = caf::actor_cast<executor_actor>(up.executor); },
+    self->receive([&](executor_up_msg& up) { exec = up.executor; },
                   caf::after(10s) >> [&] { ADD_FAILURE() << "the executor did not start"; });
     return exec;
   }
@@ -404,7 +404,7 @@ TEST(executor_shutdown, an_engine_stopped_mid_step_shuts_down) {
       [log] { return std::make_unique<fake_device_runner>(log, 300ms); }, {},
       std::make_shared<engine_status>());
     executor_actor exec;
-    self->receive([&](executor_up_msg& up) { exec = caf::actor_cast<executor_actor>(up.executor); },
+    self->receive([&](executor_up_msg& up) { exec = up.executor; },
                   caf::after(10s) >> [&] { ADD_FAILURE() << "the executor did not start"; });
     ASSERT_TRUE(exec);
     auto pending = self->request(exec, 30s, plan_of(1));

@@ -179,7 +179,8 @@ protected:
     ctx->default_timeout = 10s;
     frontend = spawn_frontend(sys, ctx);
     sched.run();
-    caf::anon_send(scheduler, executor_up_msg{executor, 64, 16, "test", {}});
+    caf::anon_send(scheduler,
+                   executor_up_msg{caf::actor_cast<executor_actor>(executor), 64, 16, "test", {}});
     sched.run();
     baseline_running = sys.registry().running();
   }

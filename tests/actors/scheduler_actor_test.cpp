@@ -61,7 +61,7 @@ protected:
     sc.scheduler.limits.step_timeout = 1s;
     scheduler = spawn_scheduler(sys, sc, status, nullptr);
     sched.run();
-    executor_up_msg up{executor, 64, 16, "test", {}};
+    executor_up_msg up{caf::actor_cast<executor_actor>(executor), 64, 16, "test", {}};
     caf::anon_send(scheduler, up);
     sched.run();
   }

@@ -12,16 +12,15 @@
 #include "actors/engine_metrics.hpp"
 #include "actors/messages.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "tests/actors/fake_runners.hpp"
 
 namespace metronome {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct test_config : caf::actor_system_config {
+struct test_config : test::deterministic_config {
   test_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
     set("logger.inline-output", true);
   }
 };
@@ -33,12 +32,8 @@ struct scheduler_log {
   std::vector<std::string> policies;
 };
 
-class drift_supervisor_test : public ::testing::Test {
+class drift_supervisor_test : public test::deterministic_test<test_config> {
 protected:
-  test_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched
-    = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::vector<caf::actor> tracked;
   std::shared_ptr<scheduler_log> seen = std::make_shared<scheduler_log>();
   std::shared_ptr<engine_metrics> metrics = std::make_shared<engine_metrics>("tiny");

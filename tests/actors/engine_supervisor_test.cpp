@@ -13,25 +13,19 @@
 #include "actors/scheduler_actor.hpp"
 #include "actors/stats_reporter.hpp"
 #include "config/server_config.hpp"
+#include "tests/actors/fake_runners.hpp"
 
 namespace metronome {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct test_config : caf::actor_system_config {
-  test_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
-  }
-};
-
 /// A runner whose submit() completes each step (as the CPU runner's); it
 /// counts the runners alive, so a test sees the executor's end.
-class instant_runner : public model_runner {
+class instant_runner : public test::fake_runner {
 public:
-  explicit instant_runner(std::shared_ptr<int> alive) : alive_(std::move(alive)) {
-    config_.vocab_size = 100;
+  explicit instant_runner(std::shared_ptr<int> alive)
+    : fake_runner(16, 16, "instant"), alive_(std::move(alive)) {
     ++*alive_;
   }
   ~instant_runner() override {
@@ -42,22 +36,9 @@ public:
     out.step = plan.step;
     return out;
   }
-  const model_config& config() const override {
-    return config_;
-  }
-  int32_t num_pages() const override {
-    return 16;
-  }
-  int32_t page_size() const override {
-    return 16;
-  }
-  std::string device() const override {
-    return "instant";
-  }
 
 private:
   std::shared_ptr<int> alive_;
-  model_config config_;
 };
 
 /// The scheduler's stand-in: what the supervisor reports to it.
@@ -88,20 +69,11 @@ bool terminated(const caf::strong_actor_ptr& a) {
   return caf::actor_cast<caf::abstract_actor*>(a)->getf(caf::abstract_actor::is_terminated_flag);
 }
 
-class engine_supervisor_test : public ::testing::Test {
+class engine_supervisor_test : public test::deterministic_test<> {
 protected:
-  test_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched
-    = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
-  std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
   std::shared_ptr<int> runners = std::make_shared<int>(0);
   caf::actor recorder;
   engine_supervisor_actor supervisor;
-
-  engine_supervisor_test() {
-    sys.await_actors_before_shutdown(false);
-  }
 
   ~engine_supervisor_test() override {
     if (recorder)
@@ -129,8 +101,7 @@ protected:
   }
 
   report_state& got() {
-    auto* ptr = caf::actor_cast<caf::abstract_actor*>(recorder);
-    return dynamic_cast<caf::stateful_actor<report_state>&>(*ptr).state;
+    return deref<report_state>(recorder);
   }
 
   /// Crashes the executor now (fault injection through the supervisor).

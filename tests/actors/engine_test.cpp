@@ -20,11 +20,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
+using test::chat_model;
 using test_config = test::actor_test_config;
-
-std::filesystem::path chat_model() {
-  return test::served_model("tiny-llama3", "llama3");
-}
 
 /// What one request produced, as its sink saw it.
 struct outcome {
@@ -127,19 +124,7 @@ TEST_F(engine_test, a_completion_streams_the_greedy_tokens_as_text) {
   // And the ids are what the runner makes alone.
   auto prompt = eng->tokens->encode("The quick brown fox", {true, false});
   EXPECT_EQ(out.done->prompt_tokens, int32_t(prompt.size()));
-  auto runner = make_cpu_runner(model_folder::open(chat_model()),
-                                {.page_size = 16, .kv_cache_tokens = 8 * 16});
-  step_plan plan;
-  sampling_params greedy;
-  greedy.temperature = 0;
-  plan.added.push_back({1, prompt, greedy, 0});
-  plan.chunks.push_back({1, int32_t(prompt.size()), {0, 1}});
-  std::vector<int32_t> alone;
-  for (int i = 0; i < 12; ++i) {
-    alone.push_back(runner->execute(plan).tokens.at(0).token);
-    plan = {};
-    plan.chunks.push_back({1, 1, {}});
-  }
+  const auto alone = test::greedy_alone(prompt, 12, {0, 1});
   EXPECT_EQ(out.ids, alone);
   EXPECT_GT(out.done->ttft_s, 0.0);
   EXPECT_GE(out.done->e2e_s, out.done->ttft_s);

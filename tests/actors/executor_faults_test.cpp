@@ -18,6 +18,7 @@
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "model/fault_injection.hpp"
+#include "tests/actors/fake_runners.hpp"
 
 namespace metronome {
 namespace {
@@ -27,21 +28,14 @@ using namespace std::chrono_literals;
 constexpr int32_t total_pages = 64;
 constexpr int32_t page_tokens = 16;
 
-struct test_config : caf::actor_system_config {
-  test_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
-  }
-};
-
 /// A runner that keeps the real sequence table (so bad plans fail as the
 /// real runners' do) and samples token 9 wherever a chunk completes its
 /// sequence's known tokens. Each step ends within submit(), as the CPU
 /// runner's.
-class table_runner : public model_runner {
+class table_runner : public test::fake_runner {
 public:
-  table_runner() {
-    config_.vocab_size = 100;
+  table_runner() : fake_runner(total_pages, page_tokens, "table") {
+    // nop
   }
 
   step_output execute(const step_plan& plan) override {
@@ -61,21 +55,7 @@ public:
     return out;
   }
 
-  const model_config& config() const override {
-    return config_;
-  }
-  int32_t num_pages() const override {
-    return total_pages;
-  }
-  int32_t page_size() const override {
-    return page_tokens;
-  }
-  std::string device() const override {
-    return "table";
-  }
-
 private:
-  model_config config_;
   sequence_table table_;
 };
 
@@ -100,38 +80,10 @@ private:
   size_t in_flight_ = 0;
 };
 
-/// A request actor stand-in: admits one request, records what comes back.
-struct fake_request_state {
-  std::vector<token_msg> tokens;
-  std::vector<generation_error> errors;
-  bool finished = false;
-};
+using test::fake_request_state;
 
-caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, scheduler_actor scheduler,
-                           uint64_t id, int32_t prompt_len, int32_t max_tokens) {
-  admit_msg m;
-  m.seq_id = id;
-  m.prompt.assign(size_t(prompt_len), 5);
-  m.params.max_tokens = max_tokens;
-  m.params.ignore_eos = true;
-  self->send(scheduler, std::move(m));
-  return {
-    [=](token_msg& t) {
-      if (t.finish_reason != finish_kind::none)
-        self->state.finished = true;
-      self->state.tokens.push_back(std::move(t));
-    },
-    [=](generation_error& e) { self->state.errors.push_back(std::move(e)); },
-  };
-}
-
-class executor_faults_test : public ::testing::Test {
+class executor_faults_test : public test::deterministic_test<> {
 protected:
-  test_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched
-    = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
-  std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
   scheduler_actor scheduler;
   engine_supervisor_actor supervisor;
   std::vector<caf::actor> spawned;
@@ -143,12 +95,7 @@ protected:
   uint64_t next_id = 1;
 
   executor_faults_test() {
-    sys.await_actors_before_shutdown(false);
-    scheduler_actor_config sc;
-    sc.scheduler.limits.max_model_len = 1024;
-    sc.scheduler.limits.step_timeout = 1s;
-    scheduler = spawn_scheduler(sys, sc, status, nullptr);
-    sched.run();
+    scheduler = spawn_test_scheduler();
   }
 
   ~executor_faults_test() override {
@@ -182,7 +129,7 @@ protected:
 
   /// A request, admitted once the test runs the coordinator.
   caf::actor spawn_request(int32_t prompt_len, int32_t max_tokens) {
-    auto a = sys.spawn(fake_request, scheduler, next_id++, prompt_len, max_tokens);
+    auto a = sys.spawn(test::fake_request<scheduler_actor>, scheduler, next_id++, prompt_len, max_tokens);
     spawned.push_back(a);
     return a;
   }
@@ -195,8 +142,7 @@ protected:
   }
 
   fake_request_state& state_of(const caf::actor& a) {
-    auto* ptr = caf::actor_cast<caf::abstract_actor*>(a);
-    return dynamic_cast<caf::stateful_actor<fake_request_state>&>(*ptr).state;
+    return deref<fake_request_state>(a);
   }
 
   /// The pool is whole again: no page in use, every page of the runner's

@@ -24,6 +24,7 @@
 #include "actors/engine.hpp"
 #include "actors/engine_supervisor.hpp"
 #include "tests/actors/actor_test_config.hpp"
+#include "tests/actors/fake_runners.hpp"
 
 namespace metronome {
 namespace {
@@ -113,14 +114,14 @@ private:
 /// another, starting when submitted: what the CUDA runner's stream does.
 /// A collect() before the step's end is logged as "collect n early" (and
 /// waits): the executor should only collect what is ready.
-class fake_device_runner : public model_runner {
+class fake_device_runner : public test::fake_runner {
 public:
   fake_device_runner(std::shared_ptr<call_log> log, clock_type::duration device_time,
                      uint64_t fail_at = UINT64_MAX, uint64_t reject_at = UINT64_MAX,
                      bool extra_calls = false)
-    : log_(std::move(log)), device_time_(device_time), fail_at_(fail_at), reject_at_(reject_at),
-      extra_calls_(extra_calls) {
-    config_.vocab_size = 100;
+    : fake_runner(16, 16, "fake"), log_(std::move(log)), device_time_(device_time),
+      fail_at_(fail_at), reject_at_(reject_at), extra_calls_(extra_calls) {
+    // nop
   }
 
   ~fake_device_runner() override {
@@ -173,19 +174,6 @@ public:
     return out;
   }
 
-  const model_config& config() const override {
-    return config_;
-  }
-  int32_t num_pages() const override {
-    return 16;
-  }
-  int32_t page_size() const override {
-    return 16;
-  }
-  std::string device() const override {
-    return "fake";
-  }
-
 private:
   struct flight {
     uint64_t step;
@@ -197,7 +185,6 @@ private:
   bool extra_calls_;
   clock_type::time_point device_free_{};
   std::vector<flight> flight_;
-  model_config config_;
   std::unique_ptr<fake_device_thread> device_; // last: its thread reads nothing above
 };
 

@@ -23,11 +23,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
+using test::chat_model;
 using test_config = test::actor_test_config;
-
-std::filesystem::path chat_model() {
-  return test::served_model("tiny-llama3", "llama3");
-}
 
 const std::vector<int32_t> prompt = {9906, 1917, 11, 420, 374, 264, 1296, 13};
 
@@ -107,21 +104,7 @@ TEST_F(live_drift_test, a_jump_in_lengths_disables_ladb_and_the_cool_down_restor
 
   // The greedy continuation (from the runner alone, so the predictor sees
   // only the two phases), to stop phase-1 requests after a few tokens.
-  std::vector<int32_t> full;
-  {
-    auto runner = make_cpu_runner(model_folder::open(chat_model()),
-                                  {.page_size = 16, .kv_cache_tokens = 8 * 16});
-    step_plan plan;
-    sampling_params greedy;
-    greedy.temperature = 0;
-    plan.added.push_back({1, prompt, greedy, 0});
-    plan.chunks.push_back({1, int32_t(prompt.size()), {0, 1, 2, 3}});
-    for (int i = 0; i < 40; ++i) {
-      full.push_back(runner->execute(plan).tokens.at(0).token);
-      plan = {};
-      plan.chunks.push_back({1, 1, {}});
-    }
-  }
+  const std::vector<int32_t> full = test::greedy_alone(prompt, 40, {0, 1, 2, 3});
   size_t k = 3;
   while (std::find(full.begin(), full.begin() + long(k), full[k]) != full.begin() + long(k))
     ++k; // the first position whose token did not occur before

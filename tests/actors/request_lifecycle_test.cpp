@@ -36,6 +36,7 @@
 #include "model/tokenizer/chat_template.hpp"
 #include "model/tokenizer/tokenizer.hpp"
 #include "net/request_sink.hpp"
+#include "tests/actors/fake_runners.hpp"
 #include "tests/actors/scripted_executor.hpp"
 #include "tests/test_env.hpp"
 
@@ -43,13 +44,6 @@ namespace metronome {
 namespace {
 
 using namespace std::chrono_literals;
-
-struct test_config : caf::actor_system_config {
-  test_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
-  }
-};
 
 /// How many monitors `observer` holds on `observed`. CAF 0.17 cannot list
 /// an actor's attachables; detaching by observer (what demonitor does) is the
@@ -142,13 +136,8 @@ size_t timers_of(caf::scheduler::test_coordinator& sched, caf::actor_id id) {
   return n;
 }
 
-class request_lifecycle_test : public ::testing::Test {
+class request_lifecycle_test : public test::deterministic_test<> {
 protected:
-  test_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched
-    = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
-  std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
   std::shared_ptr<const tokenizer> tokens;
   scheduler_actor scheduler;
   caf::actor executor = sys.spawn(test::scripted_executor);
@@ -159,16 +148,12 @@ protected:
   size_t baseline_running = 0;
 
   request_lifecycle_test() {
-    sys.await_actors_before_shutdown(false);
     const auto dir = std::filesystem::path(test::env("TESTDATA")) / "tokenizers" / "llama3";
     tokens = tokenizer::load(dir);
     const auto ids = tokens->encode(" hello", {false, false});
     EXPECT_EQ(ids.size(), 1u);
     hello = ids.at(0);
-    scheduler_actor_config sc;
-    sc.scheduler.limits.max_model_len = 1024;
-    sc.scheduler.limits.step_timeout = 1s;
-    scheduler = spawn_scheduler(sys, sc, status, nullptr);
+    scheduler = spawn_test_scheduler();
     auto ctx = std::make_shared<request_context>();
     ctx->scheduler = scheduler;
     ctx->tokens = tokens;

@@ -6,6 +6,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "tests/actors/fake_runners.hpp"
 #include "tests/actors/scripted_executor.hpp"
 
 namespace metronome {
@@ -13,54 +14,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct test_config : caf::actor_system_config {
-  test_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
-  }
-};
-
 using test::scripted_executor;
 using test::scripted_executor_state;
+using test::fake_request_state;
 
-/// A request actor stand-in: admits one request, records what comes back.
-struct fake_request_state {
-  std::vector<token_msg> tokens;
-  std::vector<generation_error> errors;
-};
-
-caf::behavior fake_request(caf::stateful_actor<fake_request_state>* self, scheduler_actor scheduler,
-                           uint64_t id, int32_t prompt_len, int32_t max_tokens) {
-  admit_msg m;
-  m.seq_id = id;
-  m.prompt.assign(size_t(prompt_len), 5);
-  m.params.max_tokens = max_tokens;
-  m.params.ignore_eos = true;
-  self->send(scheduler, std::move(m));
-  return {
-    [=](token_msg& t) { self->state.tokens.push_back(std::move(t)); },
-    [=](generation_error& e) { self->state.errors.push_back(std::move(e)); },
-  };
-}
-
-class scheduler_actor_test : public ::testing::Test {
+class scheduler_actor_test : public test::deterministic_test<> {
 protected:
-  test_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched
-    = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
-  std::shared_ptr<engine_status> status = std::make_shared<engine_status>();
   scheduler_actor scheduler;
   caf::actor executor = sys.spawn(scripted_executor);
   std::vector<caf::actor> spawned;
 
   scheduler_actor_test() {
-    sys.await_actors_before_shutdown(false);
-    scheduler_actor_config sc;
-    sc.scheduler.limits.max_model_len = 1024;
-    sc.scheduler.limits.step_timeout = 1s;
-    scheduler = spawn_scheduler(sys, sc, status, nullptr);
-    sched.run();
+    scheduler = spawn_test_scheduler();
     executor_up_msg up{caf::actor_cast<executor_actor>(executor), 64, 16, "test", {}};
     caf::anon_send(scheduler, up);
     sched.run();
@@ -75,7 +40,7 @@ protected:
   }
 
   caf::actor request(uint64_t id, int32_t prompt_len, int32_t max_tokens) {
-    auto a = sys.spawn(fake_request, scheduler, id, prompt_len, max_tokens);
+    auto a = sys.spawn(test::fake_request<scheduler_actor>, scheduler, id, prompt_len, max_tokens);
     spawned.push_back(a);
     sched.run();
     return a;
@@ -83,12 +48,6 @@ protected:
 
   scripted_executor_state& exec() {
     return deref<scripted_executor_state>(executor);
-  }
-
-  template <class State>
-  State& deref(const caf::actor& a) {
-    auto* ptr = caf::actor_cast<caf::abstract_actor*>(a);
-    return dynamic_cast<caf::stateful_actor<State>&>(*ptr).state;
   }
 
   void finish_step(int32_t token = 9) {

@@ -271,7 +271,14 @@ TEST_P(overlapped_steps, driven_by_the_step_listener_give_the_same_ids_and_logpr
   step_tokens listened;
   ASSERT_TRUE(run_listened(*gpu, 100, listened, &overlapped))
     << "a step ended and the listener was not called within 10 s";
-  EXPECT_GT(overlapped, 20) << "steps were not overlapped";
+  // Whether a step's predecessor still runs once the ready steps are drained
+  // is a race between the host's launch time and the device's step time (in
+  // eager mode on a tiny model it came to exactly 20 on an H200), so no
+  // fixed count holds. What matters is that the overlapped path ran, and
+  // often: at least a third of the steps run (one output each).
+  const auto steps = int32_t(listened.size());
+  EXPECT_GE(3 * overlapped, steps) << "only " << overlapped << " of " << steps
+                                   << " steps were overlapped";
   ASSERT_EQ(one_at_a_time.size(), listened.size());
   for (size_t s = 0; s < one_at_a_time.size(); ++s) {
     ASSERT_EQ(one_at_a_time[s].size(), listened[s].size()) << "step " << s;

@@ -5,7 +5,8 @@
 // layouts' published formulas. The archive is unpacked once per test
 // process into a scratch folder (tar and xz, as on every CI machine).
 // Also: the loader's refusals, each naming the file and the field or tensor,
-// and the CUDA runner's refusal of 4-bit weights, which needs no GPU.
+// and the CUDA runner's repacking of each layout (gpu/int4_layout), which
+// needs no GPU.
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/cuda_runner.hpp"
+#include "gpu/int4_layout.hpp"
 #include "model/cpu_engine.hpp"
 #include "model/model_error.hpp"
 #include "model/model_weights.hpp"
@@ -32,32 +34,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::vector<std::string> variants = {
-  "gptq-g128-sym",          "gptq-g64-asym", "gptq-perchannel", "gptq-actorder-g32-asym",
-  "gptq-actorder-g128-sym", "awq-g64",       "awq-g128"};
+const std::vector<std::string>& variants = test::int4_golden_variants();
 
-/// The unpacked archive's int4_goldens/ folder; removed when the process ends.
 fs::path goldens() {
-  struct unpacked {
-    fs::path root;
-    ~unpacked() {
-      std::error_code ec;
-      if (!root.empty())
-        fs::remove_all(root, ec);
-    }
-  };
-  static std::mutex mtx;
-  static unpacked dir;
-  std::lock_guard guard{mtx};
-  if (dir.root.empty()) {
-    auto root = test::scratch_dir("int4-goldens-" + std::to_string(::getpid()));
-    const auto archive = test::env("SOURCE_DIR") + "/tools/golden/int4_goldens.tar.xz";
-    auto r = test::run_command("tar -xJf " + test::shell_quote(archive) + " -C "
-                               + test::shell_quote(root.string()));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    dir.root = root;
-  }
-  return dir.root / "int4_goldens";
+  return test::int4_goldens();
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -344,31 +324,95 @@ TEST(int4, refuses_a_truncated_qweight) {
   EXPECT_TRUE(contains(e, q + ": size mismatch")) << e;
 }
 
-// -- the CUDA runner and the CLI ---------------------------------------------------------
+// -- the CUDA runner's layout (gpu/int4_layout) ----------------------------------------
 
-TEST(int4, the_cuda_runner_refuses_4bit_weights_by_name) {
-  auto gptq = model_folder::open(goldens() / "gptq-g128-sym");
-  auto awq = model_folder::open(goldens() / "awq-g128");
-  EXPECT_EQ(cuda_weights_problem(gptq->config),
-            "int4 weights (gptq) are not supported by the CUDA runner yet; use --device cpu");
-  EXPECT_EQ(cuda_weights_problem(awq->config),
-            "int4 weights (awq) are not supported by the CUDA runner yet; use --device cpu");
-  EXPECT_EQ(cuda_weights_problem(model_folder::open(test::tiny_model("tiny-llama3"))->config), "");
-  // make_cuda_runner says so first, with or without a GPU or CUDA.
-  try {
-    make_cuda_runner(gptq, {});
-    ADD_FAILURE() << "make_cuda_runner accepted 4-bit weights";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_TRUE(contains(e.what(), "make_cuda_runner: int4 weights (gptq)")) << e.what();
+TEST_P(int4_golden, the_cuda_layout_repacks_every_projection_exactly) {
+  auto model = model_folder::open(goldens() / GetParam());
+  const auto& qc = *model->config.quantization;
+  const bool act_order = contains(GetParam(), "actorder");
+  for (size_t l = 0; l < model->weights.layers.size(); ++l) {
+    const auto& layer = model->weights.layers[l];
+    std::vector<gpu::int4_layout> qkv;
+    for (int p = 0; p < num_projections; ++p) {
+      const auto& ql = layer.quantized[size_t(p)];
+      ASSERT_TRUE(ql.present());
+      gpu::int4_layout m = gpu::repack_int4(qc, ql);
+      EXPECT_EQ(m.rows, ql.out_features);
+      EXPECT_EQ(m.cols, ql.in_features);
+      EXPECT_EQ(m.perm.empty(), !act_order) << "layer " << l << " projection " << p;
+      std::vector<float> want(size_t(ql.in_features * ql.out_features)), got(want.size());
+      dequantize(qc, ql, want.data());
+      gpu::dequantize(m, got.data());
+      ASSERT_EQ(got, want) << GetParam() << " layer " << l << " projection " << p;
+      if (p <= int(projection::v))
+        qkv.push_back(std::move(m));
+    }
+    // The goldens draw an act-order permutation per projection, so q, k
+    // and v cannot share one input order; in order, they stack.
+    std::string why;
+    const auto stacked = gpu::stack_int4(std::move(qkv), &why);
+    if (act_order) {
+      EXPECT_FALSE(stacked);
+      EXPECT_TRUE(contains(why, "permutations (g_idx) differ")) << why;
+    } else {
+      ASSERT_TRUE(stacked) << why;
+      EXPECT_EQ(stacked->rows, model->config.q_size() + 2 * model->config.kv_size());
+    }
   }
-  auto r = test::run_command(test::shell_quote(test::env("BIN")) + " generate --model "
-                             + test::shell_quote((goldens() / "awq-g64").string())
-                             + " --prompt-ids 1,2,3 --device cuda:0");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.output, "--device cuda:0: int4 weights (awq) are not supported by the "
-                                 "CUDA runner yet; use --device cpu"))
-    << r.output;
 }
+
+TEST(int4, the_cuda_layout_refuses_act_order_groups_that_are_not_runs) {
+  // 64 inputs in groups of 32, but g_idx puts 33 rows in group 0.
+  std::vector<uint32_t> qweight(8 * 8, 0x12345678u); // [in / 8, out 8]
+  std::vector<uint32_t> qzeros(2, 0x77777777u);      // [groups 2, out / 8]
+  std::vector<uint16_t> scales(16, f32_to_f16(0.25f));
+  std::vector<int32_t> g_idx(64);
+  for (int i = 0; i < 64; ++i)
+    g_idx[size_t(i)] = i % 2;
+  g_idx[1] = 0;
+  auto view = [](const char* name, dtype t, std::vector<int64_t> shape, const void* data,
+                 size_t bytes) {
+    tensor_view v;
+    v.name = name;
+    v.type = t;
+    v.shape = std::move(shape);
+    v.data = static_cast<const std::byte*>(data);
+    v.nbytes = bytes;
+    return v;
+  };
+  auto qw = view("o.qweight", dtype::i32, {8, 8}, qweight.data(), 256);
+  auto qz = view("o.qzeros", dtype::i32, {2, 1}, qzeros.data(), 8);
+  auto sc = view("o.scales", dtype::f16, {2, 8}, scales.data(), 32);
+  auto gi = view("o.g_idx", dtype::i32, {64}, g_idx.data(), 256);
+  quantization_config c;
+  c.group_size = 32;
+  c.desc_act = true;
+  const quantized_linear p{&qw, &qz, &sc, &gi, 64, 8};
+  const auto e = error_of([&] { gpu::repack_int4(c, p); });
+  EXPECT_TRUE(contains(e, "o.g_idx: act-order groups are not runs of 32 rows")) << e;
+  // Alternating groups that are runs once sorted repack, exactly.
+  g_idx[1] = 1;
+  const gpu::int4_layout m = gpu::repack_int4(c, p);
+  ASSERT_EQ(m.perm.size(), 64u);
+  EXPECT_EQ(m.perm[0], 0);
+  EXPECT_EQ(m.perm[1], 2);
+  EXPECT_EQ(m.perm[32], 1);
+  std::vector<float> want(64 * 8), got(want.size());
+  dequantize(c, p, want.data());
+  gpu::dequantize(m, got.data());
+  EXPECT_EQ(got, want);
+}
+
+TEST(int4, half_bits_read_as_their_float) {
+  for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 0.0001f, 65504.0f, 6.1e-5f, 3.0e-7f})
+    EXPECT_EQ(gpu::half_bits_to_float(f32_to_f16(f)), f16_to_f32(f32_to_f16(f))) << f;
+  EXPECT_TRUE(gpu::int4_kernels_take(4096, 128));
+  EXPECT_TRUE(gpu::int4_kernels_take(4096, -1));
+  EXPECT_FALSE(gpu::int4_kernels_take(4104, 128));
+  EXPECT_FALSE(gpu::int4_kernels_take(4096, 48));
+}
+
+// -- the CUDA runner and the CLI ---------------------------------------------------------
 
 TEST(int4, metronome_generate_runs_a_4bit_folder_on_the_cpu) {
   for (const std::string variant : {"gptq-actorder-g32-asym", "awq-g128"}) {

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -53,6 +56,36 @@ fs::path tiny_model(const std::string& preset, uint64_t seed) {
   make_model(o);
   made[key] = o.out_dir;
   return o.out_dir;
+}
+
+fs::path int4_goldens() {
+  struct unpacked {
+    fs::path root;
+    ~unpacked() {
+      std::error_code ec;
+      if (!root.empty())
+        fs::remove_all(root, ec);
+    }
+  };
+  static std::mutex mtx;
+  static unpacked dir;
+  std::lock_guard guard{mtx};
+  if (dir.root.empty()) {
+    auto root = scratch_dir("int4-goldens-" + std::to_string(::getpid()));
+    const auto archive = env("SOURCE_DIR") + "/tools/golden/int4_goldens.tar.xz";
+    auto r = run_command("tar -xJf " + shell_quote(archive) + " -C " + shell_quote(root.string()));
+    if (r.exit_code != 0)
+      throw std::runtime_error("cannot unpack " + archive + ": " + r.output);
+    dir.root = root;
+  }
+  return dir.root / "int4_goldens";
+}
+
+const std::vector<std::string>& int4_golden_variants() {
+  static const std::vector<std::string> v = {
+    "gptq-g128-sym",          "gptq-g64-asym", "gptq-perchannel", "gptq-actorder-g32-asym",
+    "gptq-actorder-g128-sym", "awq-g64",       "awq-g128"};
+  return v;
 }
 
 fs::path served_model(const std::string& preset, const std::string& tokenizer) {

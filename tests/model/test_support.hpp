@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "model/make_model.hpp"
 #include "model/sampling.hpp"
@@ -22,6 +23,15 @@ std::filesystem::path tiny_model(const std::string& preset, uint64_t seed = 7);
 /// testdata/tokenizers/<tokenizer>: a model an engine can serve.
 std::filesystem::path served_model(const std::string& preset = "tiny-llama3",
                                    const std::string& tokenizer = "llama3");
+
+/// The folder of tools/golden/int4_goldens.tar.xz unpacked (once per
+/// process; removed when it ends): seven tiny GPTQ and AWQ checkpoints and,
+/// per variant, <variant>.json, transformers' logits on their weights
+/// dequantized with the layouts' published formulas.
+std::filesystem::path int4_goldens();
+
+/// The variants of int4_goldens(), by folder name.
+const std::vector<std::string>& int4_golden_variants();
 
 /// Result of running a command.
 struct command_result {

@@ -104,11 +104,6 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                                 "keeps its KV cache in fp32)");
   if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
     throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
-  // 4-bit weights run on the CPU engine only, for now: refused here, at
-  // start, before the device is even looked at.
-  if (o.device.starts_with("cuda") && !o.runner_factory)
-    if (const std::string p = cuda_weights_problem(cfg); !p.empty())
-      throw std::invalid_argument("device '" + o.device + "': " + p);
 
   // A context longer than the model's: positions it was never trained on
   // (and RoPE tables it does not have). Refused here, naming both numbers.

@@ -482,4 +482,17 @@ double cuda_engine::graph_replay_ms(int32_t batch, bool repeat_last_step) {
                        !repeat_last_step);
 }
 
+std::string cuda_engine::weights_choice() const {
+  const auto& q = model_->config.quantization;
+  if (!q)
+    return "bf16";
+  const auto& fallbacks = weights_->int4_fallbacks();
+  const size_t total = 4 * size_t(model_->config.num_layers);
+  std::string s = "int4 (" + q->describe() + "): " + std::to_string(total - fallbacks.size())
+                  + " of " + std::to_string(total) + " matrices in 4 bits";
+  for (const auto& f : fallbacks)
+    s += "; bf16 " + f;
+  return s;
+}
+
 } // namespace metronome::gpu

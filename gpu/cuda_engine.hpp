@@ -183,6 +183,11 @@ public:
     return graphs_->small_batch_choice();
   }
 
+  /// How the weights are held: "bf16", or for a 4-bit checkpoint "int4
+  /// (gptq, 4 bits, group 128): 4 of 4 matrices a layer", then each
+  /// matrix kept as bf16 and why (weight_store::int4_fallbacks).
+  std::string weights_choice() const;
+
 private:
   /// Builds the forward pass, sizes the step blocks and allocates them.
   void allocate_activations();

@@ -33,7 +33,6 @@
 #include "gpu/cuda_runner.hpp"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/step_notifier.hpp"
-#include "gpu/weight_format.hpp"
 #include "model/model_weights.hpp"
 
 namespace metronome {
@@ -476,8 +475,6 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
                                                const cuda_runner_options& options) {
   if (!model)
     throw std::invalid_argument("make_cuda_runner: no model");
-  if (const std::string p = cuda_weights_problem(model->config); !p.empty())
-    throw std::invalid_argument("make_cuda_runner: " + p);
   if (const std::string p = cuda_device_problem(options.device); !p.empty())
     throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
                                 + p);
@@ -489,8 +486,9 @@ std::string describe_cuda_runner(const model_runner& runner) {
   if (!r)
     return {};
   const auto& e = r->engine_view();
-  return "small-batch decode path " + e.small_batch_choice() + "; "
-         + std::to_string(e.mixed_graph_count()) + " mixed-step graphs";
+  return "weights " + e.weights_choice() + "; small-batch decode path "
+         + e.small_batch_choice() + "; " + std::to_string(e.mixed_graph_count())
+         + " mixed-step graphs";
 }
 
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows) {

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "gpu/weight_format.hpp"
 #include "model/dtype.hpp"
 #include "model/engine_limits.hpp"
 #include "model/model_runner.hpp"
@@ -75,8 +74,9 @@ std::string cuda_device_problem(int device);
 /// graphs and returns the runner. Call it on the thread that will call
 /// execute(): the runner is used by that one thread only. Throws
 /// std::runtime_error (cuda_error) with the failing CUDA call and its site,
-/// or std::invalid_argument for a model or option the runner cannot serve
-/// (4-bit weights: cuda_weights_problem).
+/// or std::invalid_argument for a model or option the runner cannot serve.
+/// 4-bit checkpoints (GPTQ, AWQ) are served in 4 bits where the kernels take
+/// them (gpu/weight_store.hpp), else as their exact bf16 dequantization.
 std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
                                                const cuda_runner_options& options);
 

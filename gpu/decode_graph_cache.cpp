@@ -125,7 +125,7 @@ decode_path decode_graph_cache::eager_path(int32_t batch) const {
   // No graph timed this size: forced paths where they apply, else what won
   // on the H200 (the GEMV up to 2 sequences, cuBLAS beyond).
   const std::string& want = options_.small_batch_path;
-  if (batch <= gemv_max_m && (want == "gemv" || (want == "auto" && batch <= 2)))
+  if (forward_.gemv_ok(batch) && (want == "gemv" || (want == "auto" && batch <= 2)))
     return decode_path::gemv;
   if (forward_.skinny_ok() && batch <= skinny_gemm_max_m && want == "skinny")
     return decode_path::skinny;

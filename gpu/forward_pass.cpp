@@ -91,6 +91,9 @@ forward_pass::forward_pass(const model_config& config, const cuda_runner_options
     METRONOME_CUDA(cudaMemset(buf_.skinny_counters.get(), 0, buf_.skinny_counters.bytes()));
   }
 
+  if (weights_.has_int4())
+    buf_.dequant = device_buffer(size_t(weights_.largest_int4()) * 2);
+
   // The prefill attention's split-key scratch (tile rows: 128 or fewer).
   {
     const size_t cells = size_t(prefill_split_parts) * size_t(c.num_heads) * 128;
@@ -109,7 +112,8 @@ void forward_pass::allocate_step_io(size_t input_bytes) {
 
 size_t forward_pass::activation_bytes() const {
   return buf_.x.bytes() + buf_.xn.bytes() + buf_.qkv.bytes() + buf_.q.bytes() + buf_.attn.bytes()
-         + buf_.gate_up.bytes() + buf_.act.bytes() + buf_.logits.bytes() + buf_.raw_logits.bytes();
+         + buf_.gate_up.bytes() + buf_.act.bytes() + buf_.logits.bytes() + buf_.raw_logits.bytes()
+         + buf_.dequant.bytes();
 }
 
 size_t forward_pass::workspace_bytes() const {
@@ -235,6 +239,27 @@ void forward_pass::gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int3
   tuner_->run(x, m, w, n, k, y, y_f32, beta, stream_);
 }
 
+const bf16* forward_pass::dense(const bf16* w, const int4_weights& w4, int32_t n, int32_t k) {
+  if (!w4)
+    return w;
+  launch_dequantize_int4(w4, n, k, buf_.dequant.get<bf16>(), stream_);
+  return buf_.dequant.get<bf16>();
+}
+
+bool forward_pass::gemv_ok(int32_t n) const {
+  if (n < 1 || n > gemv_max_m)
+    return false;
+  const auto& c = config_;
+  const auto& L = weights_.layers().front();
+  const std::pair<const int4_weights*, int32_t> in[] = {
+    {&L.qkv4, c.hidden_size}, {&L.o4, c.q_size()}, {&L.gate_up4, c.hidden_size},
+    {&L.down4, c.intermediate_size}};
+  for (const auto& [w4, k] : in)
+    if (*w4 && !gemv_int4_takes(n, k))
+      return false;
+  return true;
+}
+
 // -- the passes ----------------------------------------------------------------------------
 
 void forward_pass::skinny(gemv_epilogue ep, const gemv_args& a) {
@@ -304,11 +329,17 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       a.x = xn;
     }
   };
-  auto project = [&](gemv_epilogue ep, const gemv_args& a) {
-    if (gemv)
+  // 4-bit projections: the 4-bit GEMV reads them as they are; the skinny
+  // GEMM reads their bf16 form (dense()).
+  auto project = [&](gemv_epilogue ep, gemv_args a, const int4_weights& w4) {
+    if (gemv && w4) {
+      launch_gemv_int4(ep, a, w4, stream_);
+    } else if (gemv) {
       launch_gemv(ep, a, stream_);
-    else
+    } else {
+      a.w = dense(a.w, w4, a.n, a.k);
       skinny(ep, a);
+    }
   };
   launch_page_updates(kv_.page_table(), kv_.page_stride(), sv.updates, sv.header, l.updates,
                       stream_);
@@ -340,14 +371,15 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       if (kv_fp8_)
         a.kv.stage = buf_.kv_stage.get<float>();
       a.num_heads = c.num_heads;
-      project(gemv_epilogue::qkv_rope, a);
+      project(gemv_epilogue::qkv_rope, a, L.qkv4);
       attend(sh, a.kv, sv.batch, batch, false);
     } else {
+      const bf16* w_qkv = dense(L.qkv, L.qkv4, qkv, h);
       if (rc.qkv > 0)
-        tuner_->run_split(xn, batch, L.qkv, qkv, h, buf_.split_partials.get<float>(), rc.qkv,
+        tuner_->run_split(xn, batch, w_qkv, qkv, h, buf_.split_partials.get<float>(), rc.qkv,
                           stream_);
       else
-        gemm(xn, batch, L.qkv, qkv, h, buf_.qkv.get(), false, 0.0f);
+        gemm(xn, batch, w_qkv, qkv, h, buf_.qkv.get(), false, 0.0f);
       attend(sh, kv, sv.batch, batch, true, L.qkv_bias, rc.qkv);
     }
     if (gemv || tc) {
@@ -359,7 +391,7 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       a.bias = L.o_bias;
       a.x = buf_.attn.get<bf16>();
       a.out_f32 = x;
-      project(gemv_epilogue::residual_add, a);
+      project(gemv_epilogue::residual_add, a, L.o4);
       gemv_args g;
       g.w = L.gate_up;
       g.n = 2 * f;
@@ -367,7 +399,7 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       g.m = batch;
       input(g, L.mlp_norm);
       g.out_bf16 = buf_.act.get<bf16>();
-      project(gemv_epilogue::swiglu, g);
+      project(gemv_epilogue::swiglu, g, L.gate_up4);
       gemv_args d;
       d.w = L.down;
       d.n = h;
@@ -375,14 +407,16 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       d.m = batch;
       d.x = buf_.act.get<bf16>();
       d.out_f32 = x;
-      project(gemv_epilogue::residual_add, d);
+      project(gemv_epilogue::residual_add, d, L.down4);
     } else {
-      project_residual(buf_.attn.get<bf16>(), batch, L.o, q, L.o_bias, rc.o, L.mlp_norm);
-      gemm(xn, batch, L.gate_up, 2 * f, h, buf_.gate_up.get(), false, 0.0f);
+      project_residual(buf_.attn.get<bf16>(), batch, dense(L.o, L.o4, h, q), q, L.o_bias, rc.o,
+                       L.mlp_norm);
+      gemm(xn, batch, dense(L.gate_up, L.gate_up4, 2 * f, h), 2 * f, h, buf_.gate_up.get(),
+           false, 0.0f);
       launch_swiglu(buf_.gate_up.get<bf16>(), batch, f, buf_.act.get<bf16>(), stream_);
       const bool last = i + 1 == c.num_layers;
-      project_residual(buf_.act.get<bf16>(), batch, L.down, f, nullptr, rc.down,
-                       last ? weights_.final_norm() : layers[size_t(i) + 1].attn_norm);
+      project_residual(buf_.act.get<bf16>(), batch, dense(L.down, L.down4, h, f), f, nullptr,
+                       rc.down, last ? weights_.final_norm() : layers[size_t(i) + 1].attn_norm);
     }
   }
   if (gemv || tc) {
@@ -393,7 +427,7 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
     a.m = batch;
     input(a, weights_.final_norm());
     a.out_f32 = buf_.logits.get<float>();
-    project(gemv_epilogue::store_f32, a);
+    project(gemv_epilogue::store_f32, a, int4_weights{});
   } else {
     gemm(xn, batch, weights_.lm_head(), v, h, buf_.logits.get(), true, 0.0f);
   }
@@ -444,7 +478,7 @@ void forward_pass::enqueue_general(const step_layout& l, int32_t sampled, bool a
     const layer_weights& L = layers[size_t(i)];
     const kv_view kv = kv_.view(i);
     const attention_shape sh = attention_of(i);
-    gemm(xn, t, L.qkv, qkv, h, buf_.qkv.get(), false, 0.0f);
+    gemm(xn, t, dense(L.qkv, L.qkv4, qkv, h), qkv, h, buf_.qkv.get(), false, 0.0f);
     if (all_single) {
       attend(sh, kv, sv.batch, l.seqs, true, L.qkv_bias);
     } else {
@@ -461,14 +495,16 @@ void forward_pass::enqueue_general(const step_layout& l, int32_t sampled, bool a
       if (l.singles > 0)
         attend(sh, kv, sv.singles, l.singles, false, nullptr);
     }
-    project_residual(buf_.attn.get<bf16>(), t, L.o, q, L.o_bias, rc.o, L.mlp_norm);
-    gemm(xn, t, L.gate_up, 2 * f, h, buf_.gate_up.get(), false, 0.0f);
+    project_residual(buf_.attn.get<bf16>(), t, dense(L.o, L.o4, h, q), q, L.o_bias, rc.o,
+                     L.mlp_norm);
+    gemm(xn, t, dense(L.gate_up, L.gate_up4, 2 * f, h), 2 * f, h, buf_.gate_up.get(), false,
+         0.0f);
     launch_swiglu(buf_.gate_up.get<bf16>(), t, f, buf_.act.get<bf16>(), stream_);
     if (i + 1 < c.num_layers)
-      project_residual(buf_.act.get<bf16>(), t, L.down, f, nullptr, rc.down,
-                       layers[size_t(i) + 1].attn_norm);
+      project_residual(buf_.act.get<bf16>(), t, dense(L.down, L.down4, h, f), f, nullptr,
+                       rc.down, layers[size_t(i) + 1].attn_norm);
     else
-      gemm(buf_.act.get<bf16>(), t, L.down, h, f, x, true, 1.0f);
+      gemm(buf_.act.get<bf16>(), t, dense(L.down, L.down4, h, f), h, f, x, true, 1.0f);
   }
   if (sampled > 0) {
     // LM head on the last position of each sampled sequence only.

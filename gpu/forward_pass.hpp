@@ -71,6 +71,9 @@ struct forward_buffers {
   device_buffer prefill_part_o, prefill_part_ml;
   // fp8 cache, GEMV and skinny paths: rotated k, v rows [max_batch][2][kv_size] fp32.
   device_buffer kv_stage;
+  // 4-bit models: the bf16 form of one 4-bit projection at a time, for the
+  // paths that multiply bf16 matrices (weight_store::largest_int4 elements).
+  device_buffer dequant;
   // One step's input block (the largest layout), its sampled ids and
   // log-probabilities ([max_batch] int32, then [max_batch] fp32), and its
   // penalty entries (grown on demand by the engine).
@@ -185,6 +188,10 @@ public:
     return skinny_ok_;
   }
 
+  /// Whether decode batches of n sequences may take the GEMV path: n <=
+  /// gemv_max_m and, for 4-bit projections, launch_gemv_int4 takes them.
+  bool gemv_ok(int32_t n) const;
+
   /// Bytes of the activations and of the workspaces (the memory plan).
   size_t activation_bytes() const;
   size_t workspace_bytes() const;
@@ -228,6 +235,11 @@ private:
   prefill_split prefill_split_of(int32_t items, int32_t busy) const;
   void gemm(const bf16* x, int32_t m, const bf16* w, int32_t n, int32_t k, void* y, bool y_f32,
             float beta);
+  /// The bf16 form of a projection [n][k] for the paths that multiply bf16
+  /// matrices: `w` itself, or for a 4-bit one (w4) its dequantization into
+  /// buf_.dequant, enqueued now (so call it right before the product that
+  /// reads it: the next 4-bit projection overwrites it).
+  const bf16* dense(const bf16* w, const int4_weights& w4, int32_t n, int32_t k);
   /// Ends a projection of the cuBLAS paths whose input is in_x (k
   /// wide): x += in_x W^T (+ bias), then xn = RMSNorm(x) * norm.
   void project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,

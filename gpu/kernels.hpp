@@ -182,6 +182,38 @@ void launch_gemv(gemv_epilogue epilogue, const gemv_args& args, cudaStream_t str
 /// Largest m the GEMV supports.
 constexpr int32_t gemv_max_m = 8;
 
+// -- 4-bit weights (W4A16; gpu/int4_layout.hpp) --------------------------------------------
+
+/// A 4-bit matrix [n][k] on the device, in int4_layout's form: w[r][perm[j]] =
+/// scale(r, g) * (q(r, j) - zero(r, g)), g = j / group_size.
+struct int4_weights {
+  const uint32_t* q = nullptr;     // [n][k / 8], nibble e of word j: stored column 8j + e
+  const uint32_t* sz = nullptr;    // [n][groups]: fp16 scale bits | zero << 16
+  const int32_t* perm = nullptr;   // [k] or null: stored column j is input perm[j]
+  int32_t group_size = 0;          // stored columns per group, a multiple of 32
+  int32_t groups = 0;
+
+  explicit operator bool() const {
+    return q != nullptr;
+  }
+};
+
+/// Whether launch_gemv_int4 takes m tokens of k inputs (their bf16 staging
+/// fits one block's shared memory). Host arithmetic; any thread.
+bool gemv_int4_takes(int32_t m, int32_t k);
+
+/// The decode GEMV (launch_gemv's arguments, epilogues and prologue; args.w
+/// unused) on 4-bit weights: each weight dequantized in registers, in fp32,
+/// exactly. m <= 8, k a multiple of 32; cuda_error where gemv_int4_takes is
+/// false.
+void launch_gemv_int4(gemv_epilogue epilogue, const gemv_args& args, const int4_weights& w,
+                      cudaStream_t stream);
+
+/// out [n][k] = bf16 of the dequantized weights, in the inputs' own order:
+/// what the cuBLAS and tensor-core paths read in place of a bf16 matrix.
+void launch_dequantize_int4(const int4_weights& w, int32_t n, int32_t k, bf16* out,
+                            cudaStream_t stream);
+
 // -- tensor-core GEMM for decode batches of up to 64 tokens ------------------------------
 
 /// Largest m the skinny GEMM supports.

@@ -36,12 +36,20 @@ void startup_tuner::tune_projections(int32_t m) {
   constexpr int32_t max_gemm_splits = forward_pass::max_gemm_splits;
   // Scratch use of the activation buffers, filled with a non-zero constant
   // (bf16 0x3c3c ~ 0.0115; all-zero inputs would flatter the timings).
-  for (auto* buf : {&b.xn, &b.attn, &b.act})
-    METRONOME_CUDA(cudaMemsetAsync(buf->get(), 0x3c, buf->bytes(), stream_));
-  const double qkv_ms = tuner.tune(b.xn.get<bf16>(), m, L.qkv, qkv, h, b.qkv.get(), false, 0.0f);
-  const double o_ms = tuner.tune(b.attn.get<bf16>(), m, L.o, h, q, b.x.get(), true, 1.0f);
-  tuner.tune(b.xn.get<bf16>(), m, L.gate_up, 2 * f, h, b.gate_up.get(), false, 0.0f);
-  const double down_ms = tuner.tune(b.act.get<bf16>(), m, L.down, h, f, b.x.get(), true, 1.0f);
+  for (auto* buf : {&b.xn, &b.attn, &b.act, &b.dequant})
+    if (buf->bytes() > 0)
+      METRONOME_CUDA(cudaMemsetAsync(buf->get(), 0x3c, buf->bytes(), stream_));
+  // A 4-bit projection is multiplied as its bf16 form in the dequantization
+  // scratch (forward_pass::dense): time that.
+  auto as_dense = [&](const bf16* dense, const int4_weights& w4) {
+    return w4 ? b.dequant.get<bf16>() : dense;
+  };
+  const bf16 *w_qkv = as_dense(L.qkv, L.qkv4), *w_o = as_dense(L.o, L.o4);
+  const bf16 *w_gate_up = as_dense(L.gate_up, L.gate_up4), *w_down = as_dense(L.down, L.down4);
+  const double qkv_ms = tuner.tune(b.xn.get<bf16>(), m, w_qkv, qkv, h, b.qkv.get(), false, 0.0f);
+  const double o_ms = tuner.tune(b.attn.get<bf16>(), m, w_o, h, q, b.x.get(), true, 1.0f);
+  tuner.tune(b.xn.get<bf16>(), m, w_gate_up, 2 * f, h, b.gate_up.get(), false, 0.0f);
+  const double down_ms = tuner.tune(b.act.get<bf16>(), m, w_down, h, f, b.x.get(), true, 1.0f);
   if (m <= forward_.max_batch())
     tuner.tune(b.xn.get<bf16>(), m, weights_.lm_head(), c.vocab_size, h, b.logits.get(), true,
                0.0f);
@@ -57,7 +65,7 @@ void startup_tuner::tune_projections(int32_t m) {
         double best_ms = qkv_ms;
         for (int32_t s = 1; s <= max_gemm_splits; s *= 2)
           if (gemm_tuner::split_ok(h, s)) {
-            const double ms = tuner.tune_split(b.xn.get<bf16>(), m, L.qkv, qkv, h, parts, s);
+            const double ms = tuner.tune_split(b.xn.get<bf16>(), m, w_qkv, qkv, h, parts, s);
             if (better(ms, best_ms)) {
               r.qkv = s;
               best_ms = ms;
@@ -93,8 +101,8 @@ void startup_tuner::tune_projections(int32_t m) {
         L.o_bias
           ? time_ms(stream_, [&] { launch_add_bias(b.x.get<float>(), L.o_bias, m, h, stream_); })
           : 0.0;
-      r.o = best_split(b.attn.get<bf16>(), L.o, q, L.o_bias, o_ms + o_bias_ms);
-      r.down = best_split(b.act.get<bf16>(), L.down, f, nullptr, down_ms);
+      r.o = best_split(b.attn.get<bf16>(), w_o, q, L.o_bias, o_ms + o_bias_ms);
+      r.down = best_split(b.act.get<bf16>(), w_down, f, nullptr, down_ms);
       splits[m] = r;
     }
   }
@@ -128,7 +136,7 @@ void startup_tuner::capture_graphs(bool graphs_enabled) {
     // The candidates for this size; "auto" times each captured graph and
     // keeps the fastest, the other settings force a path where it applies.
     std::vector<decode_path> candidates;
-    if (n <= gemv_max_m && (want == "auto" || want == "gemv"))
+    if (forward_.gemv_ok(n) && (want == "auto" || want == "gemv"))
       candidates.push_back(decode_path::gemv);
     if (forward_.skinny_ok() && n <= skinny_gemm_max_m && (want == "auto" || want == "skinny"))
       candidates.push_back(decode_path::skinny);

@@ -11,9 +11,17 @@
 // each projection is one GEMM. A tied LM head is the embedding table itself.
 // After construction the store is read-only: the forward pass reads its
 // pointers on the executor's thread.
+//
+// 4-bit checkpoints (GPTQ, AWQ) are repacked on the host into int4_layout
+// (gpu/int4_layout.hpp), a fused projection's parts stacked. A projection
+// the 4-bit kernels cannot take (an input count or group size off their
+// grid, act-order parts with different permutations, parts left in float by
+// the checkpoint) is dequantized on the host, exactly, and kept as bf16;
+// int4_fallbacks() says which. Embeddings, norms and the LM head are bf16.
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -25,7 +33,8 @@
 namespace metronome::gpu {
 
 /// One decoder layer's weights on the device (bias pointers null where the
-/// model has none).
+/// model has none). Each projection is either bf16 (its pointer) or 4-bit
+/// (its int4_weights, the pointer null).
 struct layer_weights {
   const bf16* attn_norm = nullptr;
   const bf16* qkv = nullptr;      // [q + 2 kv][hidden]: q, k, v stacked
@@ -35,6 +44,7 @@ struct layer_weights {
   const bf16* mlp_norm = nullptr;
   const bf16* gate_up = nullptr;  // [2 intermediate][hidden]: gate, then up
   const bf16* down = nullptr;
+  int4_weights qkv4, o4, gate_up4, down4;
 };
 
 class weight_store {
@@ -78,6 +88,24 @@ public:
     return weights_.bytes();
   }
 
+  /// Whether any projection is stored in 4 bits.
+  bool has_int4() const {
+    return has_int4_;
+  }
+
+  /// The most elements of any 4-bit projection (n x k): the bf16 scratch
+  /// the cuBLAS and tensor-core paths dequantize into. 0 without 4 bits.
+  int64_t largest_int4() const {
+    return largest_int4_;
+  }
+
+  /// Projections of a 4-bit checkpoint kept as bf16, and why ("layer 0
+  /// qkv: their act-order input permutations (g_idx) differ"); empty when
+  /// every one is served in 4 bits.
+  const std::vector<std::string>& int4_fallbacks() const {
+    return int4_fallbacks_;
+  }
+
 private:
   device_buffer weights_;
   std::vector<layer_weights> layers_;
@@ -85,6 +113,9 @@ private:
   const bf16* final_norm_ = nullptr;
   const bf16* lm_head_ = nullptr;
   device_buffer inv_freq_;
+  bool has_int4_ = false;
+  int64_t largest_int4_ = 0;
+  std::vector<std::string> int4_fallbacks_;
 };
 
 } // namespace metronome::gpu

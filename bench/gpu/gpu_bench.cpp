@@ -329,6 +329,16 @@ model_costs costs_of(const model_config& c) {
   m.layer_params = c.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h);
   m.lm_head_params = double(c.vocab_size) * h;
   m.weight_bytes = 2 * (m.layer_params + m.lm_head_params + h);
+  if (c.quantization) {
+    // 4-bit projections (gpu/int4_layout.hpp): half a byte a weight and a
+    // 4-byte scale-zero word per row and group; norms and the LM head bf16.
+    const double gs_h = c.quantization->group_size < 0 ? h : c.quantization->group_size;
+    const double gs_q = c.quantization->group_size < 0 ? q : c.quantization->group_size;
+    const double gs_f = c.quantization->group_size < 0 ? f : c.quantization->group_size;
+    const double per_layer = (q + 2 * kv) * h * (0.5 + 4 / gs_h) + h * q * (0.5 + 4 / gs_q)
+                             + 2 * f * h * (0.5 + 4 / gs_h) + h * f * (0.5 + 4 / gs_f) + 4 * h;
+    m.weight_bytes = c.num_layers * per_layer + 2 * (m.lm_head_params + h);
+  }
   m.kv_bytes_per_token = double(c.num_layers) * 2 * kv * 2;
   m.attn_flops_per_pair = double(c.num_layers) * 4 * q;
   return m;

@@ -32,12 +32,8 @@ std::string cuda_device_problem(int) {
          "-DMETRONOME_CUDA=ON)";
 }
 
-std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
+std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder>,
                                                const cuda_runner_options& options) {
-  // As the real one: the weights first (4-bit ones no build can run on CUDA yet).
-  if (model)
-    if (const std::string p = cuda_weights_problem(model->config); !p.empty())
-      throw std::invalid_argument("make_cuda_runner: " + p);
   throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
                               + cuda_device_problem(options.device));
 }

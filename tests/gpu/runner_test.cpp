@@ -352,10 +352,11 @@ TEST_P(gpu_runner, logprobs_match_transformers) {
   }
 }
 
-TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
-  METRONOME_REQUIRE_GPU();
-  auto ref = load_golden(GetParam());
-  auto model = model_folder::open(test::tiny_model(GetParam(), ref["seed"].get<uint64_t>()));
+/// Greedy decoding of the golden's prompts in one batch on the CUDA runner:
+/// every step's logits within logit_tolerance of transformers' while the
+/// sequence is the reference's, and each id the reference's or a near-tie.
+void expect_matches_transformers(const std::shared_ptr<const model_folder>& model,
+                                 const json& ref, const std::string& label) {
   auto runner = make_cuda_runner(model, test::small_runner_options());
   const auto& runs = ref["runs"];
   std::vector<std::vector<int32_t>> prompts;
@@ -387,7 +388,7 @@ TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
       const double scale = want["max_abs"].get<double>();
       err /= scale;
       worst = std::max(worst, err);
-      EXPECT_LE(err, logit_tolerance) << "prompt " << i << " step " << s;
+      EXPECT_LE(err, logit_tolerance) << label << " prompt " << i << " step " << s;
       const int32_t expected = want["argmax"].get<int32_t>();
       if (got[i] == expected)
         continue;
@@ -398,7 +399,7 @@ TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
         if (want["top_ids"][j].get<int32_t>() == got[i])
           ref_logit = want["top_logits"][j].get<double>();
       EXPECT_LE((want["top_logits"][0].get<double>() - ref_logit) / scale, tie_tolerance)
-        << "prompt " << i << " step " << s << ": chose " << got[i] << ", reference "
+        << label << " prompt " << i << " step " << s << ": chose " << got[i] << ", reference "
         << expected;
       std::printf("[ note     ] prompt %zu: near-tie at step %d (%d vs reference %d)\n", i, s,
                   got[i], expected);
@@ -406,9 +407,16 @@ TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
     }
   }
   std::printf("[ metric   ] %s: largest logit error vs transformers %.2e of max |logit|\n",
-              GetParam().c_str(), worst);
+              label.c_str(), worst);
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(runs[i]["greedy_ids"].size(), size_t(steps));
+}
+
+TEST_P(gpu_runner, greedy_ids_and_logits_match_transformers) {
+  METRONOME_REQUIRE_GPU();
+  auto ref = load_golden(GetParam());
+  auto model = model_folder::open(test::tiny_model(GetParam(), ref["seed"].get<uint64_t>()));
+  expect_matches_transformers(model, ref, GetParam());
 }
 
 // The fp8 KV cache against transformers (its cache unrounded): the logits of
@@ -917,6 +925,57 @@ TEST(gpu_runner_plans, no_device_count_means_skip) {
   EXPECT_EQ(parse_cuda_device("cpu"), -1);
   EXPECT_EQ(parse_cuda_device("cuda:x"), -1);
 }
+
+// -- 4-bit checkpoints (GPTQ, AWQ) -----------------------------------------------------
+//
+// The goldens of tools/golden/int4_goldens.tar.xz: seven tiny checkpoints
+// and transformers' fp32 logits on their exactly dequantized weights.
+
+class gpu_runner_int4 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(gpu_runner_int4, greedy_ids_and_logits_match_transformers) {
+  METRONOME_REQUIRE_GPU();
+  const auto dir = test::int4_goldens();
+  std::ifstream in(dir / (GetParam() + ".json"));
+  ASSERT_TRUE(in) << "no golden for " << GetParam();
+  const json ref = json::parse(in);
+  auto model = model_folder::open(dir / GetParam());
+  // Every matrix in 4 bits, except where a fused matrix's act-order parts
+  // each have their own permutation (the goldens draw one a projection):
+  // qkv and gate_up then stay bf16, o and down read their input permuted.
+  {
+    auto gpu = make_cuda_runner(model, test::small_runner_options());
+    const std::string d = describe_cuda_runner(*gpu);
+    const int32_t all = 4 * model->config.num_layers;
+    const bool act_order = GetParam().find("actorder") != std::string::npos;
+    EXPECT_NE(d.find(std::to_string(act_order ? all / 2 : all) + " of " + std::to_string(all)
+                     + " matrices in 4 bits"),
+              std::string::npos)
+      << d;
+    if (act_order) {
+      EXPECT_NE(d.find("bf16 layer 0 qkv: their act-order input permutations (g_idx) differ"),
+                std::string::npos)
+        << d;
+    }
+  }
+  expect_matches_transformers(model, ref, GetParam());
+}
+
+TEST_P(gpu_runner_int4, every_decode_path_follows_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  // The CPU engine dequantizes exactly (and matches the goldens in CI); the
+  // 4-bit GEMV multiplies the exact weights, the skinny GEMM and cuBLAS
+  // their bf16 form.
+  expect_every_decode_path_follows_the_cpu_engine(
+    model_folder::open(test::int4_goldens() / GetParam()), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(variants, gpu_runner_int4,
+                         ::testing::ValuesIn(test::int4_golden_variants()), [](const auto& info) {
+                           auto s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
 
 } // namespace
 } // namespace metronome

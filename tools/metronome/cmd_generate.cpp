@@ -78,9 +78,6 @@ void run(const generate_args& a) {
   auto model = model_folder::open(model_dir);
   const auto& cfg = model->config;
   if (a.device != "cpu") {
-    // The model's weights first: no device could run 4-bit weights yet.
-    if (const std::string p = cuda_weights_problem(cfg); !p.empty())
-      throw command_error("--device " + a.device + ": " + p);
     if (const std::string p = cuda_device_problem(parse_cuda_device(a.device)); !p.empty())
       throw command_error("--device " + a.device + ": " + p);
   }

@@ -1,0 +1,189 @@
+// The 4-bit GEMV and dequantization kernels (gpu/gemv_int4.cu) against the
+// host: random 4-bit matrices in int4_layout's form, dequantized exactly on
+// the host (gpu/int4_layout.cpp, itself checked against the checkpoints'
+// published formulas in tests/model), multiplied in double.
+
+#include <algorithm>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "gpu/int4_layout.hpp"
+#include "model/cpu_ops.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+
+namespace metronome {
+namespace {
+
+using gpu::bf16;
+using test::dev_array;
+
+struct int4_case {
+  int32_t n, k, m, group; // group -1: one group a row
+  bool perm;
+};
+
+/// A random 4-bit matrix: q and zeros over their whole ranges (zero 16
+/// occurs in GPTQ v1), fp16 scales around 0.01, a random act-order
+/// permutation where asked.
+gpu::int4_layout random_int4(std::mt19937_64& rng, const int4_case& c) {
+  gpu::int4_layout m;
+  m.rows = c.n;
+  m.cols = c.k;
+  m.group_size = c.group < 0 ? c.k : c.group;
+  m.q.resize(size_t(c.n) * (c.k / 8));
+  for (auto& w : m.q)
+    w = uint32_t(rng());
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f);
+  m.scale_zero.resize(size_t(c.n * m.groups()));
+  for (auto& sz : m.scale_zero)
+    sz = uint32_t(f32_to_f16(scale(rng))) | (uint32_t(rng() % 17) << 16);
+  if (c.perm) {
+    m.perm.resize(size_t(c.k));
+    std::iota(m.perm.begin(), m.perm.end(), 0);
+    std::shuffle(m.perm.begin(), m.perm.end(), rng);
+  }
+  return m;
+}
+
+struct device_int4 {
+  dev_array<uint32_t> q, sz;
+  dev_array<int32_t> perm;
+  gpu::int4_weights view;
+
+  explicit device_int4(const gpu::int4_layout& m)
+    : q(m.q), sz(m.scale_zero), perm(m.perm.empty() ? std::vector<int32_t>(1) : m.perm) {
+    view.q = q.get();
+    view.sz = sz.get();
+    view.perm = m.perm.empty() ? nullptr : perm.get();
+    view.group_size = m.group_size;
+    view.groups = int32_t(m.groups());
+  }
+};
+
+/// y [m][n] = x W^T in double, W [n][k] fp32.
+std::vector<float> product(const std::vector<float>& w, const std::vector<float>& x, int32_t n,
+                           int32_t k, int32_t m) {
+  std::vector<float> y(size_t(m) * n);
+  for (int32_t t = 0; t < m; ++t)
+    for (int32_t r = 0; r < n; ++r) {
+      double s = 0;
+      for (int32_t i = 0; i < k; ++i)
+        s += double(w[size_t(r) * k + i]) * double(x[size_t(t) * k + i]);
+      y[size_t(t) * n + r] = float(s);
+    }
+  return y;
+}
+
+TEST(gpu_int4, gemv_matches_the_exactly_dequantized_product) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("gemv_int4");
+  // Every padded batch (1, 2, 4, 8), every group size, odd row counts, k
+  // from one lane's run to the 8B shape's down projection, act-order.
+  std::vector<int4_case> cases = {
+    {64, 64, 1, 32, false},        {130, 96, 3, 32, true},        {4096, 4096, 1, 128, false},
+    {6144, 4096, 2, -1, false},    {1000, 14336, 4, 128, true},   {512, 1024, 8, 64, true},
+    {4096, 14336, 1, 128, false},  {257, 2048, 5, 64, false},     {28672, 4096, 1, 128, false}};
+  if (test::quick_mode())
+    cases.resize(3);
+  for (const auto& c : cases) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
+                 + std::to_string(c.m) + " group " + std::to_string(c.group)
+                 + (c.perm ? " act-order" : ""));
+    ASSERT_TRUE(gpu::gemv_int4_takes(c.m, c.k));
+    const gpu::int4_layout m = random_int4(rng, c);
+    std::vector<float> w(size_t(c.n) * c.k);
+    gpu::dequantize(m, w.data());
+    const device_int4 d(m);
+    // Plain bf16 inputs.
+    const auto x = test::from_bf16(test::to_bf16(test::random_floats(rng, size_t(c.m) * c.k, -1, 1)));
+    const auto want = product(w, x, c.n, c.k, c.m);
+    auto d_x = test::upload_bf16(x);
+    dev_array<float> d_y(size_t(c.m) * c.n);
+    gpu::gemv_args a;
+    a.n = c.n;
+    a.k = c.k;
+    a.m = c.m;
+    a.x = d_x.get();
+    a.out_f32 = d_y.get();
+    gpu::launch_gemv_int4(gpu::gemv_epilogue::store_f32, a, d.view, nullptr);
+    test::sync_check();
+    EXPECT_LT(test::relative_error(d_y.download(), want), 1e-5);
+
+    // The residual normalised on the fly, added into: norm in fp32, rounded
+    // to bf16 as the staging rounds it.
+    auto res = test::random_floats(rng, size_t(c.m) * c.k, -2, 2);
+    auto g = test::random_floats(rng, size_t(c.k), 0.8f, 1.2f);
+    const auto gb = test::to_bf16(g);
+    std::vector<float> xn(res.size());
+    for (int32_t t = 0; t < c.m; ++t) {
+      double ss = 0;
+      for (int32_t i = 0; i < c.k; ++i)
+        ss += double(res[size_t(t) * c.k + i]) * res[size_t(t) * c.k + i];
+      const float inv = float(1.0 / std::sqrt(ss / c.k + 1e-5));
+      for (int32_t i = 0; i < c.k; ++i)
+        xn[size_t(t) * c.k + i] =
+          test::round_bf16(test::from_bf16(gb[size_t(i)]) * (res[size_t(t) * c.k + i] * inv));
+    }
+    const auto y = product(w, xn, c.n, c.k, c.m);
+    // Added into a residual [m][n] of its own.
+    auto out = test::random_floats(rng, size_t(c.m) * c.n, -1, 1);
+    auto out_want = out;
+    for (size_t i = 0; i < out.size(); ++i)
+      out_want[i] += y[i];
+    dev_array<float> d_res(res), d_out(out);
+    auto d_g = test::upload_bf16(g);
+    gpu::gemv_args r;
+    r.n = c.n;
+    r.k = c.k;
+    r.m = c.m;
+    r.residual_in = d_res.get();
+    r.norm_weight = d_g.get();
+    r.eps = 1e-5f;
+    r.out_f32 = d_out.get();
+    gpu::launch_gemv_int4(gpu::gemv_epilogue::residual_add, r, d.view, nullptr);
+    test::sync_check();
+    // The fp32 residual's inverse RMS is summed in another order: 1e-4.
+    EXPECT_LT(test::relative_error(d_out.download(), out_want), 1e-4);
+  }
+}
+
+TEST(gpu_int4, dequantization_gives_the_exact_weights_rounded_to_bf16) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("dequantize_int4");
+  for (const int4_case& c : {int4_case{96, 64, 1, 32, false}, int4_case{300, 512, 1, 128, true},
+                             int4_case{2048, 4096, 1, -1, false}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k));
+    const gpu::int4_layout m = random_int4(rng, c);
+    std::vector<float> w(size_t(c.n) * c.k);
+    gpu::dequantize(m, w.data());
+    const device_int4 d(m);
+    dev_array<bf16> out(w.size());
+    gpu::launch_dequantize_int4(d.view, c.n, c.k, out.get(), nullptr);
+    test::sync_check();
+    const auto got = test::download_bf16(out);
+    size_t wrong = 0;
+    for (size_t i = 0; i < w.size(); ++i)
+      wrong += got[i] != test::round_bf16(w[i]);
+    EXPECT_EQ(wrong, 0u);
+  }
+}
+
+TEST(gpu_int4, shapes_off_the_kernels_grid_are_refused_by_name) {
+  METRONOME_REQUIRE_GPU();
+  EXPECT_FALSE(gpu::gemv_int4_takes(1, 4104));
+  EXPECT_FALSE(gpu::gemv_int4_takes(9, 4096));
+  EXPECT_FALSE(gpu::gemv_int4_takes(8, 14336)); // 229 KB of staging
+  gpu::gemv_args a;
+  a.n = 64;
+  a.k = 4104;
+  try {
+    gpu::launch_gemv_int4(gpu::gemv_epilogue::store_f32, a, {}, nullptr);
+    ADD_FAILURE() << "launch_gemv_int4 took k = 4104";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("k = 4104"), std::string::npos) << e.what();
+  }
+}
+
+} // namespace
+} // namespace metronome

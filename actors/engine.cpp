@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/engine_metrics.hpp"
+#include "actors/replica_router_actor.hpp"
 #include "actors/stats_reporter.hpp"
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -47,9 +48,11 @@ std::vector<int32_t> eos_ids(const model_folder& model, const tokenizer& tok) {
 }
 
 /// The runner of o.device with `limits` (o.limits resolved: max_model_len,
-/// and on the CPU kv_cache_tokens, as the engine fixed them).
+/// and on the CPU kv_cache_tokens, as the engine fixed them). `sharing`:
+/// the replicas on that device (data parallel), o.gpu_memory_fraction
+/// already divided among them.
 runner_factory device_runner(const engine_options& o, std::shared_ptr<const model_folder> model,
-                             const engine_limits& limits) {
+                             const engine_limits& limits, int32_t sharing = 1) {
   if (o.runner_factory)
     return o.runner_factory;
   if (o.device == "cpu")
@@ -64,6 +67,9 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
     if (const std::string p = cuda_device_problem(g.device); !p.empty())
       throw std::invalid_argument("device '" + o.device + "': " + p);
     g.gpu_memory_fraction = o.gpu_memory_fraction;
+    // Replicas sharing the device each plan their own share: the others'
+    // memory is not theirs to count (cuda_runner_options::device_replicas).
+    g.device_replicas = sharing;
     // The scheduler's limits: one step timeout, the runner's own wait for a
     // step ends where the scheduler's does.
     g.limits = limits;
@@ -79,7 +85,28 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
 
 } // namespace
 
+std::vector<std::string> replica_devices(const engine_options& o) {
+  auto devices = o.devices.empty() ? std::vector<std::string>{o.device} : o.devices;
+  const bool cpu = devices.front() == "cpu";
+  for (const auto& d : devices)
+    if ((d == "cpu") != cpu)
+      throw std::invalid_argument("model.devices: replicas run on the CPU or on CUDA devices, "
+                                  "not both (got '" + devices.front() + "' and '" + d + "')");
+  return devices;
+}
+
+double replica_memory_fraction(const std::vector<std::string>& devices, size_t i,
+                               double fraction) {
+  const auto sharing = std::count(devices.begin(), devices.end(), devices.at(i));
+  return fraction / double(sharing);
+}
+
 engine spawn_engine(caf::actor_system& sys, engine_options o) {
+  // Data parallel: one replica per entry; the checks below look at the
+  // first device, which is of the same kind as all the others.
+  const auto devices = replica_devices(o);
+  o.device = devices.front();
+  const int32_t replicas = int32_t(devices.size());
   auto model = model_folder::open(o.model_dir);
   auto tok = tokenizer::load(o.model_dir);
   auto chat = std::make_shared<const chat_template>(
@@ -152,12 +179,29 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
     throw std::invalid_argument("engine.fault_injection " + o.faults.to_string()
                                 + ": a device fault needs a CUDA device (model.device cuda:N)");
-  auto factory = device_runner(o, model, limits);
+  std::vector<runner_factory> factories;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto oi = o;
+    oi.device = devices[i];
+    oi.gpu_memory_fraction = replica_memory_fraction(devices, i, o.gpu_memory_fraction);
+    const auto sharing = int32_t(std::count(devices.begin(), devices.end(), devices[i]));
+    factories.push_back(device_runner(oi, model, limits, sharing));
+  }
   if (o.faults) {
     spdlog::warn("engine.fault_injection {}: every executor's step {} will fail on purpose (a "
                  "test setting: never set it in production)",
                  o.faults.to_string(), o.faults.after_steps + 1);
-    factory = [inner = std::move(factory), f = o.faults] { return with_faults(inner(), f); };
+    for (auto& factory : factories)
+      factory = [inner = std::move(factory), f = o.faults] { return with_faults(inner(), f); };
+  }
+  if (replicas > 1) {
+    st.set_replicas(replicas);
+    e.metrics->enable_replicas(replicas);
+    std::string list;
+    for (const auto& d : devices)
+      list += (list.empty() ? "" : ", ") + d;
+    st.device = list;
+    spdlog::info("data parallel: {} replicas ({}) behind one router", replicas, list);
   }
   scheduler_actor_config sc;
   sc.scheduler.limits = limits;
@@ -178,8 +222,30 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
       throw std::runtime_error(std::string("logging.step_trace: ") + e.what());
     }
   }
-  e.scheduler = spawn_scheduler(sys, sc, e.status, e.metrics);
-  if (o.drift.enabled && o.policy != policy_kind::fcfs)
+  for (int32_t i = 0; i < replicas; ++i) {
+    auto sci = sc;
+    if (replicas > 1) {
+      sci.replica = i;
+      // Each replica's policies learn from its own requests, on its own
+      // thread: nothing of theirs is shared.
+      sci.policies = policy_context::make(o.predictor, o.ladb, o.srpt);
+      if (i > 0)
+        sci.trace = nullptr; // one writer: replica 0's steps only
+    }
+    e.schedulers.push_back(spawn_scheduler(sys, std::move(sci), e.status, e.metrics));
+  }
+  e.scheduler = e.schedulers.front();
+  if (replicas > 1) {
+    replica_router_config rc;
+    rc.replicas = replicas;
+    rc.page_size = limits.page_size;
+    rc.prefix_affinity = o.prefix_caching;
+    e.router = spawn_replica_router(sys, rc, e.schedulers, e.status, e.metrics);
+    if (o.drift.enabled && o.policy != policy_kind::fcfs)
+      spdlog::info("data parallel: drift supervision is off (it watches one scheduler)");
+    if (sc.trace)
+      spdlog::info("data parallel: logging.step_trace records replica 0's steps only");
+  } else if (o.drift.enabled && o.policy != policy_kind::fcfs)
     e.drift_supervisor = spawn_drift_supervisor(
       sys, e.scheduler, {o.drift, o.policy, policy_kind::fcfs}, e.metrics);
   if (o.stats_interval.count() > 0)
@@ -188,11 +254,16 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   engine_supervision supervision;
   supervision.restarts = o.restarts;
   supervision.on_device_lost = o.on_device_lost;
-  e.supervisor = spawn_engine_supervisor(
-    sys, {e.scheduler, e.drift_supervisor, e.stats_reporter}, std::move(factory),
-    std::move(supervision), e.status);
+  engine_children children{e.scheduler, e.drift_supervisor, e.stats_reporter, {}, e.router};
+  children.more_schedulers.assign(e.schedulers.begin() + 1, e.schedulers.end());
+  e.supervisor = spawn_engine_supervisor(sys, std::move(children), std::move(factories),
+                                         std::move(supervision), e.status);
   auto ctx = std::make_shared<request_context>();
-  ctx->scheduler = e.scheduler;
+  // One replica: no router, the request actors talk to its scheduler.
+  if (e.router)
+    ctx->scheduler = e.router;
+  else
+    ctx->scheduler = e.scheduler;
   ctx->tokens = tok;
   ctx->chat = chat;
   ctx->status = e.status;

@@ -36,6 +36,12 @@ struct engine_options {
   std::filesystem::path model_dir;
   /// "cpu" or "cuda:N".
   std::string device = "cpu";
+  /// Data parallel (model.devices, model.data_parallel): one replica per
+  /// entry, each with its own scheduler, executor and KV cache behind one
+  /// router; all "cpu" or all "cuda:N". A device listed k times holds k
+  /// replicas, each planning gpu_memory_fraction / k of it. Empty: one
+  /// replica on `device`.
+  std::vector<std::string> devices;
   /// Name reported by /v1/models and checked against requests; defaults to
   /// the id in the folder's metronome.json (model/model_card.hpp), else the
   /// folder's name.
@@ -95,6 +101,17 @@ struct engine_options {
   std::function<void(const std::string& reason)> on_device_lost;
 };
 
+/// Data parallel: one replica's figures, written by its scheduler (and
+/// `up` by the router), read by /metrics. Any thread.
+struct replica_gauges {
+  std::atomic<int32_t> waiting{0};
+  std::atomic<int32_t> running{0};
+  std::atomic<int32_t> kv_used_pages{0};
+  std::atomic<int32_t> kv_total_pages{0};
+  /// The router places requests on it.
+  std::atomic<bool> up{true};
+};
+
 /// Facts about a running engine, readable from any thread without blocking
 /// (the memory plan under a short lock).
 struct engine_status {
@@ -125,6 +142,56 @@ struct engine_status {
     }
     degraded = true;
   }
+  /// Data parallel: makes `n` replicas' gauges. Once, before any actor
+  /// runs (spawn_engine); with one replica there are none.
+  void set_replicas(int32_t n) {
+    for (int32_t i = 0; i < n; ++i)
+      replicas_.push_back(std::make_unique<replica_gauges>());
+  }
+  int32_t num_replicas() const {
+    return int32_t(replicas_.size());
+  }
+  /// Replica i's gauges (i < num_replicas()). Any thread.
+  replica_gauges& replica(int32_t i) {
+    return *replicas_.at(size_t(i));
+  }
+  const replica_gauges& replica(int32_t i) const {
+    return *replicas_.at(size_t(i));
+  }
+
+  /// A scheduler's figures: replica -1 (the only one) writes the engine's
+  /// directly; replica i writes its own and the engine's become the sums
+  /// over all replicas. The scheduler's thread.
+  void publish_load(int32_t replica, int32_t now_waiting, int32_t now_running, int32_t used,
+                    int32_t total) {
+    if (replica < 0 || replica >= num_replicas()) {
+      waiting = now_waiting;
+      running = now_running;
+      kv_used_pages = used;
+      kv_total_pages = total;
+      return;
+    }
+    auto& g = *replicas_[size_t(replica)];
+    g.waiting = now_waiting;
+    g.running = now_running;
+    g.kv_used_pages = used;
+    g.kv_total_pages = total;
+    // Summed under a lock: two replicas publishing at once would otherwise
+    // each store a sum missing the other's latest figures.
+    std::lock_guard<std::mutex> guard(load_mutex_);
+    int32_t w = 0, r = 0, u = 0, t = 0;
+    for (const auto& x : replicas_) {
+      w += x->waiting;
+      r += x->running;
+      u += x->kv_used_pages;
+      t += x->kv_total_pages;
+    }
+    waiting = w;
+    running = r;
+    kv_used_pages = u;
+    kv_total_pages = t;
+  }
+
   /// Why the engine is degraded ("" while it is not). Any thread.
   std::string reason() const {
     std::lock_guard<std::mutex> guard(memory_mutex_);
@@ -152,6 +219,8 @@ struct engine_status {
   std::string kv_cache_strategy;
 
 private:
+  std::vector<std::unique_ptr<replica_gauges>> replicas_;
+  std::mutex load_mutex_;
   mutable std::mutex memory_mutex_;
   std::vector<memory_plan_entry> memory_plan_;
   std::string reason_;
@@ -161,7 +230,13 @@ private:
 struct engine {
   /// Send generate_request here; the sender is the request's sink.
   frontend_actor frontend;
+  /// Replica 0's scheduler (the only one without data parallelism).
   scheduler_actor scheduler;
+  /// Every replica's scheduler, replica 0's first.
+  std::vector<scheduler_actor> schedulers;
+  /// Data parallel: the router in front of the schedulers; null with one
+  /// replica.
+  replica_router_actor router;
   /// Owns the scheduler, the executor and the watchers below: stopping it
   /// stops them all (engine_supervisor.hpp).
   engine_supervisor_actor supervisor;
@@ -181,6 +256,15 @@ struct engine {
   /// unavailable). Call from any thread.
   void shutdown() const;
 };
+
+/// The replicas' devices of `o` (o.devices, or o.device alone), checked:
+/// all cpu or all cuda (std::invalid_argument otherwise). Any thread.
+std::vector<std::string> replica_devices(const engine_options& o);
+
+/// Replica i's share of device memory: `fraction` divided by the number of
+/// replicas on devices[i]'s device. Any thread.
+double replica_memory_fraction(const std::vector<std::string>& devices, size_t i,
+                               double fraction);
 
 /// The Prometheus text for GET /metrics. Any thread, never blocks.
 std::string render_metrics(const engine& e);

@@ -238,6 +238,62 @@ void engine_metrics::on_executor_restart() {
   restarts_.inc();
 }
 
+// -- data parallel: per-replica series ------------------------------------------------
+
+void engine_metrics::enable_replicas(int32_t n) {
+  if (!replicas_.empty() || n < 2)
+    return;
+  auto& up = registry_.add_gauge_family(
+    "metronome:replica_up", "1 while the replica takes requests (its executor is up).",
+    {"replica"});
+  auto& running = registry_.add_gauge_family("metronome:replica_num_requests_running",
+                                             "Requests with sequences in the replica.",
+                                             {"replica"});
+  auto& waiting = registry_.add_gauge_family("metronome:replica_num_requests_waiting",
+                                             "Requests waiting in the replica's scheduler.",
+                                             {"replica"});
+  auto& kv = registry_.add_gauge_family("metronome:replica_kv_cache_usage_perc",
+                                        "Fraction of the replica's KV cache pages in use.",
+                                        {"replica"});
+  auto& routed = registry_.add_counter_family("metronome:replica_routed_requests_total",
+                                              "Requests the router placed on the replica.",
+                                              {"replica"});
+  auto& steps = registry_.add_counter_family("metronome:replica_steps_total",
+                                             "Engine steps the replica ran.", {"replica"});
+  auto& tokens = registry_.add_counter_family(
+    "metronome:replica_computed_tokens_total",
+    "Tokens (prompt and output) the replica's steps computed.", {"replica"});
+  auto& restarts = registry_.add_counter_family(
+    "metronome:replica_executor_restarts_total",
+    "Failures of the replica's executor (restarted or not).", {"replica"});
+  for (int32_t i = 0; i < n; ++i) {
+    // Every series exists from the start (a replica that never fails shows
+    // 0 restarts), and is looked up once.
+    const std::string r = std::to_string(i);
+    replicas_.push_back({&up.with({r}), &running.with({r}), &waiting.with({r}), &kv.with({r}),
+                         &routed.with({r}), &steps.with({r}), &tokens.with({r}),
+                         &restarts.with({r})});
+  }
+}
+
+void engine_metrics::on_routed(int32_t replica) {
+  if (replica >= 0 && replica < int32_t(replicas_.size()))
+    replicas_[size_t(replica)].routed->inc();
+}
+
+void engine_metrics::on_replica_step(int32_t replica, int64_t num_tokens) {
+  if (replica < 0 || replica >= int32_t(replicas_.size()))
+    return;
+  replicas_[size_t(replica)].steps->inc();
+  if (num_tokens > 0)
+    replicas_[size_t(replica)].tokens->inc(double(num_tokens));
+}
+
+void engine_metrics::on_replica_restart(int32_t replica) {
+  if (replica >= 0 && replica < int32_t(replicas_.size()))
+    replicas_[size_t(replica)].restarts->inc();
+}
+
 void engine_metrics::on_scheduling_event(const std::string& kind, int64_t n) {
   if (n > 0)
     scheduling_events_.with({kind}).inc(double(n));
@@ -291,6 +347,15 @@ std::string engine_metrics::render(const engine_status& s) {
   ready_.set(s.ready.load() ? 1.0 : 0.0);
   for (const auto& e : s.memory_plan())
     memory_.with({e.name}).set(double(e.bytes));
+  for (int32_t i = 0; i < int32_t(replicas_.size()) && i < s.num_replicas(); ++i) {
+    const auto& g = s.replica(i);
+    const auto& m = replicas_[size_t(i)];
+    const int32_t pages = g.kv_total_pages.load();
+    m.up->set(g.up.load() ? 1.0 : 0.0);
+    m.running->set(g.running.load());
+    m.waiting->set(g.waiting.load());
+    m.kv_usage->set(pages > 0 ? double(g.kv_used_pages.load()) / pages : 0.0);
+  }
   process_.refresh();
   return registry_.render();
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "metrics/process_metrics.hpp"
 #include "metrics/prometheus.hpp"
@@ -71,6 +72,19 @@ public:
 
   void on_preemptions(int64_t n);
   void on_executor_restart();
+
+  /// Data parallel: adds the per-replica series (labelled replica="0", ...,
+  /// for `n` replicas; none for fewer than 2): membership, running, waiting
+  /// and KV usage from engine_status at render(), and the counters below.
+  /// Once, before any actor observes (spawn_engine).
+  void enable_replicas(int32_t n);
+  /// The router placed a request on `replica`. Router thread.
+  void on_routed(int32_t replica);
+  /// `replica` ran a step that computed `num_tokens`. Its scheduler's
+  /// thread; replica -1 (the only one) counts nowhere.
+  void on_replica_step(int32_t replica, int64_t num_tokens);
+  /// `replica`'s executor failed. Its scheduler's thread.
+  void on_replica_restart(int32_t replica);
   /// The scheduler changed policy (to `policy`, for `why`).
   void on_policy_switch(const std::string& policy, const std::string& why);
 
@@ -144,6 +158,18 @@ private:
   prometheus::family<prometheus::gauge>& memory_;
   /// process_* and metronome:heap_* (metrics/process_metrics.hpp).
   prometheus::process_metrics process_;
+  /// One replica's series (enable_replicas).
+  struct replica_series {
+    prometheus::gauge* up;
+    prometheus::gauge* running;
+    prometheus::gauge* waiting;
+    prometheus::gauge* kv_usage;
+    prometheus::counter* routed;
+    prometheus::counter* steps;
+    prometheus::counter* tokens;
+    prometheus::counter* restarts;
+  };
+  std::vector<replica_series> replicas_;
 };
 
 } // namespace metronome

@@ -7,6 +7,15 @@
 //                                 ├── drift supervisor (if any)
 //                                 └── stats reporter (if any)
 //
+// Data parallel (docs/scale-out.md), there is one executor and one
+// scheduler per replica, and the replica router: a replica's executor
+// failure is that replica's alone (its scheduler is told, the router takes
+// it out until its executor is up again). Past its restart budget a
+// replica is removed; one restart_window later the supervisor tries a new
+// executor, with a fresh budget, which re-joins the router when it is up.
+// Only when no replica is left (or a device is lost, or any scheduler or
+// the router fails) is the engine degraded.
+//
 // The scheduler and the watchers are spawned by the caller (their handles
 // are returned at once, spawn_engine) and handed to the supervisor, which
 // links to each as it starts: from then on they live and end with it. The
@@ -36,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/executor.hpp"
 #include "actors/interfaces.hpp"
@@ -79,6 +89,12 @@ struct engine_children {
   /// Null when none runs.
   drift_supervisor_actor drift_supervisor;
   stats_reporter_actor stats_reporter;
+  /// Data parallel: the schedulers of replicas 1, 2, ... (`scheduler` is
+  /// replica 0's); empty with one replica.
+  std::vector<scheduler_actor> more_schedulers;
+  /// Data parallel: the router in front of the replicas, told when one
+  /// leaves or re-joins; null with one replica.
+  replica_router_actor router;
 };
 
 /// Spawns the engine supervisor: it links to `children`, spawns the executor
@@ -88,6 +104,14 @@ struct engine_children {
 /// the degraded state. Any thread.
 engine_supervisor_actor spawn_engine_supervisor(caf::actor_system& sys, engine_children children,
                                                 runner_factory factory,
+                                                engine_supervision policy,
+                                                std::shared_ptr<engine_status> status);
+
+/// Data parallel: as above with one factory per replica (replica i's
+/// executor is built by factories[i]; fewer factories than replicas: the
+/// last serves the rest). Any thread.
+engine_supervisor_actor spawn_engine_supervisor(caf::actor_system& sys, engine_children children,
+                                                std::vector<runner_factory> factories,
                                                 engine_supervision policy,
                                                 std::shared_ptr<engine_status> status);
 

@@ -29,6 +29,14 @@ using request_sink_actor = caf::typed_actor<caf::reacts_to<text_delta>,
 /// dropped; a degraded engine answers generation_error unavailable at once).
 using frontend_actor = caf::typed_actor<caf::reacts_to<generate_request>>;
 
+/// What a request actor needs of the scheduling side: it admits itself
+/// (admit_msg; the request actor is the sender, and hears from the
+/// scheduler that runs it) and cancels (cancel_atom, seq id, why). With one
+/// replica this is the scheduler_actor; with several (data parallel) the
+/// replica_router_actor in front of their schedulers.
+using admission_actor = caf::typed_actor<caf::reacts_to<admit_msg>,
+                                         caf::reacts_to<cancel_atom, uint64_t, finish_kind>>;
+
 /// One per request. token_msg and generation_error come from the scheduler;
 /// timeout_atom is its own deadline (a request to itself that is never
 /// answered, see request_actor.cpp). It also watches its sink (a DOWN
@@ -64,6 +72,14 @@ using scheduler_actor = policy_control_actor::extend<
 // step_output, step_done_atom, crash_atom), is declared in messages.hpp:
 // executor_up_msg carries one.
 
+/// The router in front of the replicas' schedulers, data parallel only
+/// (replica_router_actor.hpp): admission_actor's messages, each forwarded
+/// to the replica it places the request on (the request actor stays the
+/// sender), and (ready_atom, replica, up) from the engine supervisor when a
+/// replica leaves (false: its executor is down) or re-joins (true).
+using replica_router_actor
+  = admission_actor::extend<caf::reacts_to<ready_atom, int32_t, bool>>;
+
 /// The drift supervisor (drift_supervisor.hpp): prediction outcomes from
 /// the scheduler, its own re-evaluation timer (tick_atom), and stats_atom
 /// for its window and the switches it made.
@@ -74,11 +90,13 @@ using drift_supervisor_actor
 /// The stats line's actor (stats_reporter.hpp): only its own timer.
 using stats_reporter_actor = caf::typed_actor<caf::reacts_to<tick_atom, uint64_t>>;
 
-/// The engine supervisor (engine_supervisor.hpp), which owns the executor,
-/// the scheduler and the watchers: executor_up_msg from the executor it
-/// started; crash_atom crashes that executor (fault injection for tests and
-/// drills).
+/// The engine supervisor (engine_supervisor.hpp), which owns the
+/// executors, the schedulers, the router and the watchers: executor_up_msg
+/// from an executor it started; crash_atom crashes replica 0's executor,
+/// (crash_atom, i) replica i's (fault injection for tests and drills);
+/// (tick_atom, i) is its own timer that retries a removed replica i.
 using engine_supervisor_actor
-  = caf::typed_actor<caf::reacts_to<executor_up_msg>, caf::reacts_to<crash_atom>>;
+  = caf::typed_actor<caf::reacts_to<executor_up_msg>, caf::reacts_to<crash_atom>,
+                     caf::reacts_to<crash_atom, int32_t>, caf::reacts_to<tick_atom, uint64_t>>;
 
 } // namespace metronome

@@ -28,7 +28,8 @@ struct engine_status;
 
 /// What all request actors of one engine share. Immutable after creation.
 struct request_context {
-  scheduler_actor scheduler;
+  /// The scheduler, or with several replicas the router in front of theirs.
+  admission_actor scheduler;
   std::shared_ptr<const tokenizer> tokens;
   std::shared_ptr<const chat_template> chat;
   std::shared_ptr<engine_status> status;

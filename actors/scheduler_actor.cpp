@@ -39,6 +39,10 @@ struct scheduler_actor_state {
   drift_watcher_actor drift_watcher;
   /// The step trace's time zero (the actor's start).
   sched_time trace_origin{0};
+  /// The executor is gone for good (a permanent executor_down_msg): new
+  /// admissions are refused until an executor comes up again (a removed
+  /// replica's retry, data parallel).
+  bool gone = false;
   static inline const char* name = "scheduler";
 };
 
@@ -46,12 +50,9 @@ using self_ptr = scheduler_actor::stateful_pointer<scheduler_actor_state>;
 
 void publish(self_ptr self) {
   auto& st = self->state;
-  if (st.status) {
-    st.status->waiting = st.core->num_waiting();
-    st.status->running = st.core->num_running();
-    st.status->kv_used_pages = st.core->used_pages();
-    st.status->kv_total_pages = st.core->num_pages();
-  }
+  if (st.status)
+    st.status->publish_load(st.config.replica, st.core->num_waiting(), st.core->num_running(),
+                            st.core->used_pages(), st.core->num_pages());
   if (st.metrics) {
     st.metrics->on_preemptions(st.core->preemptions() - st.reported_preemptions);
     st.reported_preemptions = st.core->preemptions();
@@ -129,9 +130,11 @@ void on_output(self_ptr self, const step_output& out) {
   auto u = st.core->update_from_output(out, now);
   if (st.config.trace && u.step)
     st.config.trace->write(std::chrono::duration<double>(now - st.trace_origin).count(), *u.step);
-  if (st.metrics)
+  if (st.metrics) {
     st.metrics->on_step(out.num_seqs, st.config.scheduler.limits.max_batch_size,
                         out.num_tokens, int64_t(out.tokens.size()), out.seconds);
+    st.metrics->on_replica_step(st.config.replica, out.num_tokens);
+  }
   for (auto& ev : u.tokens) {
     auto i = st.requests.find(ev.id);
     if (i == st.requests.end())
@@ -161,6 +164,7 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
   auto& st = self->state;
   ++st.epoch;
   st.executor = nullptr;
+  st.gone = st.gone || permanent;
   for (auto id : st.core->fail_runner())
     fail_request(self, id, request_errc::engine_failure,
                  "the engine failed while running this request (" + reason + ")");
@@ -177,8 +181,10 @@ void lose_executor(self_ptr self, const std::string& reason, bool permanent) {
                    "the engine is unavailable: its executor keeps failing (" + reason + ")");
     }
   }
-  if (st.metrics)
+  if (st.metrics) {
     st.metrics->on_executor_restart();
+    st.metrics->on_replica_restart(st.config.replica);
+  }
   publish(self);
 }
 
@@ -287,7 +293,10 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor
       auto& s = self->state;
       // The sender is the request actor (interfaces.hpp): it gets the tokens.
       auto sender = caf::actor_cast<request_actor>(self->current_sender());
-      if (s.status->degraded) { // published by the engine supervisor, its one owner
+      // Degraded: published by the engine supervisor, its one owner; gone:
+      // this replica's executor is past its restart budget (the router has
+      // been told, but this admission was on its way).
+      if (s.status->degraded || s.gone) {
         self->send(sender, generation_error{{}, request_errc::unavailable,
                                             "the engine is unavailable: its executor keeps failing",
                                             ""});
@@ -334,6 +343,7 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor
     [=](executor_up_msg& up) {
       auto& s = self->state;
       ++s.epoch;
+      s.gone = false;
       s.executor = std::move(up.executor);
       s.core->set_capacity(up.num_pages, up.page_size);
       pump(self);

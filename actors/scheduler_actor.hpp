@@ -35,6 +35,9 @@ struct scheduler_actor_config {
   /// Where each step's plan and measured time go (logging.step_trace);
   /// null = nowhere. Written on the scheduler's thread only.
   std::shared_ptr<step_trace> trace;
+  /// Data parallel: the replica this scheduler serves (its figures go to
+  /// engine_status::replica(i) and the replica's metrics); -1: the only one.
+  int32_t replica = -1;
 };
 
 /// Engine time of an actor: nanoseconds of its system's actor clock, which

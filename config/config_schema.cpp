@@ -54,6 +54,10 @@ bool is_fault_injection(std::string_view text) {
   return fault_injection::parse(text).has_value();
 }
 
+bool is_device(std::string_view text) {
+  return device_spec::parse(text).has_value();
+}
+
 bool is_power_of_two(int64_t x) {
   return x > 0 && (x & (x - 1)) == 0;
 }
@@ -470,6 +474,14 @@ std::vector<config_key> make_keys() {
                "Hugging Face model folder; empty serves the model that ships with Metronome."));
   add(device_key("model.device", METRONOME_FIELD(model.device),
                  "Where the model runs: cpu or cuda:N."));
+  add(list_key("model.devices", METRONOME_FIELD(model.devices),
+               "Data parallel: one replica per device listed (a device listed k times holds k "
+               "replicas, each with 1/k of engine.gpu_memory_fraction); empty: "
+               "model.data_parallel replicas on model.device.",
+               "devices (cpu or cuda:N)", &is_device, "DEVICE"));
+  add(integer_key("model.data_parallel", METRONOME_FIELD(model.data_parallel), 1, 64,
+                  "Data parallel: replicas of the model behind one router, each with its own "
+                  "scheduler, executor and KV cache."));
   add(text_key("model.served_model_name", METRONOME_FIELD(model.served_model_name),
                "Model name in the API (`model` field, /v1/models); empty = the folder name."));
   add(chat_template_key(

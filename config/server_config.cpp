@@ -116,6 +116,23 @@ std::string num(int64_t x) {
 } // namespace
 
 void validate(const server_config& cfg, const std::string& source) {
+  const auto& m = cfg.model;
+  if (!m.devices.empty()) {
+    if (m.data_parallel != 1 && m.data_parallel != int32_t(m.devices.size()))
+      fail(source, "model.data_parallel",
+           "is " + num(m.data_parallel) + " but model.devices lists " + num(int64_t(m.devices.size()))
+             + " devices, one replica each: set one of the two, or make them agree");
+    if (m.device != device_spec{} && m.devices.front() != m.device.to_string())
+      fail(source, "model.device",
+           "is " + m.device.to_string() + " but model.devices starts with " + m.devices.front()
+             + ": set only model.devices, or make model.device its first entry");
+    const bool cpu = m.devices.front() == "cpu";
+    for (const auto& d : m.devices)
+      if ((d == "cpu") != cpu)
+        fail(source, "model.devices",
+             "replicas run all on the CPU or all on CUDA devices, got both " + m.devices.front()
+               + " and " + d);
+  }
   const auto& e = cfg.engine;
   // Every running sequence decodes one token per step, so a budget smaller
   // than the batch cap could never run a full batch (vLLM checks the same).

@@ -157,6 +157,14 @@ struct model_section {
   /// A Hugging Face folder; empty serves the model that ships with Metronome.
   std::string path;
   device_spec device;
+  /// Data parallel: one replica of the model per entry ("cpu" or "cuda:N",
+  /// all of one kind; a device listed twice holds two replicas, each with
+  /// half of engine.gpu_memory_fraction). Empty: model.data_parallel
+  /// replicas on model.device.
+  std::vector<std::string> devices;
+  /// Data parallel: replicas of the model behind one router, each with its
+  /// own scheduler, executor and KV cache (docs/scale-out.md).
+  int32_t data_parallel = 1;
   /// The `model` name clients send and /v1/models lists; empty = folder name.
   std::string served_model_name;
   /// How chat messages become a prompt: "" = the Jinja template in the

@@ -63,6 +63,8 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
               "cuda:" + std::to_string(options_.device) + " does not exist ("
                 + std::to_string(count) + " devices)");
   METRONOME_CUDA(cudaSetDevice(options_.device));
+  size_t device_total = 0;
+  METRONOME_CUDA(cudaMemGetInfo(&free_at_start_, &device_total));
   METRONOME_CUDA(
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
   METRONOME_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -179,7 +181,11 @@ void cuda_engine::plan_kv_and_capture() {
   }
 
   METRONOME_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const size_t used = total_b - free_b;
+  // Replicas sharing the device (data parallel): the others' memory is
+  // theirs, and each has its own gpu_memory_fraction share of the total.
+  size_t used = total_b - free_b;
+  if (options_.device_replicas > 1)
+    used = free_at_start_ > free_b ? free_at_start_ - free_b : 0;
   const int32_t num_pages = planner_.kv_pages(total_b, used, graph_estimate);
   const int32_t page_stride = planner_.page_stride(num_pages);
   packer_.shape.page_stride = page_stride;

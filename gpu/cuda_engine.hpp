@@ -207,6 +207,9 @@ private:
   memory_planner planner_;
   step_packer packer_;
   int32_t num_sms_ = 0;
+  // The device's free memory before this runner allocated anything
+  // (options_.device_replicas > 1: its own use is measured from here).
+  size_t free_at_start_ = 0;
   // kv_cache_dtype "fp8" (kv_pool, forward_pass).
   bool kv_fp8_ = false;
   cudaStream_t stream_ = nullptr;

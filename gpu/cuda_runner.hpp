@@ -24,6 +24,11 @@ struct cuda_runner_options {
   /// Share of the device's memory the runner may hold in all (weights,
   /// activations, graphs, KV pool).
   double gpu_memory_fraction = 0.9;
+  /// Replicas of this process that share the device (data parallel, each
+  /// given gpu_memory_fraction / device_replicas). Above 1 the runner's
+  /// plan counts only the memory it allocated itself since it started, not
+  /// the other replicas' (which "total - free" would include).
+  int32_t device_replicas = 1;
   /// Most sequences and tokens in one step (decode graphs are captured up
   /// to max_batch_size), tokens per KV page, the KV pool's size in tokens
   /// (0 = whatever the memory plan leaves), the longest sequence (0 = the

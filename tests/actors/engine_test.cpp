@@ -2,6 +2,8 @@
 // tiny Llama-3 model: what a client sees (deltas, done, errors), and what
 // the engine does when a client leaves, a step fails or limits are hit.
 
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "actors/engine.hpp"
@@ -134,6 +136,67 @@ TEST_F(engine_test, a_completion_streams_the_greedy_tokens_as_text) {
 
 // The runner's memory plan reaches /metrics once the executor is up: the CPU
 // runner's KV cache, fp32 keys and values of every layer for every page.
+TEST_F(engine_test, two_cpu_replicas_serve_concurrent_requests_as_one_engine_does) {
+  opts.devices = {"cpu", "cpu"};
+  start();
+  ASSERT_TRUE(eng->router) << "data parallel runs a router";
+  ASSERT_EQ(eng->schedulers.size(), 2u);
+  const auto alone = run(completion("The quick brown fox", 8));
+  ASSERT_FALSE(alone.error) << alone.error->message;
+  // Four at once from one sink, told apart by their ids.
+  caf::scoped_actor self{sys};
+  for (int i = 0; i < 4; ++i) {
+    auto r = completion("The quick brown fox", 8);
+    r.request_id = "r" + std::to_string(i);
+    self->send(eng->frontend, std::move(r));
+  }
+  std::map<std::string, std::vector<int32_t>> ids;
+  int ended = 0;
+  while (ended < 4) {
+    self->receive(
+      [&](text_delta& d) {
+        auto& v = ids[d.request_id];
+        v.insert(v.end(), d.token_ids.begin(), d.token_ids.end());
+      },
+      [&](generation_done&) { ++ended; },
+      [&](generation_error& e) {
+        ADD_FAILURE() << e.request_id << ": " << e.message;
+        ++ended;
+      },
+      caf::after(60s) >> [&] {
+        ADD_FAILURE() << "no answer within 60 s";
+        ended = 4;
+      });
+  }
+  ASSERT_EQ(ids.size(), 4u);
+  for (const auto& [id, got] : ids)
+    EXPECT_EQ(got, alone.ids) << id << ": the replicas run the same model";
+  const auto text = render_metrics(*eng);
+  double routed = 0;
+  for (const std::string r : {"0", "1"}) {
+    const std::string series = "metronome:replica_routed_requests_total{replica=\"" + r + "\"} ";
+    const auto at = text.find(series);
+    ASSERT_NE(at, std::string::npos) << text;
+    routed += std::stod(text.substr(at + series.size()));
+  }
+  EXPECT_EQ(routed, 5) << "every request went through the router";
+  EXPECT_NE(text.find("metronome:replica_up{replica=\"1\"} 1"), std::string::npos);
+  EXPECT_TRUE(settles());
+}
+
+TEST_F(engine_test, replicas_sharing_a_device_split_its_memory_fraction) {
+  const std::vector<std::string> devices = {"cuda:0", "cuda:1", "cuda:0"};
+  EXPECT_DOUBLE_EQ(replica_memory_fraction(devices, 0, 0.9), 0.45);
+  EXPECT_DOUBLE_EQ(replica_memory_fraction(devices, 1, 0.9), 0.9);
+  EXPECT_DOUBLE_EQ(replica_memory_fraction(devices, 2, 0.9), 0.45);
+  engine_options o;
+  o.devices = {"cpu", "cuda:0"};
+  EXPECT_THROW(replica_devices(o), std::invalid_argument);
+  o.devices.clear();
+  o.device = "cuda:3";
+  EXPECT_EQ(replica_devices(o), std::vector<std::string>{"cuda:3"});
+}
+
 TEST_F(engine_test, the_memory_plan_is_in_the_metrics_once_the_executor_is_up) {
   start();
   auto out = run(completion("Hello", 1)); // the executor is up once a step ran

@@ -28,36 +28,7 @@ using namespace std::chrono_literals;
 constexpr int32_t total_pages = 64;
 constexpr int32_t page_tokens = 16;
 
-/// A runner that keeps the real sequence table (so bad plans fail as the
-/// real runners' do) and samples token 9 wherever a chunk completes its
-/// sequence's known tokens. Each step ends within submit(), as the CPU
-/// runner's.
-class table_runner : public test::fake_runner {
-public:
-  table_runner() : fake_runner(total_pages, page_tokens, "table") {
-    // nop
-  }
-
-  step_output execute(const step_plan& plan) override {
-    table_.apply(plan, page_tokens, total_pages);
-    step_output out;
-    out.step = plan.step;
-    out.num_seqs = int32_t(plan.chunks.size());
-    for (const auto& c : plan.chunks) {
-      auto& s = table_.at(c.id);
-      s.num_computed += c.num_tokens;
-      out.num_tokens += c.num_tokens;
-      if (s.num_computed < int32_t(s.tokens.size()))
-        continue;
-      s.tokens.push_back(9);
-      out.tokens.push_back({c.id, 9, 0.0f});
-    }
-    return out;
-  }
-
-private:
-  sequence_table table_;
-};
+using test::table_runner;
 
 /// A runner on a device that never finishes a step (a CUDA kernel that
 /// does not return): nothing is ever ready, and it says the device is stuck.

@@ -95,6 +95,37 @@ private:
   std::string device_;
 };
 
+/// A fake runner of 64 pages of 16 tokens that keeps the real sequence
+/// table (so bad plans fail as the real runners' do) and samples token 9
+/// wherever a chunk completes its sequence's known tokens. Each step ends
+/// within submit(), as the CPU runner's.
+class table_runner : public fake_runner {
+public:
+  table_runner() : fake_runner(64, 16, "table") {
+    // nop
+  }
+
+  step_output execute(const step_plan& plan) override {
+    table_.apply(plan, page_size(), num_pages());
+    step_output out;
+    out.step = plan.step;
+    out.num_seqs = int32_t(plan.chunks.size());
+    for (const auto& c : plan.chunks) {
+      auto& s = table_.at(c.id);
+      s.num_computed += c.num_tokens;
+      out.num_tokens += c.num_tokens;
+      if (s.num_computed < int32_t(s.tokens.size()))
+        continue;
+      s.tokens.push_back(9);
+      out.tokens.push_back({c.id, 9, 0.0f});
+    }
+    return out;
+  }
+
+private:
+  sequence_table table_;
+};
+
 /// What a fake_request received.
 struct fake_request_state {
   std::vector<token_msg> tokens;

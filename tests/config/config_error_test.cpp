@@ -292,6 +292,27 @@ TEST(config_cross_field, fault_injection_needs_a_loopback_host_and_a_known_form)
   EXPECT_NE(e.problem().find("throw_after:N"), std::string::npos) << e.what();
 }
 
+TEST(config_cross_field, data_parallel_keys_are_refused_by_name) {
+  auto e = load_error("model:\n  devices: [cuda:0, cuda:1]\n  data_parallel: 3\n");
+  EXPECT_EQ(e.key_path(), "model.data_parallel") << e.what();
+  EXPECT_NE(e.problem().find("model.devices lists 2 devices"), std::string::npos) << e.what();
+  e = load_error("model:\n  device: cuda:1\n  devices: [cuda:0]\n");
+  EXPECT_EQ(e.key_path(), "model.device") << e.what();
+  e = load_error("model:\n  devices: [cpu, cuda:0]\n");
+  EXPECT_EQ(e.key_path(), "model.devices") << e.what();
+  EXPECT_NE(e.problem().find("all on the CPU or all on CUDA"), std::string::npos) << e.what();
+  e = load_error("model:\n  devices: [gpu0]\n");
+  EXPECT_EQ(e.key_path(), "model.devices") << e.what();
+  e = load_error("model:\n  data_parallel: 0\n");
+  EXPECT_EQ(e.key_path(), "model.data_parallel") << e.what();
+  // Agreeing keys, a device listed twice (two replicas sharing it), and
+  // replicas on the one model.device are fine.
+  auto cfg = load_config_string("model:\n  devices: [cuda:0, cuda:0]\n  data_parallel: 2\n", "t");
+  EXPECT_EQ(cfg.model.devices.size(), 2u);
+  cfg = load_config_string("model:\n  data_parallel: 4\n", "t");
+  EXPECT_EQ(cfg.model.data_parallel, 4);
+}
+
 TEST(config_cross_field, holds_when_both_sides_move_together) {
   auto cfg = load_config_string(
     "engine:\n  policy: ladb-literal\n"

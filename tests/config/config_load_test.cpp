@@ -318,6 +318,8 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"server.tls.key_file", "/etc/metronome/key.pem"},
     {"model.path", "/models/\xc3\xbc/Llama 3 # not a comment"},
     {"model.device", "cuda:12"},
+    {"model.devices", "cuda:12,cuda:12,cuda:3"},
+    {"model.data_parallel", "3"},
     {"model.served_model_name", "a \"quoted\": name\\ with\ttab and \x01 control"},
     {"model.chat_template", "mistral"},
     {"model.max_model_len", "4096"},

@@ -71,6 +71,11 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   engine_options o;
   o.model_dir = model_dir;
   o.device = c.model.device.to_string();
+  // Data parallel: the replicas' devices (validate() has made the two keys
+  // agree); none for one replica.
+  o.devices = c.model.devices;
+  if (o.devices.empty() && c.model.data_parallel > 1)
+    o.devices.assign(size_t(c.model.data_parallel), o.device);
   o.served_model_name = c.model.served_model_name;
   if (is_chat_template_name(c.model.chat_template))
     o.chat_template = c.model.chat_template;

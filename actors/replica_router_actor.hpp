@@ -1,0 +1,44 @@
+#pragma once
+// The router actor (data parallel, docs/scale-out.md): one per engine that
+// runs several replicas (each a scheduler with its executor and KV cache),
+// between the request actors and the replicas' schedulers. It is the
+// request actors' admission_actor: an admit_msg goes to the replica that
+// sched/replica_router.hpp chooses, forwarded with the request actor as its
+// sender (the replica's scheduler answers it directly: tokens never pass
+// through the router); a cancel_atom follows its request. The router
+// monitors each request actor it placed, and its DOWN takes the request's
+// load off its replica.
+//
+// The engine supervisor tells it when a replica leaves (ready_atom,
+// replica, false: its executor died, restarting or past its restart
+// budget) and when it re-joins (ready_atom, replica, true: an executor is
+// up again). Requests already placed on a replica that leaves are its
+// scheduler's to fail or keep (executor_down_msg); new ones go elsewhere.
+// With every replica gone it answers admissions generation_error
+// unavailable at once.
+//
+// With one replica there is no router: request actors talk to the
+// scheduler directly, as before data parallelism.
+
+#include <memory>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+#include "sched/replica_router.hpp"
+
+namespace metronome {
+
+struct engine_status;
+class engine_metrics;
+
+/// Spawns the router in front of `schedulers` (replica i's at index i; at
+/// least one, `config.replicas` of them). It publishes each replica's
+/// membership to `status` (not null; its replica gauges sized for them) and
+/// counts placements in `metrics` (may be null). Every replica starts up.
+/// Any thread; spawn_engine calls it once per engine.
+replica_router_actor spawn_replica_router(caf::actor_system& sys, replica_router_config config,
+                                          std::vector<scheduler_actor> schedulers,
+                                          std::shared_ptr<engine_status> status,
+                                          std::shared_ptr<engine_metrics> metrics);
+
+} // namespace metronome

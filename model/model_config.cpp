@@ -373,6 +373,8 @@ json model_config::to_json() const {
   else if (!eos_token_ids.empty())
     j["eos_token_id"] = eos_token_ids;
   j["torch_dtype"] = std::string(torch_dtype_name(declared_dtype.value_or(dtype::bf16)));
+  if (quantization)
+    j["quantization_config"] = quantization->to_json();
   return j;
 }
 

@@ -186,4 +186,23 @@ quantization_config quantization_config::from_json(const json& q, const std::str
   return c;
 }
 
+json quantization_config::to_json() const {
+  json j = {{"quant_method", std::string(quant_method_name(method))},
+            {"bits", bits},
+            {"group_size", group_size}};
+  json modules = nullptr;
+  if (!modules_to_not_convert.empty())
+    modules = modules_to_not_convert;
+  if (method == quant_method::gptq) {
+    j["desc_act"] = desc_act;
+    j["sym"] = sym;
+    j["checkpoint_format"] = "gptq";
+  } else {
+    j["zero_point"] = true;
+    j["version"] = "gemm";
+    j["modules_to_not_convert"] = modules;
+  }
+  return j;
+}
+
 } // namespace metronome

@@ -57,6 +57,11 @@ struct quantization_config {
   /// group size, checkpoint format, AWQ version or zero-point setting, a
   /// mistyped value, or a field it does not know.
   static quantization_config from_json(const nlohmann::json& q, const std::string& file);
+
+  /// The `quantization_config` object a checkpoint of this layout carries
+  /// in config.json (from_json parses it back to an equal value; GPTQ's
+  /// modules_to_not_convert is not written).
+  nlohmann::json to_json() const;
 };
 
 } // namespace metronome

@@ -1,6 +1,8 @@
 #include "model/make_model.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -10,6 +12,7 @@
 #include "model/model_error.hpp"
 #include "model/parallel.hpp"
 #include "model/random.hpp"
+#include "model/rtn_quantize.hpp"
 #include "model/safetensors.hpp"
 
 namespace metronome {
@@ -40,7 +43,8 @@ void finish(model_config& c) {
 } // namespace
 
 std::vector<std::string> model_presets() {
-  return {"tiny-llama3", "tiny-qwen2", "tiny-mistral", "llama3-1b", "llama3-8b"};
+  return {"tiny-llama3", "tiny-llama3-g128", "tiny-qwen2", "tiny-mistral", "llama3-1b",
+          "llama3-8b"};
 }
 
 std::optional<model_config> preset_config(const std::string& name) {
@@ -55,6 +59,20 @@ std::optional<model_config> preset_config(const std::string& name) {
     c.num_heads = 4;
     c.num_kv_heads = 2;
     c.head_dim = 16;
+    c.max_position_embeddings = 4096;
+    c.rope_scaling = llama3_rope_scaling{8.0, 1.0, 4.0, 256};
+    c.tie_word_embeddings = true;
+  } else if (name == "tiny-llama3-g128") {
+    // tiny-llama3 widened so that every projection's input (hidden 128,
+    // q 128, intermediate 384) is a multiple of 128: the int4 group size of
+    // --quantize int4 and make-model --quantize (docs/quantization.md).
+    c = llama3_base();
+    c.hidden_size = 128;
+    c.intermediate_size = 384;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
     c.max_position_embeddings = 4096;
     c.rope_scaling = llama3_rope_scaling{8.0, 1.0, 4.0, 256};
     c.tie_word_embeddings = true;
@@ -191,6 +209,16 @@ safetensors_writer::fill_fn make_fill(uint64_t stream, init_rule rule, dtype typ
   };
 }
 
+/// Whether `name` is a decoder projection's weight (q, k, v, o, gate, up,
+/// down): what make_model_options::quantize packs.
+bool is_projection(const std::string& name) {
+  for (const char* p : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                        "gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+    if (name.ends_with(std::string(".") + p))
+      return true;
+  return false;
+}
+
 void write_json(const fs::path& path, const json& doc) {
   std::ofstream out(path, std::ios::trunc);
   out << doc.dump(2) << "\n";
@@ -224,6 +252,25 @@ int64_t tokenizer_max_id(const fs::path& file) {
 
 void make_model(const make_model_options& o) {
   const auto& c = o.config;
+  // The 4-bit projections first, from the same values the float folder
+  // holds: a shape that does not fit the layout is refused before any file
+  // is written.
+  std::map<std::string, std::shared_ptr<const packed_linear>> packed;
+  if (o.quantize) {
+    for (const auto& [name, shape] : tensor_shapes(c)) {
+      if (!is_projection(name))
+        continue;
+      const int64_t out = shape[0], in = shape[1];
+      std::vector<std::byte> raw(size_t(out * in) * dtype_size(o.weight_type));
+      make_fill(mix64(o.seed) ^ hash_name(name), rule_for(name, c), o.weight_type)(0, raw);
+      std::vector<float> w(size_t(out * in));
+      to_f32(o.weight_type, raw.data(), w.data(), w.size());
+      raw = {};
+      const std::string prefix = name.substr(0, name.size() - 6); // "weight"
+      packed[name] = rtn_quantize(*o.quantize, w.data(), out, in, name, prefix,
+                                  (o.out_dir / "model.safetensors").string());
+    }
+  }
   fs::create_directories(o.out_dir);
   if (o.tokenizer_dir) {
     auto tok = *o.tokenizer_dir / "tokenizer.json";
@@ -241,7 +288,9 @@ void make_model(const make_model_options& o) {
                         fs::perm_options::add);
       }
   }
-  auto config_json = c.to_json();
+  model_config written = c;
+  written.quantization = o.quantize;
+  auto config_json = written.to_json();
   config_json["torch_dtype"] = std::string(torch_dtype_name(o.weight_type));
   write_json(o.out_dir / "config.json", config_json);
   json gen = {{"_from_model_config", true}};
@@ -253,25 +302,54 @@ void make_model(const make_model_options& o) {
     gen["eos_token_id"] = c.eos_token_ids;
   write_json(o.out_dir / "generation_config.json", gen);
   // Says what the folder is wherever Metronome shows a model (model_card.hpp).
+  std::string description = "random weights (metronome make-model, seed " + std::to_string(o.seed);
+  if (o.quantize)
+    description += "; projections int4 by round to nearest: " + o.quantize->describe();
   write_json(o.out_dir / model_card_file,
-             {{"description", "random weights (metronome make-model, seed " + std::to_string(o.seed)
-                                + "): not a trained model, its text is noise"}});
+             {{"description", description + "): not a trained model, its text is noise"}});
 
+  // Every tensor to write: the float ones drawn at write time, the 4-bit
+  // ones copied from `packed`.
+  struct entry {
+    std::string name;
+    dtype type;
+    std::vector<int64_t> shape;
+    safetensors_writer::fill_fn fill;
+  };
+  std::vector<entry> entries;
+  for (const auto& [name, shape] : tensor_shapes(c)) {
+    auto q = packed.find(name);
+    if (q == packed.end()) {
+      auto stream = mix64(o.seed) ^ hash_name(name);
+      entries.push_back({name, o.weight_type, shape,
+                         make_fill(stream, rule_for(name, c), o.weight_type)});
+      continue;
+    }
+    const auto p = q->second;
+    for (const tensor_view* v : {&p->qweight_view, &p->qzeros_view, &p->scales_view,
+                                 &p->g_idx_view}) {
+      if (!v->data)
+        continue; // AWQ: no g_idx
+      entries.push_back({v->name, v->type, v->shape,
+                         [p, v](size_t first, std::span<std::byte> out) {
+                           std::memcpy(out.data(), v->data + first * dtype_size(v->type),
+                                       out.size());
+                         }});
+    }
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const entry& a, const entry& b) { return a.name < b.name; });
   // Assign tensors (in name order) to shards of at most max_shard_bytes.
-  auto shapes = tensor_shapes(c);
-  std::sort(shapes.begin(), shapes.end());
   std::vector<safetensors_writer> shards(1);
   uint64_t total = 0;
-  for (const auto& [name, shape] : shapes) {
-    uint64_t bytes = dtype_size(o.weight_type);
-    for (auto d : shape)
+  for (auto& e : entries) {
+    uint64_t bytes = dtype_size(e.type);
+    for (auto d : e.shape)
       bytes *= uint64_t(d);
     if (o.max_shard_bytes > 0 && shards.back().data_bytes() > 0
         && shards.back().data_bytes() + bytes > o.max_shard_bytes)
       shards.emplace_back();
-    auto stream = mix64(o.seed) ^ hash_name(name);
-    shards.back().add(name, o.weight_type, shape,
-                      make_fill(stream, rule_for(name, c), o.weight_type));
+    shards.back().add(e.name, e.type, e.shape, std::move(e.fill));
     total += bytes;
   }
   for (const auto& old : {"model.safetensors", "model.safetensors.index.json"})

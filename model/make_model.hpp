@@ -37,12 +37,21 @@ struct make_model_options {
   /// Split model.safetensors into shards of at most this many bytes (with an
   /// index), as save_pretrained does; 0 = never.
   uint64_t max_shard_bytes = 5'000'000'000ull;
+  /// Write the decoder projections in this 4-bit layout (rtn_config: AWQ
+  /// or GPTQ v1, a group size), quantized by round to nearest
+  /// (model/rtn_quantize.hpp) from the same random weights the float folder
+  /// holds (drawn, rounded to weight_type, then quantized), with the
+  /// matching `quantization_config` in config.json. Embeddings, norms,
+  /// biases and the LM head stay in weight_type. Unset: all float.
+  std::optional<quantization_config> quantize;
 };
 
 /// Writes config.json, generation_config.json, metronome.json (a description
 /// saying the weights are random), the weights and the tokenizer
 /// files into options.out_dir (created if needed). Throws model_error when the
-/// tokenizer's ids do not fit the vocabulary or a file cannot be written.
+/// tokenizer's ids do not fit the vocabulary, a projection's shape does not
+/// fit options.quantize's layout (naming the tensor; nothing is written
+/// then) or a file cannot be written.
 void make_model(const make_model_options& options);
 
 } // namespace metronome

@@ -42,6 +42,7 @@
 #include "gpu/kernels.hpp"
 #include "model/make_model.hpp"
 #include "model/model_weights.hpp"
+#include "model/rtn_quantize.hpp"
 
 namespace metronome {
 namespace {
@@ -355,6 +356,7 @@ double prefill_flops(const model_costs& m, double n, double ctx) {
 struct options {
   std::string model, name, out, grid;
   std::string make_preset; // with --make-out: write that preset's folder and exit
+  std::string make_quantize; // with --make-preset: awq or gptq writes int4 projections (group 128)
   bool quick = false;
   bool kernels = false;     // per-kernel timings first
   bool decode_only = false; // only the decode figures (batch 1, 8, 32, 64)
@@ -824,7 +826,7 @@ constexpr const char* usage =
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
   "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
   "       [--profile-prefix P:N] [--decode-spread]\n"
-  "       gpu_bench --make-preset NAME --make-out DIR";
+  "       gpu_bench --make-preset NAME --make-out DIR [--make-quantize awq|gptq]";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
 /// (the usage, or the malformed option named).
@@ -840,6 +842,7 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--make-preset"              ? &o.make_preset
                         : a == "--path"                     ? &o.path
                         : a == "--kv-cache-dtype"           ? &o.kv_dtype
+                        : a == "--make-quantize"            ? &o.make_quantize
                         : a == "--profile-mixed"            ? &o.profile_mixed
                         : a == "--profile-prefix"           ? &o.profile_prefix
                                                             : nullptr;
@@ -866,6 +869,8 @@ std::string parse_args(int argc, char** argv, options& o) {
     if (text) {
       if (text == &o.kv_dtype && !parse_kv_cache_dtype(v))
         return "gpu_bench: " + a + ": expected bf16 or fp8, not '" + v + "'";
+      if (text == &o.make_quantize && v != "awq" && v != "gptq")
+        return "gpu_bench: " + a + ": expected awq or gptq, not '" + v + "'";
       *text = v;
       continue;
     }
@@ -905,6 +910,10 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("unknown preset " + o.make_preset);
       mo.config = *cfg;
       mo.out_dir = o.model;
+      if (!o.make_quantize.empty()) // as make-model --quantize awq|gptq
+        mo.quantize = metronome::rtn_config(o.make_quantize == "gptq"
+                                              ? metronome::quant_method::gptq
+                                              : metronome::quant_method::awq);
       const auto t0 = std::chrono::steady_clock::now();
       metronome::make_model(mo);
       std::printf("made %s in %s (%.1f s)\n", o.make_preset.c_str(), o.model.c_str(),

@@ -1,7 +1,8 @@
 // Round-to-nearest int4 (model/rtn_quantize.hpp): the packed tensors read
 // back through dequantize() as exactly the values the documented rule gives
 // (a scalar re-implementation here), within half a scale of the float
-// weights; the refusals name what they refuse.
+// weights; make-model --quantize writes them as checkpoints the loader
+// takes; the refusals name what they refuse.
 
 #include <cmath>
 #include <cstdio>
@@ -241,6 +242,51 @@ TEST(rtn, quantization_config_round_trips_through_config_json) {
     EXPECT_EQ(back.desc_act, cfg.desc_act);
     EXPECT_EQ(back.describe(), cfg.describe());
   }
+}
+
+// -- make-model --quantize ----------------------------------------------------------
+
+TEST(make_model_int4, gptq_folders_load_and_hold_the_symmetric_rule) {
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3");
+  o.seed = 3;
+  o.quantize = rtn_config(quant_method::gptq, 64);
+  o.out_dir = test::scratch_dir("rtn-gptq-" + std::to_string(::getpid()));
+  make_model(o);
+  auto m = model_folder::open(o.out_dir);
+  ASSERT_TRUE(m->config.quantization);
+  EXPECT_EQ(m->config.quantization->describe(), "gptq, 4 bits, group 64, sym");
+  auto plain = model_folder::open(test::tiny_model("tiny-llama3", 3));
+  // Every projection dequantizes to the rule applied to the float folder's
+  // bf16 values.
+  for (size_t l = 0; l < m->weights.layers.size(); ++l)
+    for (int p = 0; p < num_projections; ++p) {
+      const auto& ql = m->weights.layers[l].quantized[size_t(p)];
+      ASSERT_TRUE(ql.present());
+      ASSERT_NE(ql.g_idx, nullptr);
+      const tensor_view* w = plain->weights.layers[l].weight(projection(p));
+      std::vector<float> f(size_t(w->numel())), d(f.size());
+      to_f32(w->type, w->data, f.data(), f.size());
+      dequantize(*m->config.quantization, ql, d.data());
+      EXPECT_EQ(d, rule(*m->config.quantization, f, w->shape[0], w->shape[1])) << w->name;
+    }
+  // The float tensors stay in the folder's dtype.
+  EXPECT_EQ(m->weights.embed->type, dtype::bf16);
+  fs::remove_all(o.out_dir);
+}
+
+TEST(make_model_int4, refuses_shapes_the_group_cannot_divide_before_writing) {
+  // tiny-llama3's 64 inputs per projection hold no group of 128.
+  make_model_options bad;
+  bad.config = *preset_config("tiny-llama3");
+  bad.quantize = rtn_config(quant_method::awq, 128);
+  bad.out_dir = test::scratch_dir("rtn-bad-" + std::to_string(::getpid())) / "out";
+  const auto e = error_of([&] { make_model(bad); });
+  EXPECT_TRUE(contains(e, "model.layers.0.self_attn.q_proj.weight: int4 quantization with "
+                          "group size 128 needs in_features that are a multiple of it"))
+    << e;
+  EXPECT_FALSE(fs::exists(bad.out_dir));
+  fs::remove_all(bad.out_dir.parent_path());
 }
 
 } // namespace

@@ -7,6 +7,7 @@
 
 #include "model/make_model.hpp"
 #include "model/model_error.hpp"
+#include "model/rtn_quantize.hpp"
 #include "tools/metronome/command.hpp"
 
 namespace metronome::cli {
@@ -21,6 +22,8 @@ struct make_model_args {
   uint64_t seed = 0;
   std::string dtype_name = "bf16";
   uint64_t max_shard_mb = 5000;
+  std::string quantize;
+  int32_t group_size = 128;
   bool force = false;
 };
 
@@ -70,10 +73,20 @@ void run(const make_model_args& a) {
   else
     throw command_error("--dtype: expected bf16, f16 or f32, got '" + a.dtype_name + "'");
   o.max_shard_bytes = a.max_shard_mb * 1000000ull;
+  if (a.quantize == "awq")
+    o.quantize = rtn_config(quant_method::awq, a.group_size);
+  else if (a.quantize == "gptq")
+    o.quantize = rtn_config(quant_method::gptq, a.group_size);
+  else if (!a.quantize.empty())
+    throw command_error("--quantize: expected awq or gptq, got '" + a.quantize + "'");
+  if (a.group_size != 32 && a.group_size != 64 && a.group_size != 128 && a.group_size != -1)
+    throw command_error("--group-size: expected 32, 64, 128 or -1 (per channel), got "
+                        + std::to_string(a.group_size));
   make_model(o);
-  std::printf("wrote %s (%s, seed %llu)\n", a.out.c_str(),
+  std::printf("wrote %s (%s, seed %llu%s)\n", a.out.c_str(),
               a.config_file.empty() ? a.preset.c_str() : a.config_file.c_str(),
-              static_cast<unsigned long long>(a.seed));
+              static_cast<unsigned long long>(a.seed),
+              o.quantize ? (", int4 " + o.quantize->describe()).c_str() : "");
 }
 
 void setup(CLI::App& app) {
@@ -98,6 +111,14 @@ void setup(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype_name, "Weight type")->type_name("{bf16,f16,f32}");
   cmd->add_option("--max-shard-mb", args->max_shard_mb,
                   "Split weights into shards of at most this many MB (0: one file)");
+  cmd->add_option("--quantize", args->quantize,
+                  "Write the q/k/v/o/gate/up/down projections as int4 in this checkpoint "
+                  "layout (round to nearest from the same random weights; embeddings, norms "
+                  "and LM head stay --dtype)")
+    ->type_name("{awq,gptq}");
+  cmd->add_option("--group-size", args->group_size,
+                  "With --quantize: input rows per group of scales (-1: per channel)")
+    ->type_name("{32,64,128,-1}");
   cmd->add_flag("--force", args->force,
                 "Write into an output folder that is not empty (refused otherwise)");
   cmd->callback([args, cmd, preset] {

@@ -1,8 +1,10 @@
 #include "model/model_weights.hpp"
 
+#include <cctype>
 #include <set>
 
 #include "model/model_error.hpp"
+#include "model/rtn_quantize.hpp"
 
 namespace metronome {
 
@@ -216,7 +218,21 @@ model_weights model_weights::bind(const model_config& cfg, const tensor_store& s
   return w;
 }
 
-std::shared_ptr<const model_folder> model_folder::open(const fs::path& dir) {
+std::string model_folder::weights_description() const {
+  std::string float_type(dtype_name(weights.type)); // "BF16" -> "bf16"
+  for (auto& ch : float_type)
+    ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (!weights.quantized)
+    return float_type;
+  std::string s = "int4 (";
+  if (quantized_at_load)
+    s += "RTN at load: ";
+  s += config.quantization ? config.quantization->describe() : std::string("?");
+  return s + "; " + float_type + " embeddings, norms and LM head)";
+}
+
+std::shared_ptr<const model_folder> model_folder::open(const fs::path& dir,
+                                                       const model_load_options& options) {
   if (!fs::is_directory(dir))
     throw model_error(dir.string(), "", "not a directory");
   auto m = std::make_shared<model_folder>();
@@ -224,6 +240,8 @@ std::shared_ptr<const model_folder> model_folder::open(const fs::path& dir) {
   m->config = model_config::load(dir / "config.json");
   m->store = std::make_unique<tensor_store>(tensor_store::open_folder(dir));
   m->weights = model_weights::bind(m->config, *m->store);
+  if (options.quantize == weight_quantization::int4)
+    quantize_projections(*m);
   return m;
 }
 

@@ -16,8 +16,11 @@
 #include "model/model_config.hpp"
 #include "model/quantized_linear.hpp"
 #include "model/safetensors.hpp"
+#include "model/weight_quantization.hpp"
 
 namespace metronome {
+
+struct packed_linear;
 
 /// The seven linear projections of a decoder layer, in the order of
 /// layer_weights::quantized.
@@ -67,6 +70,13 @@ struct model_weights {
   static model_weights bind(const model_config& cfg, const tensor_store& store);
 };
 
+/// How a folder is loaded (model.quantize, --quantize).
+struct model_load_options {
+  /// int4: quantize a float checkpoint's projections at load
+  /// (quantize_projections, model/rtn_quantize.hpp).
+  weight_quantization quantize = weight_quantization::none;
+};
+
 /// An opened Hugging Face model folder: config, mapped weights, bound views.
 /// Immutable after open; share it between threads through shared_ptr.
 struct model_folder {
@@ -74,10 +84,24 @@ struct model_folder {
   model_config config;
   std::unique_ptr<tensor_store> store;
   model_weights weights;
+  /// The projections quantized at load (--quantize int4), which
+  /// weights.layers[l].quantized point into; empty otherwise.
+  std::vector<std::shared_ptr<const packed_linear>> owned_projections;
+  /// Whether config.quantization and the 4-bit projections were made at
+  /// load from a float checkpoint (false: stored so, or none).
+  bool quantized_at_load = false;
 
-  /// Opens `dir`: reads config.json, maps the safetensors and binds them.
-  /// Throws model_error naming the file and field or tensor on any problem.
-  static std::shared_ptr<const model_folder> open(const std::filesystem::path& dir);
+  /// What the weights are, for the start-up line and logs: "bf16",
+  /// "int4 (awq, 4 bits, group 128; bf16 embeddings and LM head)", or with
+  /// --quantize int4 "int4 (RTN at load: awq, 4 bits, group 128; ...)".
+  std::string weights_description() const;
+
+  /// Opens `dir`: reads config.json, maps the safetensors and binds them;
+  /// with options.quantize int4, then quantizes the projections
+  /// (quantize_projections). Throws model_error naming the file and field
+  /// or tensor on any problem.
+  static std::shared_ptr<const model_folder> open(const std::filesystem::path& dir,
+                                                  const model_load_options& options = {});
 };
 
 } // namespace metronome

@@ -4,8 +4,12 @@
 #include <cmath>
 #include <cstring>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "model/dtype.hpp"
 #include "model/model_error.hpp"
+#include "model/model_weights.hpp"
 #include "model/parallel.hpp"
 
 namespace metronome {
@@ -205,6 +209,17 @@ std::unique_ptr<packed_linear> quantize(const quantization_config& cfg, int64_t 
   return p;
 }
 
+/// Drops the resident pages of a mapped tensor (the whole pages inside it):
+/// a private read-only file mapping refaults them from the file if read
+/// again, so this only frees memory.
+void release_pages(const tensor_view& t) {
+  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const auto begin = (uintptr_t(t.data) + page - 1) / page * page;
+  const auto end = (uintptr_t(t.data) + t.nbytes) / page * page;
+  if (end > begin)
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 } // namespace
 
 quantization_config rtn_config(quant_method method, int32_t group_size) {
@@ -246,6 +261,55 @@ std::unique_ptr<packed_linear> rtn_quantize(const quantization_config& cfg, cons
     std::memcpy(dst, w + o * in, size_t(in) * sizeof(float));
   };
   return quantize(cfg, out, in, row, name, prefix, file);
+}
+
+void quantize_projections(model_folder& m) {
+  const std::string config_file = (m.dir / "config.json").string();
+  if (m.config.quantization || m.weights.quantized)
+    throw model_error(config_file, "quantization_config",
+                      "--quantize int4 (model.quantize) needs a float checkpoint, but this one is "
+                      "already quantized ("
+                        + (m.config.quantization ? m.config.quantization->describe()
+                                                 : std::string("4-bit tensors"))
+                        + ")");
+  const quantization_config cfg = rtn_int4_config();
+  static constexpr const char* names[num_projections] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  // Every shape first: a refusal must not leave a half-quantized model.
+  for (const auto& layer : m.weights.layers)
+    for (int p = 0; p < num_projections; ++p) {
+      const tensor_view* w = layer.weight(projection(p));
+      const int64_t out = w->shape.at(0), in = w->shape.at(1);
+      if (in % cfg.group_size != 0)
+        throw model_error(w->file, w->name,
+                          "--quantize int4 needs in_features that are a multiple of the group "
+                          "size 128, but this projection has "
+                            + std::to_string(in) + " (out " + std::to_string(out) + " x in "
+                            + std::to_string(in) + ")");
+      if (out % 8 != 0)
+        throw model_error(w->file, w->name,
+                          "--quantize int4 needs out_features that are a multiple of 8, but "
+                          "this projection has "
+                            + std::to_string(out) + " (out " + std::to_string(out) + " x in "
+                            + std::to_string(in) + ")");
+    }
+  for (size_t l = 0; l < m.weights.layers.size(); ++l) {
+    auto& layer = m.weights.layers[l];
+    for (int p = 0; p < num_projections; ++p) {
+      const tensor_view* w = layer.weight(projection(p));
+      const std::string prefix = "model.layers." + std::to_string(l) + "." + names[p] + ".";
+      auto packed = rtn_quantize(cfg, *w, prefix, w->file);
+      check_group_index(cfg, packed->linear);
+      layer.quantized[size_t(p)] = packed->linear;
+      layer.weight(projection(p)) = nullptr;
+      release_pages(*w);
+      m.owned_projections.push_back(std::shared_ptr<const packed_linear>(std::move(packed)));
+    }
+  }
+  m.weights.quantized = !m.weights.layers.empty();
+  m.config.quantization = cfg;
+  m.quantized_at_load = true;
 }
 
 } // namespace metronome

@@ -1,9 +1,10 @@
 #pragma once
 // Round-to-nearest (RTN) 4-bit quantization of a float projection into the
 // checkpoint layouts Metronome loads (docs/quantization.md, "RTN"): AWQ GEMM
-// (asymmetric, a zero per group) and GPTQ v1 (symmetric, zero 8). It
-// produces the tensors a real checkpoint of that layout stores, so
-// `dequantize()`
+// (asymmetric, a zero per group) and GPTQ v1 (symmetric, zero 8). Used by
+// `--quantize int4` at load (quantize_projections) and by `metronome
+// make-model --quantize` (model/make_model.hpp); both produce the tensors a
+// real checkpoint of that layout stores, so `dequantize()`
 // (model/quantized_linear.hpp) reads them back exactly as
 // scale * (q - zero), and the CUDA runner sees one path.
 //
@@ -32,6 +33,8 @@
 #include "model/safetensors.hpp"
 
 namespace metronome {
+
+struct model_folder;
 
 /// The quantization_config `--quantize int4` gives a float model: AWQ GEMM,
 /// 4 bits, group 128, zero points (what a real AutoAWQ checkpoint's
@@ -75,5 +78,18 @@ std::unique_ptr<packed_linear> rtn_quantize(const quantization_config& cfg,
 std::unique_ptr<packed_linear> rtn_quantize(const quantization_config& cfg, const float* w,
                                             int64_t out, int64_t in, const std::string& name,
                                             const std::string& prefix, const std::string& file);
+
+/// `--quantize int4`: replaces every decoder projection (q, k, v, o, gate,
+/// up, down) of the float model `m` by its RTN form in the AWQ GEMM layout,
+/// group 128 (rtn_int4_config), held in m.owned_projections; binds each as
+/// the loader binds a real AWQ checkpoint's (layer_weights::quantized set,
+/// the float weight pointer null, model_weights::quantized true), and sets
+/// m.config.quantization to rtn_int4_config() and m.quantized_at_load.
+/// Embeddings, norms, biases and the LM head stay as they are. The float
+/// projections' pages are released from memory (they stay mapped).
+/// Throws model_error when the checkpoint is already quantized (naming
+/// config.json's quantization_config) or a projection's in_features is not
+/// a multiple of 128 or out_features not of 8 (naming the tensor).
+void quantize_projections(model_folder& m);
 
 } // namespace metronome

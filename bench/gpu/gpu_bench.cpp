@@ -357,6 +357,7 @@ struct options {
   std::string model, name, out, grid;
   std::string make_preset; // with --make-out: write that preset's folder and exit
   std::string make_quantize; // with --make-preset: awq or gptq writes int4 projections (group 128)
+  std::string quantize = "none"; // model.quantize: int4 quantizes a float model at load
   bool quick = false;
   bool kernels = false;     // per-kernel timings first
   bool decode_only = false; // only the decode figures (batch 1, 8, 32, 64)
@@ -564,8 +565,9 @@ int run(const options& o) {
   std::printf("kernels: gemv v%d, decode attention v%d, prefill attention v%d\n", gens.gemv,
               gens.decode_attention, gens.prefill_attention);
 
-  auto model = model_folder::open(o.model);
+  auto model = model_folder::open(o.model, {parse_weight_quantization(o.quantize).value()});
   const auto& cfg = model->config;
+  std::printf("weights: %s\n", model->weights_description().c_str());
   model_costs mc = costs_of(cfg);
   // The floors count the cache's own bytes: with fp8, head_dim bytes and a
   // 4-byte scale a row.
@@ -825,7 +827,7 @@ constexpr const char* usage =
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
   "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
-  "       [--profile-prefix P:N] [--decode-spread]\n"
+  "       [--profile-prefix P:N] [--decode-spread] [--quantize none|int4]\n"
   "       gpu_bench --make-preset NAME --make-out DIR [--make-quantize awq|gptq]";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -842,6 +844,7 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--make-preset"              ? &o.make_preset
                         : a == "--path"                     ? &o.path
                         : a == "--kv-cache-dtype"           ? &o.kv_dtype
+                        : a == "--quantize"                 ? &o.quantize
                         : a == "--make-quantize"            ? &o.make_quantize
                         : a == "--profile-mixed"            ? &o.profile_mixed
                         : a == "--profile-prefix"           ? &o.profile_prefix
@@ -869,6 +872,8 @@ std::string parse_args(int argc, char** argv, options& o) {
     if (text) {
       if (text == &o.kv_dtype && !parse_kv_cache_dtype(v))
         return "gpu_bench: " + a + ": expected bf16 or fp8, not '" + v + "'";
+      if (text == &o.quantize && !parse_weight_quantization(v))
+        return "gpu_bench: " + a + ": expected none or int4, not '" + v + "'";
       if (text == &o.make_quantize && v != "awq" && v != "gptq")
         return "gpu_bench: " + a + ": expected awq or gptq, not '" + v + "'";
       *text = v;

@@ -1,8 +1,9 @@
-// Round-to-nearest int4 (model/rtn_quantize.hpp): the packed tensors read
-// back through dequantize() as exactly the values the documented rule gives
-// (a scalar re-implementation here), within half a scale of the float
-// weights; make-model --quantize writes them as checkpoints the loader
-// takes; the refusals name what they refuse.
+// Round-to-nearest int4 (model/rtn_quantize.hpp, docs/quantization.md "RTN"):
+// the packed tensors read back through dequantize() as exactly the values the
+// documented rule gives (a scalar re-implementation here), within half a
+// scale of the float weights; `--quantize int4` at load binds them as a real
+// AWQ checkpoint and gives the same logits, bit for bit, as the same model
+// written by `make-model --quantize awq`; the refusals name what they refuse.
 
 #include <cmath>
 #include <cstdio>
@@ -287,6 +288,279 @@ TEST(make_model_int4, refuses_shapes_the_group_cannot_divide_before_writing) {
     << e;
   EXPECT_FALSE(fs::exists(bad.out_dir));
   fs::remove_all(bad.out_dir.parent_path());
+}
+
+// -- --quantize int4 at load ----------------------------------------------------------
+
+/// Logits of `prompt` then each of `follow` fed one at a time (teacher
+/// forcing: both models see the same tokens), step-major.
+std::vector<std::vector<float>> logits_of(std::shared_ptr<const model_folder> m,
+                                          const std::vector<int32_t>& prompt,
+                                          const std::vector<int32_t>& follow) {
+  cpu_engine engine(m, 8, 16);
+  const std::vector<int32_t> pages = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits(size_t(m->config.vocab_size));
+  forward_input in{prompt, 0, pages};
+  engine.forward(std::span(&in, 1), logits);
+  out.push_back(logits);
+  int32_t pos = int32_t(prompt.size());
+  for (const int32_t& t : follow) {
+    forward_input step{std::span(&t, 1), pos++, pages};
+    engine.forward(std::span(&step, 1), logits);
+    out.push_back(logits);
+  }
+  return out;
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+TEST(quantize_at_load, binds_every_projection_as_an_awq_checkpoint_and_keeps_the_rest) {
+  const auto dir = test::tiny_model("tiny-llama3-g128");
+  auto plain = model_folder::open(dir);
+  auto q = model_folder::open(dir, {weight_quantization::int4});
+  ASSERT_TRUE(q->config.quantization);
+  EXPECT_EQ(q->config.quantization->describe(), "awq, 4 bits, group 128");
+  EXPECT_EQ(q->config.quantization->describe(), rtn_int4_config().describe());
+  EXPECT_TRUE(q->weights.quantized);
+  EXPECT_TRUE(q->quantized_at_load);
+  EXPECT_FALSE(plain->quantized_at_load);
+  EXPECT_EQ(q->owned_projections.size(), size_t(7 * q->config.num_layers));
+  for (size_t l = 0; l < q->weights.layers.size(); ++l) {
+    const auto& layer = q->weights.layers[l];
+    for (int p = 0; p < num_projections; ++p) {
+      const auto& ql = layer.quantized[size_t(p)];
+      ASSERT_TRUE(ql.present()) << l << " " << p;
+      EXPECT_EQ(layer.weight(projection(p)), nullptr);
+      const tensor_view* w = plain->weights.layers[l].weight(projection(p));
+      EXPECT_EQ(ql.out_features, w->shape[0]);
+      EXPECT_EQ(ql.in_features, w->shape[1]);
+      EXPECT_EQ(ql.qweight->name, w->name.substr(0, w->name.size() - 6) + "qweight");
+      EXPECT_EQ(ql.qweight->shape, expected_shapes(rtn_int4_config(), ql.in_features,
+                                                   ql.out_features).qweight);
+    }
+    EXPECT_EQ(layer.attn_norm->name, plain->weights.layers[l].attn_norm->name);
+    EXPECT_EQ(layer.attn_norm->data, q->store->find(layer.attn_norm->name)->data);
+  }
+  // Embeddings, final norm and the (tied) LM head: the float tensors as stored.
+  for (const tensor_view* t : {q->weights.embed, q->weights.lm_head, q->weights.final_norm}) {
+    EXPECT_EQ(t->type, dtype::bf16) << t->name;
+    EXPECT_EQ(t->data, q->store->find(t->name)->data) << t->name;
+  }
+  EXPECT_EQ(q->weights.lm_head, q->weights.embed); // tied
+  EXPECT_EQ(q->weights.type, dtype::bf16);
+  EXPECT_EQ(plain->weights_description(), "bf16");
+  EXPECT_EQ(q->weights_description(),
+            "int4 (RTN at load: awq, 4 bits, group 128; bf16 embeddings, norms and LM head)");
+}
+
+TEST(quantize_at_load, logits_stay_close_to_the_float_models) {
+  // The bound. make-model's weights are uniform in [-a, a]; RTN's error is
+  // about uniform in +-s/2 with s = range / 15 ~ 2a / 15, so each
+  // projection's output carries noise of (2a/15)/sqrt(12) / (a/sqrt(3)) =
+  // 6.7% of its own size (checked first, on random inputs, below 8%). The
+  // logits sit behind two layers of seven projections whose errors add in
+  // quadrature, sqrt(14) * 6.7% = 25%: their relative L2 error must stay
+  // under twice that, 0.5, where unrelated logits are ~1.4 apart.
+  const auto dir = test::tiny_model("tiny-llama3-g128");
+  auto plain = model_folder::open(dir);
+  auto q = model_folder::open(dir, {weight_quantization::int4});
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (size_t l = 0; l < q->weights.layers.size(); ++l)
+    for (int p = 0; p < num_projections; ++p) {
+      const auto& ql = q->weights.layers[l].quantized[size_t(p)];
+      const tensor_view* w = plain->weights.layers[l].weight(projection(p));
+      std::vector<float> f(size_t(w->numel())), d(f.size()), x(size_t(ql.in_features));
+      to_f32(w->type, w->data, f.data(), f.size());
+      dequantize(*q->config.quantization, ql, d.data());
+      for (auto& v : x)
+        v = normal(rng);
+      double num = 0, den = 0;
+      for (int64_t o = 0; o < ql.out_features; ++o) {
+        double yf = 0, yd = 0;
+        for (int64_t i = 0; i < ql.in_features; ++i) {
+          yf += double(f[size_t(o * ql.in_features + i)]) * x[size_t(i)];
+          yd += double(d[size_t(o * ql.in_features + i)]) * x[size_t(i)];
+        }
+        num += (yf - yd) * (yf - yd);
+        den += yf * yf;
+      }
+      EXPECT_LT(std::sqrt(num / den), 0.08) << w->name;
+      EXPECT_GT(std::sqrt(num / den), 0.04) << w->name; // the estimate is not vacuous
+    }
+  const std::vector<int32_t> prompt = {128000, 791, 4062, 14198, 39935, 35308, 927, 279, 16053,
+                                       5679, 13};
+  // The float model's own greedy continuation, fed to both.
+  std::vector<int32_t> follow, seq = prompt;
+  for (int s = 0; s < 8; ++s) {
+    seq.push_back(argmax(logits_of(plain, seq, {}).back()));
+    follow.push_back(seq.back());
+  }
+  const auto a = logits_of(plain, prompt, follow);
+  const auto b = logits_of(q, prompt, follow);
+  double worst = 0;
+  int agree = 0;
+  for (size_t s = 0; s < a.size(); ++s) {
+    double num = 0, den = 0;
+    for (size_t v = 0; v < a[s].size(); ++v) {
+      num += (double(a[s][v]) - b[s][v]) * (double(a[s][v]) - b[s][v]);
+      den += double(a[s][v]) * a[s][v];
+    }
+    worst = std::max(worst, std::sqrt(num / den));
+    agree += argmax(a[s]) == argmax(b[s]);
+  }
+  std::printf("relative logit error (worst of %zu steps): %.4f; top-1 agreement %d/%zu\n",
+              a.size(), worst, agree, a.size());
+  EXPECT_LT(worst, 0.5);
+  EXPECT_GT(worst, 0.0); // the weights did change
+}
+
+TEST(quantize_at_load, equals_the_same_model_written_by_make_model_in_awq_layout) {
+  // make-model --quantize awq draws the same bf16 weights and quantizes them
+  // by the same rule: same integers, same scales, same logits, bit for bit.
+  const auto float_dir = test::tiny_model("tiny-llama3-g128");
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3-g128");
+  o.seed = 7; // tiny_model's
+  o.quantize = rtn_config(quant_method::awq, 128);
+  o.out_dir = test::scratch_dir("rtn-awq-" + std::to_string(::getpid()));
+  make_model(o);
+  auto loaded = model_folder::open(o.out_dir);
+  auto at_load = model_folder::open(float_dir, {weight_quantization::int4});
+  ASSERT_TRUE(loaded->config.quantization);
+  EXPECT_FALSE(loaded->quantized_at_load);
+  EXPECT_EQ(loaded->config.quantization->describe(), at_load->config.quantization->describe());
+  auto bytes = [](const tensor_view* t) {
+    return std::string(reinterpret_cast<const char*>(t->data), t->nbytes);
+  };
+  for (size_t l = 0; l < loaded->weights.layers.size(); ++l)
+    for (int p = 0; p < num_projections; ++p) {
+      const auto& a = loaded->weights.layers[l].quantized[size_t(p)];
+      const auto& b = at_load->weights.layers[l].quantized[size_t(p)];
+      ASSERT_TRUE(a.present() && b.present());
+      EXPECT_EQ(bytes(a.qweight), bytes(b.qweight)) << a.qweight->name;
+      EXPECT_EQ(bytes(a.qzeros), bytes(b.qzeros)) << a.qzeros->name;
+      EXPECT_EQ(bytes(a.scales), bytes(b.scales)) << a.scales->name;
+      EXPECT_EQ(a.qweight->name, b.qweight->name);
+    }
+  const std::vector<int32_t> prompt = {128000, 9906, 11, 1917, 0, 578, 374};
+  const std::vector<int32_t> follow = {264, 1296, 315, 279};
+  EXPECT_EQ(logits_of(loaded, prompt, follow), logits_of(at_load, prompt, follow));
+  EXPECT_EQ(loaded->weights_description(),
+            "int4 (awq, 4 bits, group 128; bf16 embeddings, norms and LM head)");
+  fs::remove_all(o.out_dir);
+}
+
+// -- refusals -------------------------------------------------------------------------
+
+TEST(quantize_at_load, refuses_a_quantized_checkpoint) {
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3-g128");
+  o.quantize = rtn_config(quant_method::gptq, 128);
+  o.out_dir = test::scratch_dir("rtn-requantize-" + std::to_string(::getpid()));
+  make_model(o);
+  const auto e = error_of([&] { model_folder::open(o.out_dir, {weight_quantization::int4}); });
+  EXPECT_TRUE(contains(e, "config.json: quantization_config: --quantize int4 (model.quantize) "
+                          "needs a float checkpoint, but this one is already quantized (gptq, 4 "
+                          "bits, group 128, sym)"))
+    << e;
+  fs::remove_all(o.out_dir);
+}
+
+TEST(quantize_at_load, refuses_projections_the_group_cannot_divide_naming_the_tensor) {
+  // tiny-llama3: hidden 64, so q_proj's 64 inputs are not a multiple of 128.
+  auto e = error_of([&] {
+    model_folder::open(test::tiny_model("tiny-llama3"), {weight_quantization::int4});
+  });
+  EXPECT_TRUE(contains(e, "model.layers.0.self_attn.q_proj.weight: --quantize int4 needs "
+                          "in_features that are a multiple of the group size 128, but this "
+                          "projection has 64 (out 64 x in 64)"))
+    << e;
+  // Outputs not a multiple of 8: one head of 36 (q_proj [36, 128]).
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3-g128");
+  o.config.num_heads = 1;
+  o.config.num_kv_heads = 1;
+  o.config.head_dim = 36;
+  o.config.intermediate_size = 128;
+  o.out_dir = test::scratch_dir("rtn-odd-" + std::to_string(::getpid()));
+  make_model(o);
+  e = error_of([&] { model_folder::open(o.out_dir, {weight_quantization::int4}); });
+  EXPECT_TRUE(contains(e, "model.layers.0.self_attn.q_proj.weight: --quantize int4 needs "
+                          "out_features that are a multiple of 8, but this projection has 36"))
+    << e;
+  fs::remove_all(o.out_dir);
+}
+
+// -- the CLI --------------------------------------------------------------------------
+
+TEST(quantize_cli, make_model_int4_then_generate_and_quantize_at_load_agree) {
+  const std::string bin = test::shell_quote(test::env("BIN"));
+  const auto root = test::scratch_dir("rtn-cli-" + std::to_string(::getpid()));
+  const auto flt = root / "float", awq = root / "awq", gptq = root / "gptq";
+  auto made = test::run_command(bin + " make-model --preset tiny-llama3-g128 --seed 5 --out "
+                                + test::shell_quote(flt.string()));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  made = test::run_command(bin + " make-model --preset tiny-llama3-g128 --seed 5 --quantize awq "
+                           "--out " + test::shell_quote(awq.string()));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_TRUE(contains(made.output, "int4 awq, 4 bits, group 128")) << made.output;
+  made = test::run_command(bin + " make-model --preset tiny-llama3 --seed 5 --quantize gptq "
+                           "--group-size 32 --out " + test::shell_quote(gptq.string()));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto cfg = json::parse(std::ifstream(awq / "config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["quant_method"], "awq");
+  EXPECT_EQ(cfg["quantization_config"]["group_size"], 128);
+  EXPECT_EQ(cfg["quantization_config"]["version"], "gemm");
+  cfg = json::parse(std::ifstream(gptq / "config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["quant_method"], "gptq");
+  EXPECT_EQ(cfg["quantization_config"]["sym"], true);
+  auto card = json::parse(std::ifstream(awq / "metronome.json"));
+  EXPECT_TRUE(contains(card["description"].get<std::string>(), "int4 by round to nearest"))
+    << card;
+
+  auto generate = [&](const fs::path& dir, const std::string& extra) {
+    auto r = test::run_command(bin + " generate --model " + test::shell_quote(dir.string())
+                               + " --prompt-ids 128000,791,4062 -n 12 --temperature 0 "
+                                 "--ignore-eos --json" + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? json::parse(r.output) : json::object();
+  };
+  const auto from_awq = generate(awq, "");
+  const auto at_load = generate(flt, " --quantize int4");
+  const auto plain = generate(flt, "");
+  const auto from_gptq = generate(gptq, "");
+  EXPECT_EQ(from_awq["ids"].size(), 12u);
+  EXPECT_EQ(from_awq["ids"], at_load["ids"]);
+  EXPECT_EQ(from_gptq["ids"].size(), 12u);
+  EXPECT_EQ(at_load["weights"],
+            "int4 (RTN at load: awq, 4 bits, group 128; bf16 embeddings, norms and LM head)");
+  EXPECT_EQ(from_awq["weights"], "int4 (awq, 4 bits, group 128; bf16 embeddings, norms and LM head)");
+  EXPECT_EQ(plain["weights"], "bf16");
+
+  // Refusals: a bad value, an already quantized folder, a bad shape.
+  auto r = test::run_command(bin + " generate --model " + test::shell_quote(flt.string())
+                             + " --prompt-ids 1 --quantize int8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--quantize: expected none or int4, got 'int8'")) << r.output;
+  r = test::run_command(bin + " generate --model " + test::shell_quote(awq.string())
+                        + " --prompt-ids 1 --quantize int4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "already quantized (awq, 4 bits, group 128)")) << r.output;
+  r = test::run_command(bin + " make-model --preset tiny-llama3 --quantize awq --out "
+                        + test::shell_quote((root / "bad").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "q_proj.weight: int4 quantization with group size 128 needs "
+                                 "in_features that are a multiple of it"))
+    << r.output;
+  r = test::run_command(bin + " make-model --preset tiny-llama3 --quantize int4 --out "
+                        + test::shell_quote((root / "bad2").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--quantize: expected awq or gptq, got 'int4'")) << r.output;
+  fs::remove_all(root);
 }
 
 } // namespace

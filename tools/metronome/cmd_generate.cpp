@@ -26,6 +26,7 @@ struct generate_args {
   std::optional<std::string> prompt;
   std::string device = "cpu";
   std::string kv_cache_dtype = "bf16";
+  std::string quantize = "none";
   int32_t max_tokens = 32;
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -75,7 +76,10 @@ void run(const generate_args& a) {
                         "KV cache in fp32)");
   const std::filesystem::path model_dir = a.model.empty() ? default_model_dir()
                                                           : std::filesystem::path(a.model);
-  auto model = model_folder::open(model_dir);
+  const auto quantize = parse_weight_quantization(a.quantize);
+  if (!quantize)
+    throw command_error("--quantize: expected none or int4, got '" + a.quantize + "'");
+  auto model = model_folder::open(model_dir, {*quantize});
   const auto& cfg = model->config;
   if (a.device != "cpu") {
     if (const std::string p = cuda_device_problem(parse_cuda_device(a.device)); !p.empty())
@@ -193,6 +197,7 @@ void run(const generate_args& a) {
   if (a.json) {
     nlohmann::json j = {{"model", model_dir.string()},
                         {"device", runner->device()},
+                        {"weights", model->weights_description()},
                         {"prompt_tokens", prompt.size()},
                         {"ids", out},
                         {"finish_reason", finish},
@@ -204,8 +209,11 @@ void run(const generate_args& a) {
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
-    std::fprintf(stderr, "[%zu tokens, finish %s, TTFT %.1f ms, %.1f tokens/s]\n", out.size(),
-                 finish.c_str(), ttft * 1e3, tps);
+    std::fprintf(stderr, "[%zu tokens, finish %s, TTFT %.1f ms, %.1f tokens/s%s]\n", out.size(),
+                 finish.c_str(), ttft * 1e3, tps,
+                 model->weights.quantized
+                   ? ("; weights " + model->weights_description()).c_str()
+                   : "");
   }
 }
 
@@ -231,6 +239,10 @@ void setup(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
                   "KV cache elements on cuda (fp8: e4m3, a scale a row)")
     ->type_name("{bf16,fp8}");
+  cmd->add_option("--quantize", a->quantize,
+                  "int4: quantize a float model's projections at load (round to nearest, AWQ "
+                  "layout, group 128; embeddings and LM head stay float)")
+    ->type_name("{none,int4}");
   cmd->add_flag("--json", a->json, "Print ids, TTFT and tokens/s as JSON");
   cmd->callback([a] { run(*a); });
 }

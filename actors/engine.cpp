@@ -107,7 +107,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   const auto devices = replica_devices(o);
   o.device = devices.front();
   const int32_t replicas = int32_t(devices.size());
-  auto model = model_folder::open(o.model_dir);
+  auto model = model_folder::open(o.model_dir, {o.quantize});
   auto tok = tokenizer::load(o.model_dir);
   auto chat = std::make_shared<const chat_template>(
     o.chat_template || o.chat_template_file.empty()
@@ -156,6 +156,10 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     st.model_name = o.model_dir.parent_path().filename().string();
   if (card)
     st.model_description = card->description;
+  st.weights = model->weights_description();
+  if (model->quantized_at_load)
+    spdlog::info("model.quantize int4: {} projections quantized at load, weights {}",
+                 model->owned_projections.size(), st.weights);
   e.metrics = std::make_shared<engine_metrics>(st.model_name);
   st.device = o.device;
   // From here on the limits are resolved: the model's context for 0, and on

@@ -23,6 +23,7 @@
 #include "model/engine_limits.hpp"
 #include "model/fault_injection.hpp"
 #include "model/model_runner.hpp"
+#include "model/weight_quantization.hpp"
 
 namespace metronome {
 
@@ -90,6 +91,9 @@ struct engine_options {
   /// Element type of the KV cache (fp8: CUDA only, spawn_engine refuses it
   /// on the CPU, whose KV cache is fp32 whatever this says).
   kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
+  /// model.quantize: int4 quantizes a float checkpoint's projections at load
+  /// (model_folder::open, model/rtn_quantize.hpp).
+  weight_quantization quantize = weight_quantization::none;
   /// Test hook: builds the runner instead of the device's own (called on the
   /// executor's thread at every (re)start).
   std::function<std::unique_ptr<model_runner>()> runner_factory;
@@ -214,6 +218,9 @@ struct engine_status {
   /// What the model is, from its folder's metronome.json; "" when it says
   /// nothing.
   std::string model_description;
+  /// What the weights are (model_folder::weights_description): "bf16", or
+  /// "int4 (RTN at load: awq, 4 bits, group 128; ...)" with model.quantize.
+  std::string weights;
   int32_t max_model_len = 0;
   std::string device;
   std::string kv_cache_strategy;

@@ -175,6 +175,8 @@ constexpr std::array<config_flag, 20> flags = {{
   {"--chat-template", "model.chat_template",
    "Chat prompt format (unset: the template in tokenizer_config.json)"},
   {"--max-model-len", "model.max_model_len", "Longest prompt + output in tokens (0 = the model's)"},
+  {"--quantize", "model.quantize",
+   "Quantize a float model at load (int4: round to nearest, AWQ layout, group 128)"},
   {"--max-batch-size", "engine.max_batch_size", "Cap on running sequences"},
   {"--max-num-batched-tokens", "engine.max_num_batched_tokens", "Token budget per step"},
   {"--page-size", "engine.page_size", "Tokens per KV-cache page"},

@@ -490,6 +490,11 @@ std::vector<config_key> make_keys() {
     "whose format Metronome recognises; empty = the template in tokenizer_config.json."));
   add(integer_key("model.max_model_len", METRONOME_FIELD(model.max_model_len), 0, 1 << 24,
                   "Longest prompt + output in tokens; 0 = the model's context length."));
+  add(choice_key("model.quantize", METRONOME_FIELD(model.quantize),
+                 std::array{weight_quantization::none, weight_quantization::int4},
+                 "Quantize a float checkpoint at load: none, or int4 (every q/k/v/o/gate/up/"
+                 "down projection rounded to nearest into the AWQ layout, group 128; "
+                 "embeddings, norms and LM head stay float)."));
 
   // engine
   add(integer_key("engine.max_batch_size", METRONOME_FIELD(engine.max_batch_size), 1, 4096,

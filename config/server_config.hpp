@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/dtype.hpp" // kv_cache_dtype_kind, shared with the engine and the runners
+#include "model/weight_quantization.hpp" // model.quantize, shared with the loader
 
 namespace metronome {
 
@@ -175,6 +176,9 @@ struct model_section {
   /// Longest prompt + output in tokens; 0 = the model's
   /// max_position_embeddings.
   int32_t max_model_len = 0;
+  /// int4: quantize a float checkpoint's projections when it is loaded
+  /// (round to nearest, AWQ layout, group 128; model/rtn_quantize.hpp).
+  weight_quantization quantize = weight_quantization::none;
 
   bool operator==(const model_section&) const = default;
 };

@@ -196,6 +196,30 @@ TEST(config_values, kv_cache_dtypes) {
   // Other names are refused with the key named: config_error_test.
 }
 
+TEST(config_values, model_quantize) {
+  EXPECT_EQ(server_config{}.model.quantize, weight_quantization::none);
+  EXPECT_EQ(load_config_string("model:\n  quantize: int4\n", "t.yaml").model.quantize,
+            weight_quantization::int4);
+  EXPECT_EQ(load_config_string("model:\n  quantize: none\n", "t.yaml").model.quantize,
+            weight_quantization::none);
+  server_config cfg;
+  apply_override(cfg, *flag_key_path("--quantize"), "int4", "--quantize");
+  EXPECT_EQ(cfg.model.quantize, weight_quantization::int4);
+  try {
+    load_config_string("model:\n  quantize: int8\n", "t.yaml");
+    ADD_FAILURE() << "model.quantize int8 was accepted";
+  } catch (const config_error& e) {
+    EXPECT_STREQ(e.what(), "t.yaml: model.quantize: expected one of none, int4, got \"int8\" "
+                           "(line 2)");
+  }
+  try {
+    apply_override(cfg, "model.quantize", "gptq", "--quantize");
+    ADD_FAILURE() << "--quantize gptq was accepted";
+  } catch (const config_error& e) {
+    EXPECT_STREQ(e.what(), "--quantize: model.quantize: expected one of none, int4, got \"gptq\"");
+  }
+}
+
 TEST(config_values, devices) {
   EXPECT_EQ(device_spec::parse("cpu"), device_spec{});
   EXPECT_EQ(device_spec::parse("cuda:0"), (device_spec{device_kind::cuda, 0}));
@@ -323,6 +347,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"model.served_model_name", "a \"quoted\": name\\ with\ttab and \x01 control"},
     {"model.chat_template", "mistral"},
     {"model.max_model_len", "4096"},
+    {"model.quantize", "int4"},
     {"engine.max_batch_size", "256"},
     {"engine.max_num_batched_tokens", "8192"},
     {"engine.page_size", "32"},

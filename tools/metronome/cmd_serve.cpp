@@ -97,6 +97,7 @@ engine_options engine_options_from(const server_config& c, const fs::path& model
   o.kv_bucket_min_tokens = s.scheduler.kv_bucket_min_tokens;
   o.kv_buckets_per_size = s.scheduler.kv_buckets_per_size;
   o.kv_cache_dtype = c.engine.kv_cache_dtype;
+  o.quantize = c.model.quantize;
   o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
   o.on_device_lost = [](const std::string& reason) {
     spdlog::critical("device lost ({}): draining, then exiting with {} for the service manager "
@@ -191,6 +192,9 @@ void run(serve_args& a) {
   if (!eng.status->model_description.empty())
     std::printf("  %s: %s\n", eng.status->model_name.c_str(),
                 eng.status->model_description.c_str());
+  // 4-bit weights, stored so or quantized at load (model.quantize), are said.
+  if (eng.status->weights.starts_with("int4"))
+    std::printf("  weights: %s\n", eng.status->weights.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);

@@ -164,7 +164,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 // -- shorthand flags -------------------------------------------------------------
 
-constexpr std::array<config_flag, 20> flags = {{
+constexpr std::array<config_flag, 21> flags = {{
   {"--host", "server.host", "Address to listen on"},
   {"--port", "server.port", "TCP port (0 = any free port)"},
   {"--model", "model.path", "Hugging Face model folder (unset: the shipped metronome-tiny)"},

@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "sched/replica_router.hpp"
 #include "sched/step_trace.hpp"
-
 
 namespace metronome::sim {
 
@@ -59,11 +59,23 @@ public:
       = limits.kv_cache_tokens > 0 ? limits.kv_cache_tokens : o.cost.kv_cache_tokens;
     page_size_ = limits.page_size;
     num_pages_ = int32_t(kv_tokens / page_size_);
-    ctx_ = policy_context::make(o.settings.predictor, o.settings.ladb, o.settings.srpt);
-    drift_on_ = o.policy != policy_kind::fcfs && o.settings.drift.enabled;
-    sched_ = std::make_unique<scheduler>(config_, make_admission_policy(o.policy, *ctx_));
-    sched_->set_capacity(num_pages_, page_size_);
-    sched_->set_step_cost(o.cost.step);
+    // As the engine: each replica's policies learn from its own requests;
+    // the drift supervisor watches one scheduler, so it runs with one only.
+    drift_on_ = o.policy != policy_kind::fcfs && o.settings.drift.enabled && o.replicas == 1;
+    replicas_.resize(size_t(o.replicas));
+    for (auto& r : replicas_) {
+      r.ctx = policy_context::make(o.settings.predictor, o.settings.ladb, o.settings.srpt);
+      r.sched = std::make_unique<scheduler>(config_, make_admission_policy(o.policy, *r.ctx));
+      r.sched->set_capacity(num_pages_, page_size_);
+      r.sched->set_step_cost(o.cost.step);
+    }
+    if (o.replicas > 1) {
+      replica_router_config rc;
+      rc.replicas = o.replicas;
+      rc.page_size = page_size_;
+      rc.prefix_affinity = config_.prefix_caching;
+      router_.emplace(rc);
+    }
     if (!o.step_trace.empty())
       trace_out_ = std::make_unique<step_trace>(o.step_trace);
     detector_ = std::make_unique<drift_detector>(o.settings.drift);
@@ -74,6 +86,7 @@ public:
     res_.kv_pages = num_pages_;
     res_.page_size = page_size_;
     res_.cost = o.cost;
+    res_.replicas = o.replicas;
     res_.requests.resize(t.requests.size());
     produced_.assign(t.requests.size(), 0);
     last_token_.assign(t.requests.size(), sched_time{0});
@@ -98,8 +111,21 @@ public:
     size_t next = 0;
     while (true) {
       const auto t_arrival = next < trace_.requests.size() ? arrival(next) : never;
-      const auto t_step = running_.empty() ? never : running_.front().end;
-      const auto t_wake = wake_.value_or(never);
+      // The earliest step end and wake-up over the replicas: the lowest
+      // replica first on a tie.
+      auto t_step = never, t_wake = never;
+      size_t step_at = 0, wake_at = 0;
+      for (size_t k = 0; k < replicas_.size(); ++k) {
+        const auto& r = replicas_[k];
+        if (!r.running.empty() && r.running.front().end < t_step) {
+          t_step = r.running.front().end;
+          step_at = k;
+        }
+        if (r.wake && *r.wake < t_wake) {
+          t_wake = *r.wake;
+          wake_at = k;
+        }
+      }
       auto t_drift = never;
       if (drift_on_)
         if (auto c = detector_->next_check())
@@ -107,36 +133,47 @@ public:
       const auto t = std::min({t_arrival, t_step, t_wake, t_drift});
       if (t == never)
         break;
-      if (next == trace_.requests.size() && running_.empty() && sched_->num_waiting() == 0
-          && sched_->num_running() == 0)
+      if (next == trace_.requests.size() && idle())
         break; // everything is done; pending drift checks do not matter
       now_ = std::max(now_, t);
+      // Only the replica an event concerns is scheduled after it.
+      size_t k = 0;
       if (t == t_step) {
-        end_step();
+        k = step_at;
+        end_step(k);
       } else if (t == t_arrival) {
-        admit(next++);
+        k = admit(next++);
       } else if (t == t_wake) {
-        wake_.reset();
+        k = wake_at;
+        replicas_[k].wake.reset();
       } else {
         apply(detector_->evaluate(now_));
       }
-      pump();
+      pump(k);
     }
-    if (sched_->num_waiting() + sched_->num_running() > 0)
-      throw std::runtime_error("replay stalled at " + std::to_string(seconds(now_)) + " s with "
-                               + std::to_string(sched_->num_waiting())
-                               + " requests waiting and no deadline (policy "
-                               + std::string(sched_->policy().name()) + ")");
+    for (const auto& r : replicas_)
+      if (r.sched->num_waiting() + r.sched->num_running() > 0)
+        throw std::runtime_error("replay stalled at " + std::to_string(seconds(now_)) + " s with "
+                                 + std::to_string(r.sched->num_waiting())
+                                 + " requests waiting and no deadline (policy "
+                                 + std::string(r.sched->policy().name()) + ")");
     if (disabled_since_)
       res_.disabled_s += seconds(now_ - *disabled_since_);
-    res_.steps = sched_->steps();
-    res_.preemptions = sched_->preemptions();
-    res_.prefix_queries = sched_->prefix_queries();
-    res_.prefix_hits = sched_->prefix_hits();
-    res_.kv_strategy = to_string(sched_->config().kv);
-    res_.bucket_admissions = sched_->bucket_admissions();
-    res_.bucket_overflows = sched_->bucket_overflows();
-    res_.policy_stats = *ctx_->state.stats;
+    res_.kv_strategy = to_string(replicas_.front().sched->config().kv);
+    for (auto& r : replicas_) {
+      const auto& s = *r.sched;
+      res_.steps += s.steps();
+      res_.preemptions += s.preemptions();
+      res_.prefix_queries += s.prefix_queries();
+      res_.prefix_hits += s.prefix_hits();
+      res_.bucket_admissions += s.bucket_admissions();
+      res_.bucket_overflows += s.bucket_overflows();
+      add(res_.policy_stats, *r.ctx->state.stats);
+      r.record.steps = s.steps();
+      r.record.preemptions = s.preemptions();
+      r.record.prefix_hits = s.prefix_hits();
+      res_.per_replica.push_back(r.record);
+    }
     for (const auto& r : res_.requests)
       if (r.e2e_s >= 0)
         res_.makespan_s = std::max(res_.makespan_s, r.arrival_s + r.e2e_s);
@@ -149,6 +186,35 @@ private:
     sched_time end{0};
     double ms = 0;
   };
+
+  /// One replica: a scheduler with its policies, and its simulated executor.
+  struct replica_sim {
+    std::shared_ptr<policy_context> ctx;
+    std::unique_ptr<scheduler> sched;
+    /// When the executor has run every plan queued so far.
+    sched_time executor_free{0};
+    /// The policy's next hold deadline.
+    std::optional<sched_time> wake;
+    /// Plans queued at the executor, oldest first.
+    std::deque<plan_in_flight> running;
+    replica_record record;
+  };
+
+  static void add(latency_aware_stats& to, const latency_aware_stats& s) {
+    to.reclassified_requests += s.reclassified_requests;
+    to.reclassifications += s.reclassifications;
+    to.timeout_dispatches += s.timeout_dispatches;
+    to.promotions += s.promotions;
+    to.long_steps += s.long_steps;
+    to.relaxed_steps += s.relaxed_steps;
+  }
+
+  bool idle() const {
+    for (const auto& r : replicas_)
+      if (!r.running.empty() || r.sched->num_waiting() > 0 || r.sched->num_running() > 0)
+        return false;
+    return true;
+  }
 
   /// A prompt of q.prompt_tokens tokens: each hash_ids block the same
   /// tokens wherever it appears (the prefix cache shares them), the rest
@@ -173,7 +239,9 @@ private:
     return from_seconds(trace_.requests[i].arrival_s / o_.rate_scale);
   }
 
-  void admit(size_t i) {
+  /// Admits request `i` at the replica the router chooses; returns that
+  /// replica.
+  size_t admit(size_t i) {
     const auto& q = trace_.requests[i];
     sched_request r;
     r.id = uint64_t(i) + 1;
@@ -184,11 +252,30 @@ private:
     r.request_class = q.request_class;
     r.non_alnum_share = q.non_alnum_share;
     res_.prompt_tokens += q.prompt_tokens;
-    auto result = sched_->add(std::move(r), now_);
+    size_t k = 0;
+    if (router_) {
+      // What the live router is given: the request actor resolves an unset
+      // max_tokens to the rest of the context before it asks for admission.
+      const int32_t max_tokens
+        = o_.max_tokens > 0 ? o_.max_tokens
+                            : std::max(config_.limits.max_model_len - q.prompt_tokens, 1);
+      // Every replica is up: there is always a choice.
+      k = size_t(router_->choose(r.prompt, max_tokens).value());
+      router_->place(r.id, int32_t(k), r.prompt, max_tokens);
+    }
+    auto& rep = replicas_[k];
+    res_.requests[i].replica = int32_t(k);
+    ++rep.record.placed;
+    rep.record.prompt_tokens += q.prompt_tokens;
+    auto result = rep.sched->add(std::move(r), now_);
     if (result != admit_result::ok) {
       res_.requests[i].refused = describe(result);
+      ++rep.record.refused;
+      if (router_)
+        router_->finish(uint64_t(i) + 1); // its request actor ends at once
       settled();
     }
+    return k;
   }
 
   void settled() {
@@ -196,21 +283,26 @@ private:
       o_.progress->fetch_add(1, std::memory_order_relaxed);
   }
 
-  void pump() {
-    while (auto d = sched_->schedule(now_)) {
+  /// Queues replica k's plans at its executor until its pipeline is full.
+  void pump(size_t k) {
+    auto& r = replicas_[k];
+    while (auto d = r.sched->schedule(now_)) {
       const double ms = o_.cost.step_ms(d->shape);
-      const auto start = std::max(now_, executor_free_);
-      executor_free_ = start + sched_time{int64_t(std::llround(ms * 1e6))};
-      running_.push_back({std::move(*d), executor_free_, ms});
+      const auto start = std::max(now_, r.executor_free);
+      r.executor_free = start + sched_time{int64_t(std::llround(ms * 1e6))};
+      r.running.push_back({std::move(*d), r.executor_free, ms});
     }
-    wake_.reset();
-    if (auto deadline = sched_->policy().next_deadline(now_); deadline && *deadline > now_)
-      wake_ = deadline;
+    r.wake.reset();
+    if (auto deadline = r.sched->policy().next_deadline(now_); deadline && *deadline > now_)
+      r.wake = deadline;
   }
 
-  void end_step() {
-    auto p = std::move(running_.front());
-    running_.pop_front();
+  /// Replica k's oldest plan ends now.
+  void end_step(size_t k) {
+    auto& rep = replicas_[k];
+    auto& sched = *rep.sched;
+    auto p = std::move(rep.running.front());
+    rep.running.pop_front();
     const auto& plan = p.draft.plan;
     step_output out;
     out.step = plan.step;
@@ -226,16 +318,21 @@ private:
       const bool last = ++produced_[idx] == trace_.requests[idx].output_tokens;
       out.tokens.push_back({id, last ? stop_token : other_token, 0});
     }
-    auto u = sched_->update_from_output(out, now_);
-    if (trace_out_ && u.step)
+    auto u = sched.update_from_output(out, now_);
+    if (trace_out_ && u.step && k == 0)
       trace_out_->write(seconds(now_), *u.step);
     res_.sum_batch += out.num_seqs;
     res_.busy_s += out.seconds;
-    res_.sum_used_pages += sched_->used_pages();
-    res_.sum_reserved_unused_pages += sched_->reserved_unused_pages();
+    rep.record.busy_s += out.seconds;
+    res_.sum_used_pages += sched.used_pages();
+    res_.sum_reserved_unused_pages += sched.reserved_unused_pages();
     for (const auto& ev : u.tokens) {
       const auto idx = size_t(ev.id - 1);
       auto& rec = res_.requests[idx];
+      if (size_t(rec.replica) != k)
+        throw std::logic_error("replay: request " + std::to_string(ev.id) + " placed on replica "
+                               + std::to_string(rec.replica) + " ran on replica "
+                               + std::to_string(k));
       const auto arrived = arrival(idx);
       if (rec.produced == 0) {
         rec.ttft_s = seconds(now_ - arrived);
@@ -247,12 +344,15 @@ private:
       last_token_[idx] = now_;
       ++rec.produced;
       ++res_.output_tokens;
+      ++rep.record.output_tokens;
       if (ev.finish_reason != finish_kind::none) {
         rec.e2e_s = seconds(now_ - arrived);
+        if (router_)
+          router_->finish(ev.id); // its request actor ends: the router hears
         settled();
       }
     }
-    auto outcomes = ctx_->state.model->drain_outcomes();
+    auto outcomes = rep.ctx->state.model->drain_outcomes();
     for (const auto& o : outcomes) {
       res_.predictions.push_back(o);
       if (drift_on_)
@@ -266,15 +366,16 @@ private:
     auto order = drift_order_of(v, now_, o_.settings.drift, o_.policy, policy_kind::fcfs);
     if (!order)
       return;
+    auto& r = replicas_.front(); // drift runs with one replica only
     if (order->recalibrate_window) {
-      ctx_->state.model->recalibrate(now_, *order->recalibrate_window);
+      r.ctx->state.model->recalibrate(now_, *order->recalibrate_window);
       disabled_since_ = now_;
     } else {
       if (disabled_since_)
         res_.disabled_s += seconds(now_ - *disabled_since_);
       disabled_since_.reset();
     }
-    sched_->set_policy(make_admission_policy(order->policy, *ctx_), now_);
+    r.sched->set_policy(make_admission_policy(order->policy, *r.ctx), now_);
     res_.events.push_back(std::move(order->event));
   }
 
@@ -284,16 +385,14 @@ private:
   scheduler_config config_;
   int32_t page_size_ = 16;
   int32_t num_pages_ = 0;
-  std::shared_ptr<policy_context> ctx_;
-  std::unique_ptr<scheduler> sched_;
+  std::vector<replica_sim> replicas_;
+  /// With more than one replica: places each arrival.
+  std::optional<replica_router> router_;
   std::unique_ptr<drift_detector> detector_;
   std::unique_ptr<step_trace> trace_out_; // o.step_trace, if any
   bool drift_on_ = false;
   std::optional<sched_time> disabled_since_;
   sched_time now_{0};
-  sched_time executor_free_{0};
-  std::optional<sched_time> wake_;
-  std::deque<plan_in_flight> running_;
   std::vector<int32_t> produced_;
   std::vector<sched_time> last_token_;
   replay_result res_;
@@ -304,6 +403,9 @@ private:
 replay_result replay(const trace& t, const replay_options& options) {
   if (!(options.rate_scale > 0) || !std::isfinite(options.rate_scale))
     throw std::invalid_argument("rate scale must be a positive number");
+  if (options.replicas < 1 || options.replicas > max_replicas)
+    throw std::invalid_argument("replicas must be 1 to " + std::to_string(max_replicas) + ", got "
+                                + std::to_string(options.replicas));
   replay_loop loop(t, options);
   return loop.run();
 }

@@ -1,7 +1,9 @@
 #pragma once
 // Trace replay: the real scheduler, admission policies, KV page pool,
 // predictor and drift logic, with only the executor replaced by a simulated
-// one that advances a virtual clock by the cost model's step time.
+// one that advances a virtual clock by the cost model's step time. With
+// several replicas (data parallel, docs/scale-out.md) the real replica
+// router places each request on one of them.
 //
 // Design note. A discrete-event loop over three kinds of events in virtual
 // time: arrivals (trace time / rate_scale), the end of the executor's current
@@ -19,6 +21,18 @@
 // predictor and switch the scheduler's policy (fcfs while disabled), as the
 // drift supervisor actor does in the server. Nothing reads a wall clock or a
 // random source, so the same input gives the same result.
+//
+// Replicas. With replicas = N each replica is a scheduler of its own (its
+// own KV pages, policy and predictor) with a simulated executor of its own,
+// all on one virtual clock; the executors run in parallel. An arrival goes
+// to the replica sched/replica_router.hpp chooses (the live router's class,
+// given what the live router is given: the prompt and max_tokens as the
+// request actor resolves it), and only that replica is scheduled after it;
+// a step's end schedules its own replica. A request leaves the router's
+// load when it finishes or is refused, as the router actor hears of its
+// request actor's end. Simultaneous events go to the lowest replica first.
+// As in the server, the drift supervisor runs only with one replica, and
+// the step trace records replica 0's steps.
 
 #include <atomic>
 #include <cstdint>
@@ -55,6 +69,27 @@ struct replay_options {
   /// admission or finished. Another thread may read it to show progress;
   /// null = nothing counted. Several replays may share one counter.
   std::atomic<int64_t>* progress = nullptr;
+  /// Replicas behind the router, 1 to max_replicas (1: no router, as the
+  /// server with one replica).
+  int32_t replicas = 1;
+};
+
+/// The most replicas a replay models.
+constexpr int32_t max_replicas = 64;
+
+/// What one replica did.
+struct replica_record {
+  /// Requests the router placed here, and of them refused at admission.
+  int64_t placed = 0;
+  int64_t refused = 0;
+  /// Prompt tokens of the requests placed here, and output tokens it produced.
+  int64_t prompt_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_hits = 0;
+  /// Seconds its executor ran steps.
+  double busy_s = 0;
 };
 
 /// One request's fate.
@@ -74,6 +109,8 @@ struct request_record {
   int32_t produced = 0;
   /// Refused at admission ("" if admitted): too_long, too_large_for_cache, ...
   std::string refused;
+  /// The replica it was placed on.
+  int32_t replica = 0;
 };
 
 struct replay_result {
@@ -94,7 +131,7 @@ struct replay_result {
   /// Prefix cache: prompt tokens looked up at admissions and found cached.
   int64_t prefix_queries = 0;
   int64_t prefix_hits = 0;
-  /// Sum over steps of sequences in the step.
+  /// Sum over steps (of every replica) of sequences in the step.
   double sum_batch = 0;
   /// KV strategy: admissions into buckets and into overflow pages, and sums
   /// over steps of pages in use and of pages buckets hold reserved unused.
@@ -104,6 +141,7 @@ struct replay_result {
   double sum_used_pages = 0;
   double sum_reserved_unused_pages = 0;
   int32_t max_batch_size = 0;
+  /// Seconds the executors ran steps, summed over the replicas.
   double busy_s = 0;
   /// First arrival to last token.
   double makespan_s = 0;
@@ -111,14 +149,18 @@ struct replay_result {
   int64_t output_tokens = 0;
   /// Seconds of virtual time under each policy.
   double disabled_s = 0;
+  /// Each replica's KV pages.
   int64_t kv_pages = 0;
   int32_t page_size = 0;
   cost_model cost;
+  int32_t replicas = 1;
+  /// By replica index. The counts above are their sums.
+  std::vector<replica_record> per_replica;
 };
 
 /// Replays `t`. Throws std::runtime_error when the replay stalls (a policy
 /// that holds requests without a deadline), std::invalid_argument for a rate
-/// scale that is not positive.
+/// scale that is not positive or replicas outside 1..max_replicas.
 replay_result replay(const trace& t, const replay_options& options);
 
 } // namespace metronome::sim

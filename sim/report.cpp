@@ -159,7 +159,8 @@ nlohmann::json make_report(const replay_result& r) {
   j["steps"] = r.steps;
   j["mean_batch_size"] = r.sum_batch / steps;
   j["batch_efficiency"] = r.sum_batch / steps / std::max(r.max_batch_size, 1);
-  j["busy_fraction"] = ratio(r.busy_s, r.makespan_s);
+  // The replicas' mean: each executor's busy time over the makespan.
+  j["busy_fraction"] = ratio(r.busy_s, r.makespan_s * std::max(r.replicas, 1));
   j["preemptions"] = r.preemptions;
   j["prefix_cache_queries"] = r.prefix_queries;
   j["prefix_cache_hits"] = r.prefix_hits;
@@ -207,6 +208,21 @@ nlohmann::json make_report(const replay_result& r) {
                  {"kv_pages", r.kv_pages},
                  {"page_size", r.page_size}};
   j["cost_model"] = r.cost.to_json();
+  j["replicas"] = r.replicas;
+  nlohmann::json per = nlohmann::json::array();
+  for (size_t i = 0; i < r.per_replica.size(); ++i) {
+    const auto& p = r.per_replica[i];
+    per.push_back({{"replica", i},
+                   {"placed", p.placed},
+                   {"refused", p.refused},
+                   {"prompt_tokens", p.prompt_tokens},
+                   {"output_tokens", p.output_tokens},
+                   {"steps", p.steps},
+                   {"preemptions", p.preemptions},
+                   {"prefix_cache_hits", p.prefix_hits},
+                   {"busy_fraction", ratio(p.busy_s, r.makespan_s)}});
+  }
+  j["per_replica"] = per;
   return tidy(j);
 }
 

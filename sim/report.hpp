@@ -34,7 +34,12 @@ nlohmann::json latency_report(const std::vector<request_record>& requests,
                               const std::vector<double>& itl_s, double makespan_s,
                               int64_t prompt_tokens, int64_t output_tokens);
 
-/// The report of one replay: latency_report() plus the simulator's keys.
+/// The report of one replay: latency_report() plus the simulator's keys,
+/// among them replicas (N) and per_replica, by index: placed (requests
+/// routed there), refused (of them), prompt_tokens (theirs), output_tokens
+/// (produced there), steps, preemptions, prefix_cache_hits, busy_fraction.
+/// Latencies are over all requests, counts over all replicas, and
+/// busy_fraction is the replicas' mean.
 nlohmann::json make_report(const replay_result& r);
 
 /// Comparison of reports of one trace at one rate scale against the fcfs

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/model/test_support.hpp"
+#include "tests/test_env.hpp"
 
 namespace metronome {
 namespace {
@@ -261,6 +262,83 @@ TEST_F(replay_cli, bad_input_gets_a_message_naming_it) {
              "--report x.json");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("engine.max_batch_size"), std::string::npos) << r.output;
+}
+
+TEST_F(replay_cli, one_replica_gives_the_report_of_the_replay_before_replicas) {
+  // tests/sim/data/replay_one_replica.json holds the reports of these runs
+  // as the replay wrote them before it modelled replicas (commit 83512ed):
+  // with one replica, flag or none, every key it had keeps its value.
+  // After a deliberate change of the scheduler, the policies or the cost
+  // model, regenerate it with tests/sim/data/README.md's command.
+  const auto golden
+    = read_json(test::env("SOURCE_DIR") + "/tests/sim/data/replay_one_replica.json");
+  const std::string traces = test::env("TESTDATA") + "/traces/";
+  for (const char* flag : {"", " --replicas 1"}) {
+    nlohmann::json got;
+    for (const auto& [name, args] : std::map<std::string, std::string>{
+           {"azure", "--trace " + traces + "AzureLLMInferenceTrace_code.csv --policy all "
+                     "--rate-scale 0.5"},
+           {"mooncake", "--trace " + traces + "synthetic_trace.jsonl --policy ladb "
+                        "--rate-scale 0.1"}}) {
+      const auto report = dir / (name + ".json");
+      auto r = replay(args + flag + " --quiet --report " + report.string());
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      auto j = read_json(report);
+      auto& runs = j.contains("runs") ? j["runs"] : j;
+      for (auto& run : runs.is_array() ? runs : nlohmann::json::array({runs}))
+        EXPECT_EQ(run["replicas"], 1) << name;
+      got[name] = j;
+    }
+    // The new keys, then the rest against the golden reports.
+    auto strip = [](nlohmann::json& run) {
+      EXPECT_EQ(run["per_replica"].size(), 1u);
+      EXPECT_EQ(run["per_replica"][0]["busy_fraction"], run["busy_fraction"]);
+      run.erase("replicas");
+      run.erase("per_replica");
+    };
+    for (auto& run : got["azure"]["runs"])
+      strip(run);
+    strip(got["mooncake"]);
+    const auto diff = nlohmann::json::diff(golden, got);
+    EXPECT_TRUE(diff.empty()) << "flag '" << flag << "': " << diff.dump(1);
+  }
+}
+
+TEST_F(replay_cli, several_replicas_are_reported_with_what_each_did) {
+  auto report = dir / "replicas.json";
+  auto r = replay("--trace " + write_trace() + " --policy fcfs --replicas 3 --report "
+                  + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(", 3 replicas behind the router"), std::string::npos) << r.output;
+  auto j = read_json(report);
+  EXPECT_EQ(j["replicas"], 3);
+  EXPECT_EQ(j["requests"], 60) << "latencies over all requests";
+  ASSERT_EQ(j["per_replica"].size(), 3u);
+  int64_t placed = 0, produced = 0;
+  for (const auto& p : j["per_replica"]) {
+    for (const char* key : {"replica", "placed", "refused", "prompt_tokens", "output_tokens",
+                            "steps", "preemptions", "prefix_cache_hits", "busy_fraction"})
+      EXPECT_TRUE(p.contains(key)) << key;
+    placed += p["placed"].get<int64_t>();
+    produced += p["output_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(placed, 60);
+  EXPECT_GT(produced, 0);
+}
+
+TEST_F(replay_cli, a_bad_replica_count_is_refused_naming_the_flag) {
+  for (const char* bad : {"0", "-1", "two", "65", "2.5", "1e1", "+2", "99999999999"}) {
+    auto r = replay("--trace " + write_trace() + " --policy fcfs --replicas " + bad
+                    + " --report " + (dir / "bad.json").string());
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find(std::string("--replicas: '") + bad
+                            + "' is not a whole number from 1 to 64"),
+              std::string::npos)
+      << bad << ": " << r.output;
+  }
+  auto r = replay("--trace " + write_trace() + " --policy fcfs --replicas 64 --quiet --report "
+                  + (dir / "most.json").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 } // namespace

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -46,6 +48,7 @@ struct replay_args {
   std::optional<std::string> requests_csv;
   std::optional<std::string> step_trace;
   int32_t max_tokens = 0;
+  std::string replicas = "1";
   std::vector<std::string> set;
   bool quiet = false;
 };
@@ -147,6 +150,19 @@ std::vector<policy_kind> parse_policies(const std::string& text) {
     out.push_back(*p);
   }
   return out;
+}
+
+/// --replicas: a whole number from 1 to sim::max_replicas.
+int32_t parse_replicas(const std::string& text) {
+  int32_t v = 0;
+  const auto* end = text.data() + text.size();
+  const auto [at, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text.front())) || ec != std::errc{}
+      || at != end || v < 1 || v > sim::max_replicas)
+    throw command_error("--replicas: '" + text + "' is not a whole number from 1 to "
+                          + std::to_string(sim::max_replicas),
+                        2);
+  return v;
 }
 
 sim::cost_model load_cost_model(const std::optional<std::string>& path) {
@@ -300,6 +316,7 @@ void run(const replay_args& a) {
   }
   const auto policies = parse_policies(a.policy);
   const auto scales = parse_scales(a.rate_scale);
+  const auto replicas = parse_replicas(a.replicas);
   sim::trace t;
   sim::cost_model cost;
   server_config cfg;
@@ -337,6 +354,7 @@ void run(const replay_args& a) {
   }
   base.cost = cost;
   base.max_tokens = a.max_tokens;
+  base.replicas = replicas;
   if (a.step_trace) {
     if (policies.size() != 1 || scales.size() != 1)
       throw command_error("--step-trace: give one policy and one rate scale (the trace is one "
@@ -439,9 +457,11 @@ void run(const replay_args& a) {
                            q.unloaded_e2e_s, q.refused);
   }
   if (!a.quiet) {
-    std::printf("%s: %zu requests over %.1f s, cost model %s%s\n", t.name.c_str(),
+    std::printf("%s: %zu requests over %.1f s, cost model %s%s%s\n", t.name.c_str(),
                 t.requests.size(), t.duration_s(), cost.name.c_str(),
-                cost.provisional ? " (provisional)" : "");
+                cost.provisional ? " (provisional)" : "",
+                replicas > 1 ? fmt::format(", {} replicas behind the router", replicas).c_str()
+                             : "");
     print_table(reports);
     for (const auto& r : reports)
       for (const auto& e : r["supervisor"]["events"]) {
@@ -502,6 +522,10 @@ void setup(CLI::App& app) {
   cmd->add_option("--max-tokens", a->max_tokens,
                   "max_tokens of every request, 0 to 16777216 (0: up to the context)")
     ->check(CLI::Range(0, 1 << 24).description(""));
+  cmd->add_option("--replicas", a->replicas,
+                  "Data parallel replicas behind the router, 1 to 64, each with its own "
+                  "scheduler, KV cache and executor (docs/scale-out.md)")
+    ->type_name("N");
   cmd->add_option("--set", a->set,
                   "KEY=VALUE: a configuration key (engine.max_batch_size=64), or a policy "
                   "setting without one (ladb.step_time_factor=2, ladb.aging_tokens_per_s=100, "

@@ -12,20 +12,6 @@ namespace metronome::gpu {
 
 namespace {
 
-/// AWQ GEMM's interleave: output column 8c + j is nibble awq_reverse[j] of
-/// word c (as model/quantized_linear.cpp reads it).
-constexpr int awq_reverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
-uint32_t word(const tensor_view& t, int64_t index) {
-  uint32_t v;
-  std::memcpy(&v, t.data + size_t(index) * 4, 4);
-  return v;
-}
-
-uint32_t nibble(uint32_t w, int k) {
-  return (w >> (4 * k)) & 0xFu;
-}
-
 uint16_t half_at(const tensor_view& t, int64_t index) {
   uint16_t v;
   std::memcpy(&v, t.data + size_t(index) * 2, 2);
@@ -71,7 +57,7 @@ int4_layout repack_int4(const quantization_config& cfg, const quantized_linear& 
   // group must then be a run of gs rows (the last may be shorter).
   std::vector<int32_t> group(static_cast<size_t>(in));
   for (int64_t i = 0; i < in; ++i)
-    group[size_t(i)] = p.g_idx ? int32_t(word(*p.g_idx, i)) : int32_t(i / gs);
+    group[size_t(i)] = p.g_idx ? int32_t(packed_word(*p.g_idx, i)) : int32_t(i / gs);
   bool in_order = true;
   for (int64_t i = 0; i < in && in_order; ++i)
     in_order = group[size_t(i)] == int32_t(i / gs);
@@ -106,16 +92,16 @@ int4_layout repack_int4(const quantization_config& cfg, const quantized_linear& 
       if (gptq) {
         for (int64_t iw = 0; iw < row_words; ++iw)
           for (int64_t o = o0; o < o1; ++o) {
-            const uint32_t wd = word(*p.qweight, iw * out + o);
+            const uint32_t wd = packed_word(*p.qweight, iw * out + o);
             for (int e = 0; e < 8; ++e)
-              nib[size_t((o - o0) * in + 8 * iw + e)] = uint8_t(nibble(wd, e));
+              nib[size_t((o - o0) * in + 8 * iw + e)] = uint8_t(packed_nibble(wd, e));
           }
       } else {
         for (int64_t i = 0; i < in; ++i)
           for (int64_t c = o0 / 8; c < o1 / 8; ++c) {
-            const uint32_t wd = word(*p.qweight, i * zero_words + c);
+            const uint32_t wd = packed_word(*p.qweight, i * zero_words + c);
             for (int j = 0; j < 8; ++j)
-              nib[size_t((8 * c + j - o0) * in + i)] = uint8_t(nibble(wd, awq_reverse[j]));
+              nib[size_t((8 * c + j - o0) * in + i)] = uint8_t(packed_nibble(wd, awq_reverse[j]));
           }
       }
       for (int64_t o = o0; o < o1; ++o) {
@@ -127,7 +113,7 @@ int4_layout repack_int4(const quantization_config& cfg, const quantized_linear& 
         }
         const int k_out = gptq ? int(o % 8) : awq_reverse[o % 8];
         for (int64_t g = 0; g < groups; ++g) {
-          uint32_t zero = nibble(word(*p.qzeros, g * zero_words + o / 8), k_out);
+          uint32_t zero = packed_nibble(packed_word(*p.qzeros, g * zero_words + o / 8), k_out);
           if (gptq)
             zero += 1; // v1 stores zero - 1 (docs/quantization.md)
           m.scale_zero[size_t(o * groups + g)] = uint32_t(half_at(*p.scales, g * out + o))
@@ -175,7 +161,7 @@ void dequantize(const int4_layout& m, float* w) {
         const uint32_t sz = m.scale_zero[size_t(r * groups + j / m.group_size)];
         const float scale = half_bits_to_float(uint16_t(sz & 0xFFFFu));
         const int32_t zero = int32_t((sz >> 16) & 0xFFu);
-        const int32_t q = int32_t(nibble(m.q[size_t(r * row_words + j / 8)], int(j % 8)));
+        const int32_t q = int32_t(packed_nibble(m.q[size_t(r * row_words + j / 8)], int(j % 8)));
         const int64_t i = m.perm.empty() ? j : m.perm[size_t(j)];
         row[i] = scale * float(q - zero);
       }

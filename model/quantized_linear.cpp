@@ -8,25 +8,6 @@
 
 namespace metronome {
 
-namespace {
-
-/// AWQ GEMM's interleave: output column 8c + j is nibble awq_reverse[j] of
-/// word c (AutoAWQ's AWQ_REVERSE_ORDER).
-constexpr int awq_reverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
-int32_t word(const tensor_view& t, int64_t index) {
-  int32_t v;
-  std::memcpy(&v, t.data + size_t(index) * 4, 4);
-  return v;
-}
-
-/// Nibble k of a stored word, read as unsigned (the words are negative when
-/// bit 31 is set).
-int32_t nibble(int32_t w, int k) {
-  return int32_t((uint32_t(w) >> (4 * k)) & 0xFu);
-}
-
-} // namespace
 
 quantized_shapes expected_shapes(const quantization_config& cfg, int64_t in, int64_t out) {
   const int64_t groups = cfg.num_groups(in);
@@ -47,7 +28,7 @@ void check_group_index(const quantization_config& cfg, const quantized_linear& p
     return;
   const int64_t groups = cfg.num_groups(p.in_features);
   for (int64_t i = 0; i < p.in_features; ++i) {
-    const int32_t g = word(*p.g_idx, i);
+    const int32_t g = int32_t(packed_word(*p.g_idx, i));
     if (g < 0 || g >= groups)
       throw model_error(p.g_idx->file, p.g_idx->name,
                         "row " + std::to_string(i) + " names group " + std::to_string(g)
@@ -68,7 +49,7 @@ void dequantize(const quantization_config& cfg, const quantized_linear& p, float
   to_f32(p.scales->type, p.scales->data, scale.data(), scale.size());
   std::vector<int32_t> group(static_cast<size_t>(in));
   for (int64_t i = 0; i < in; ++i)
-    group[size_t(i)] = p.g_idx ? word(*p.g_idx, i)
+    group[size_t(i)] = p.g_idx ? int32_t(packed_word(*p.g_idx, i))
                                : (cfg.group_size < 0 ? 0 : int32_t(i / cfg.group_size));
   const bool gptq = cfg.method == quant_method::gptq;
   parallel_for(0, out, 8, [&](int64_t lo, int64_t hi) {
@@ -80,12 +61,12 @@ void dequantize(const quantization_config& cfg, const quantized_linear& p, float
         const int64_t g = group[size_t(i)];
         int32_t q, zero;
         if (gptq) {
-          q = nibble(word(*p.qweight, (i / 8) * out + o), int(i % 8));
+          q = int32_t(packed_nibble(packed_word(*p.qweight, (i / 8) * out + o), int(i % 8)));
           // v1 stores zero - 1; a stored 15 reads as 16 (docs/quantization.md).
-          zero = nibble(word(*p.qzeros, g * zero_words + o / 8), k_out) + 1;
+          zero = int32_t(packed_nibble(packed_word(*p.qzeros, g * zero_words + o / 8), k_out)) + 1;
         } else {
-          q = nibble(word(*p.qweight, i * zero_words + o / 8), k_out);
-          zero = nibble(word(*p.qzeros, g * zero_words + o / 8), k_out);
+          q = int32_t(packed_nibble(packed_word(*p.qweight, i * zero_words + o / 8), k_out));
+          zero = int32_t(packed_nibble(packed_word(*p.qzeros, g * zero_words + o / 8), k_out));
         }
         row[i] = scale[size_t(g * out + o)] * float(q - zero);
       }

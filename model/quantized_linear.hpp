@@ -4,6 +4,7 @@
 // its exact dequantization: w = scale * (q - zero).
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "model/quantization_config.hpp"
@@ -33,6 +34,23 @@ struct quantized_linear {
     return qweight != nullptr;
   }
 };
+
+/// AWQ GEMM's interleave (AutoAWQ's AWQ_REVERSE_ORDER): output column 8c + j
+/// of a packed row is nibble awq_reverse[j] of word c. Every reader and
+/// writer of the layout uses this table.
+inline constexpr int awq_reverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/// Word `index` of an I32 tensor, as unsigned bits (unaligned-safe).
+inline uint32_t packed_word(const tensor_view& t, int64_t index) {
+  uint32_t v;
+  std::memcpy(&v, t.data + size_t(index) * 4, 4);
+  return v;
+}
+
+/// Nibble k (bits 4k..4k+3) of a packed word, unsigned.
+constexpr uint32_t packed_nibble(uint32_t w, int k) {
+  return (w >> (4 * k)) & 0xFu;
+}
 
 /// The shapes a layout stores for a projection of in x out features.
 struct quantized_shapes {

@@ -16,10 +16,6 @@ namespace metronome {
 
 namespace {
 
-/// AWQ GEMM's interleave, as quantized_linear.cpp reads it: output column
-/// 8c + j is nibble awq_reverse[j] of word c.
-constexpr int awq_reverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
 /// fp16's 1.0: the scale of a group whose range is 0.
 constexpr uint16_t f16_one = 0x3C00;
 

@@ -251,11 +251,16 @@ bool forward_pass::gemv_ok(int32_t n) const {
     return false;
   const auto& c = config_;
   const auto& L = weights_.layers().front();
-  const std::pair<const int4_weights*, int32_t> in[] = {
-    {&L.qkv4, c.hidden_size}, {&L.o4, c.q_size()}, {&L.gate_up4, c.hidden_size},
-    {&L.down4, c.intermediate_size}};
-  for (const auto& [w4, k] : in)
-    if (*w4 && !gemv_int4_takes(n, k))
+  const struct {
+    const int4_weights* w4;
+    gemv_epilogue ep;
+    int32_t k;
+  } in[] = {{&L.qkv4, gemv_epilogue::qkv_rope, c.hidden_size},
+            {&L.o4, gemv_epilogue::residual_add, c.q_size()},
+            {&L.gate_up4, gemv_epilogue::swiglu, c.hidden_size},
+            {&L.down4, gemv_epilogue::residual_add, c.intermediate_size}};
+  for (const auto& p : in)
+    if (*p.w4 && !gemv_int4_takes(p.ep, n, p.k))
       return false;
   return true;
 }

@@ -47,8 +47,6 @@
 // (H200).
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -203,40 +201,8 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
       load_batch(k0 + lane * 8);
       prepare();
     }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      acc0[m] = warp_sum(acc0[m]);
-      acc1[m] = warp_sum(acc1[m]);
-    }
-    if constexpr (KS == 1) {
-      if (done_active) {
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-          if (lane == m && m < a.m)
-            epilogue<M, Ep>(a, done_p, done, m, acc0[m], acc1[m], done_in);
-      }
-    } else {
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        if (lane == m) {
-          red[parity][warp][m][0] = acc0[m];
-          red[parity][warp][m][1] = acc1[m];
-        }
-      __syncthreads();
-      if (ks == 0 && done_active) {
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-          if (lane == m && m < a.m) {
-            float y0 = 0.0f, y1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < KS; ++j) {
-              y0 += red[parity][warp + j][m][0];
-              y1 += red[parity][warp + j][m][1];
-            }
-            epilogue<M, Ep>(a, done_p, done, m, y0, y1, done_in);
-          }
-      }
-    }
+    finish_tile<M, Ep, KS>(a, acc0, acc1, red, parity, warp, lane, ks, done_active, done_p, done,
+                           done_in);
   }
   // Late triggers (kernels.hpp): the residual-adding GEMV after this one
   // becomes resident as this grid drains, not while it streams.
@@ -246,34 +212,9 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 3 : 2)
 
 // -- launch ----------------------------------------------------------------------------
 
-struct launch_info {
-  int32_t blocks_per_sm = 0;
-  int32_t num_sms = 0;
-};
-
-template <int M, gemv_epilogue Ep, int KS>
-launch_info occupancy(size_t smem) {
-  static std::mutex mtx;
-  static std::map<size_t, launch_info> cache;
-  std::lock_guard guard{mtx};
-  auto it = cache.find(smem);
-  if (it == cache.end()) {
-    auto* kernel = gemv_split_kernel<M, Ep, KS>;
-    METRONOME_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem_limit)));
-    int device = 0, sms = 0, blocks = 0;
-    METRONOME_CUDA(cudaGetDevice(&device));
-    METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    METRONOME_CUDA(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, smem));
-    it = cache.emplace(smem, launch_info{std::max(blocks, 1), sms}).first;
-  }
-  return it->second;
-}
-
 template <int M, gemv_epilogue Ep, int KS>
 void launch_ks(const gemv_args& a, size_t smem, int32_t tiles, int32_t kslice,
-               const launch_info& info, cudaStream_t stream) {
+               const gemv_launch_info& info, cudaStream_t stream) {
   const int32_t grid = std::max(1, std::min(tiles, info.blocks_per_sm * info.num_sms));
   launch_kernel("gemv_split_kernel", gemv_split_kernel<M, Ep, KS>, dim3(grid),
                 dim3(threads_per_block), smem, stream, a, kslice, tiles,
@@ -284,22 +225,13 @@ void launch_ks(const gemv_args& a, size_t smem, int32_t tiles, int32_t kslice,
 template <int M, gemv_epilogue Ep>
 void launch(const gemv_args& a, cudaStream_t stream) {
   const size_t smem = size_t(M) * size_t(a.k) * 2;
-  const launch_info info[4] = {occupancy<M, Ep, 1>(smem), occupancy<M, Ep, 2>(smem),
-                               occupancy<M, Ep, 4>(smem), occupancy<M, Ep, 8>(smem)};
-  const int32_t pairs = num_pairs<Ep>(a);
-  // The most warps per pair such that one wave of resident blocks covers all
-  // pairs and each warp still has at least one 16-byte load per lane and row.
-  int which = 0;
-  for (int i = 1; i < 4; ++i) {
-    const int64_t cand = int64_t(1) << i;
-    const int64_t tiles = (int64_t(pairs) * cand + warps_per_block - 1) / warps_per_block;
-    if (tiles <= int64_t(info[i].blocks_per_sm) * info[i].num_sms && cand * 256 <= a.k)
-      which = i;
-  }
-  const int32_t ks = 1 << which;
-  const int32_t tiles = int32_t((int64_t(pairs) * ks + warps_per_block - 1) / warps_per_block);
+  const gemv_launch_info info[4] = {
+    gemv_occupancy(gemv_split_kernel<M, Ep, 1>, smem, smem_limit),
+    gemv_occupancy(gemv_split_kernel<M, Ep, 2>, smem, smem_limit),
+    gemv_occupancy(gemv_split_kernel<M, Ep, 4>, smem, smem_limit),
+    gemv_occupancy(gemv_split_kernel<M, Ep, 8>, smem, smem_limit)};
   // Slices are whole multiples of 256 elements (one 16-byte load per lane).
-  const int32_t kslice = ((a.k + ks - 1) / ks + 255) / 256 * 256;
+  const auto [ks, tiles, kslice] = choose_gemv_split(num_pairs<Ep>(a), a.k, 256, info);
   switch (ks) {
     case 1: return launch_ks<M, Ep, 1>(a, smem, tiles, kslice, info[0], stream);
     case 2: return launch_ks<M, Ep, 2>(a, smem, tiles, kslice, info[1], stream);

@@ -9,7 +9,11 @@
 // (fma_pair) and their host-side argument checks and dispatch
 // (check_gemv_args, dispatch_gemv).
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernel_util.cuh"
@@ -295,7 +299,110 @@ __device__ __forceinline__ void epilogue(const gemv_args& a, int32_t p, const pa
   epilogue<M, Ep>(a, p, rows, m, y0, y1, load_epilogue_inputs<Ep>(a, p, rows, m));
 }
 
+/// The end of a tile of the split GEMVs (gemv.cu, gemv_int4.cu): each
+/// warp's sums reduced over its lanes, then, with KS warps a pair, over the
+/// pair's warps through `red` (double-buffered by tile parity: one barrier a
+/// tile) in a fixed order, so results do not depend on timing; lane m of the
+/// pair's first warp runs the epilogue of batch row m.
+template <int M, gemv_epilogue Ep, int KS>
+__device__ __forceinline__ void finish_tile(const gemv_args& a, float (&acc0)[M],
+                                            float (&acc1)[M],
+                                            float (&red)[2][warps_per_block][M][2], int parity,
+                                            int warp, int lane, int ks, bool active, int32_t p,
+                                            const pair_rows& rows, const epilogue_inputs& ein) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    acc0[m] = warp_sum(acc0[m]);
+    acc1[m] = warp_sum(acc1[m]);
+  }
+  if constexpr (KS == 1) {
+    if (active) {
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (lane == m && m < a.m)
+          epilogue<M, Ep>(a, p, rows, m, acc0[m], acc1[m], ein);
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (lane == m) {
+        red[parity][warp][m][0] = acc0[m];
+        red[parity][warp][m][1] = acc1[m];
+      }
+    __syncthreads();
+    if (ks == 0 && active) {
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (lane == m && m < a.m) {
+          float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+          for (int j = 0; j < KS; ++j) {
+            y0 += red[parity][warp + j][m][0];
+            y1 += red[parity][warp + j][m][1];
+          }
+          epilogue<M, Ep>(a, p, rows, m, y0, y1, ein);
+        }
+    }
+  }
+}
+
 // -- host side, both generations -----------------------------------------------------
+
+/// Blocks of a split GEMV kernel one SM holds, and the SMs.
+struct gemv_launch_info {
+  int32_t blocks_per_sm = 0;
+  int32_t num_sms = 0;
+};
+
+/// The occupancy of `kernel` (threads_per_block threads, `smem` dynamic
+/// bytes; its dynamic limit raised to `smem_limit` on first use), cached
+/// per kernel and size. Needs the device current; any thread.
+template <class... P>
+gemv_launch_info gemv_occupancy(void (*kernel)(P...), size_t smem, int32_t smem_limit) {
+  static std::mutex mtx;
+  static std::map<std::pair<const void*, size_t>, gemv_launch_info> cache;
+  std::lock_guard guard{mtx};
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), smem);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    METRONOME_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem_limit)));
+    int device = 0, sms = 0, blocks = 0;
+    METRONOME_CUDA(cudaGetDevice(&device));
+    METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    METRONOME_CUDA(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, smem));
+    it = cache.emplace(key, gemv_launch_info{std::max(blocks, 1), sms}).first;
+  }
+  return it->second;
+}
+
+/// How a split GEMV cuts its rows: KS warps a row pair, the tiles of
+/// 8 / KS pairs, and each warp's slice of k.
+struct gemv_split {
+  int32_t ks = 1, tiles = 0, kslice = 0;
+};
+
+/// The most warps a pair (1, 2, 4, 8; info[i] the occupancy at KS = 2^i)
+/// such that one wave of resident blocks covers all `pairs` and each warp
+/// still has one load a lane (`warp_cols` inputs a warp) of each row; slices
+/// are whole multiples of warp_cols.
+inline gemv_split choose_gemv_split(int32_t pairs, int32_t k, int32_t warp_cols,
+                                    const gemv_launch_info (&info)[4]) {
+  int which = 0;
+  for (int i = 1; i < 4; ++i) {
+    const int64_t cand = int64_t(1) << i;
+    const int64_t tiles = (int64_t(pairs) * cand + warps_per_block - 1) / warps_per_block;
+    if (tiles <= int64_t(info[i].blocks_per_sm) * info[i].num_sms && cand * warp_cols <= k)
+      which = i;
+  }
+  gemv_split s;
+  s.ks = 1 << which;
+  s.tiles = int32_t((int64_t(pairs) * s.ks + warps_per_block - 1) / warps_per_block);
+  s.kslice = ((k + s.ks - 1) / s.ks + warp_cols - 1) / warp_cols * warp_cols;
+  return s;
+}
+
 
 /// The checks every launch_gemv makes before it dispatches (both
 /// generations): k in whole 16-byte vectors, a norm weight with a residual

@@ -22,8 +22,6 @@
 // the act-order permutation where the checkpoint has one.
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -231,40 +229,8 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 2 : 1)
       load_batch(k0 + lane * lane_cols);
       prepare();
     }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      acc0[m] = warp_sum(acc0[m]);
-      acc1[m] = warp_sum(acc1[m]);
-    }
-    if constexpr (KS == 1) {
-      if (done_active) {
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-          if (lane == m && m < a.m)
-            epilogue<M, Ep>(a, done_p, done, m, acc0[m], acc1[m], done_in);
-      }
-    } else {
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        if (lane == m) {
-          red[parity][warp][m][0] = acc0[m];
-          red[parity][warp][m][1] = acc1[m];
-        }
-      __syncthreads();
-      if (ks == 0 && done_active) {
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-          if (lane == m && m < a.m) {
-            float y0 = 0.0f, y1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < KS; ++j) {
-              y0 += red[parity][warp + j][m][0];
-              y1 += red[parity][warp + j][m][1];
-            }
-            epilogue<M, Ep>(a, done_p, done, m, y0, y1, done_in);
-          }
-      }
-    }
+    finish_tile<M, Ep, KS>(a, acc0, acc1, red, parity, warp, lane, ks, done_active, done_p, done,
+                           done_in);
   }
   if (late_trigger)
     pdl_trigger();
@@ -304,34 +270,9 @@ __global__ void dequantize_int4_kernel(const int4_weights w, int32_t n, int32_t 
 
 // -- launch ----------------------------------------------------------------------------
 
-struct launch_info {
-  int32_t blocks_per_sm = 0;
-  int32_t num_sms = 0;
-};
-
-template <int M, gemv_epilogue Ep, int KS>
-launch_info occupancy(size_t smem) {
-  static std::mutex mtx;
-  static std::map<size_t, launch_info> cache;
-  std::lock_guard guard{mtx};
-  auto it = cache.find(smem);
-  if (it == cache.end()) {
-    auto* kernel = gemv_int4_kernel<M, Ep, KS>;
-    METRONOME_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(int4_smem_limit)));
-    int device = 0, sms = 0, blocks = 0;
-    METRONOME_CUDA(cudaGetDevice(&device));
-    METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    METRONOME_CUDA(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, smem));
-    it = cache.emplace(smem, launch_info{std::max(blocks, 1), sms}).first;
-  }
-  return it->second;
-}
-
 template <int M, gemv_epilogue Ep, int KS>
 void launch_ks(const gemv_args& a, const int4_weights& w, size_t smem, int32_t tiles,
-               int32_t kslice, const launch_info& info, cudaStream_t stream) {
+               int32_t kslice, const gemv_launch_info& info, cudaStream_t stream) {
   const int32_t grid = std::max(1, std::min(tiles, info.blocks_per_sm * info.num_sms));
   launch_kernel("gemv_int4_kernel", gemv_int4_kernel<M, Ep, KS>, dim3(grid),
                 dim3(threads_per_block), smem, stream, a, w, kslice, tiles,
@@ -342,21 +283,13 @@ void launch_ks(const gemv_args& a, const int4_weights& w, size_t smem, int32_t t
 template <int M, gemv_epilogue Ep>
 void launch(const gemv_args& a, const int4_weights& w, cudaStream_t stream) {
   const size_t smem = smem_bytes(M, a.k);
-  const launch_info info[4] = {occupancy<M, Ep, 1>(smem), occupancy<M, Ep, 2>(smem),
-                               occupancy<M, Ep, 4>(smem), occupancy<M, Ep, 8>(smem)};
-  const int32_t pairs = num_pairs<Ep>(a);
-  // As gemv.cu: the most warps per pair such that one wave of resident
-  // blocks covers all pairs and each warp has at least one load per lane.
-  int which = 0;
-  for (int i = 1; i < 4; ++i) {
-    const int64_t cand = int64_t(1) << i;
-    const int64_t tiles = (int64_t(pairs) * cand + warps_per_block - 1) / warps_per_block;
-    if (tiles <= int64_t(info[i].blocks_per_sm) * info[i].num_sms && cand * warp_cols <= a.k)
-      which = i;
-  }
-  const int32_t ks = 1 << which;
-  const int32_t tiles = int32_t((int64_t(pairs) * ks + warps_per_block - 1) / warps_per_block);
-  const int32_t kslice = ((a.k + ks - 1) / ks + warp_cols - 1) / warp_cols * warp_cols;
+  const gemv_launch_info info[4] = {
+    gemv_occupancy(gemv_int4_kernel<M, Ep, 1>, smem, int4_smem_limit),
+    gemv_occupancy(gemv_int4_kernel<M, Ep, 2>, smem, int4_smem_limit),
+    gemv_occupancy(gemv_int4_kernel<M, Ep, 4>, smem, int4_smem_limit),
+    gemv_occupancy(gemv_int4_kernel<M, Ep, 8>, smem, int4_smem_limit)};
+  // As gemv.cu, with one 16-byte load a lane covering 32 inputs.
+  const auto [ks, tiles, kslice] = choose_gemv_split(num_pairs<Ep>(a), a.k, warp_cols, info);
   switch (ks) {
     case 1: return launch_ks<M, Ep, 1>(a, w, smem, tiles, kslice, info[0], stream);
     case 2: return launch_ks<M, Ep, 2>(a, w, smem, tiles, kslice, info[1], stream);
@@ -369,17 +302,22 @@ int32_t padded_m(int32_t m) {
   return m <= 2 ? m : m <= 4 ? 4 : 8;
 }
 
-} // namespace
-
-bool gemv_int4_takes(int32_t m, int32_t k) {
+bool fits(int32_t m, int32_t k) {
   return m >= 1 && m <= gemv_max_m && k % lane_cols == 0
          && smem_bytes(padded_m(m), k) <= size_t(int4_smem_limit);
+}
+
+} // namespace
+
+bool gemv_int4_takes(gemv_epilogue epilogue, int32_t m, int32_t k) {
+  return fits(m, k)
+         || (epilogue != gemv_epilogue::qkv_rope && m > 4 && m <= gemv_max_m && fits(4, k));
 }
 
 void launch_gemv_int4(gemv_epilogue epilogue, const gemv_args& a, const int4_weights& w,
                       cudaStream_t stream) {
   check_gemv_args(a);
-  if (!gemv_int4_takes(a.m, a.k))
+  if (!gemv_int4_takes(epilogue, a.m, a.k))
     throw cuda_error("launch_gemv_int4: m = " + std::to_string(a.m) + ", k = "
                      + std::to_string(a.k) + " does not fit (gemv_int4_takes)");
   if (w.group_size <= 0 || w.group_size % lane_cols != 0)
@@ -391,6 +329,25 @@ void launch_gemv_int4(gemv_epilogue epilogue, const gemv_args& a, const int4_wei
   // with late triggers.
   const pdl_scope no_early_launch(
     epilogue == gemv_epilogue::residual_add && !late_triggers() ? false : pdl_active());
+  if (!fits(a.m, a.k)) {
+    // Rows of 4 tokens at a time: each launch reads the weights again, which
+    // at 5-8 tokens still costs less than dequantizing them for cuBLAS.
+    for (int32_t m0 = 0; m0 < a.m; m0 += 4) {
+      gemv_args part = a;
+      part.m = std::min(4, a.m - m0);
+      if (part.x)
+        part.x += int64_t(m0) * a.k;
+      if (part.residual_in)
+        part.residual_in += int64_t(m0) * a.k;
+      if (part.out_f32)
+        part.out_f32 += int64_t(m0) * a.n;
+      if (part.out_bf16)
+        part.out_bf16 += int64_t(m0) * (a.n / 2); // swiglu: [m][n / 2]
+      dispatch_gemv(epilogue, part.m,
+                    [&]<int M, gemv_epilogue Ep>() { launch<M, Ep>(part, w, stream); });
+    }
+    return;
+  }
   dispatch_gemv(epilogue, a.m,
                 [&]<int M, gemv_epilogue Ep>() { launch<M, Ep>(a, w, stream); });
 }

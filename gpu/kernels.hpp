@@ -198,9 +198,12 @@ struct int4_weights {
   }
 };
 
-/// Whether launch_gemv_int4 takes m tokens of k inputs (their bf16 staging
-/// fits one block's shared memory). Host arithmetic; any thread.
-bool gemv_int4_takes(int32_t m, int32_t k);
+/// Whether launch_gemv_int4 takes m tokens of k inputs with `epilogue`: their
+/// bf16 staging fits one block's shared memory, or (any epilogue but
+/// qkv_rope) that of 4 tokens, which it then runs as launches of 4 tokens
+/// each (the 8B shape's down projection at 5-8 tokens). Host arithmetic;
+/// any thread.
+bool gemv_int4_takes(gemv_epilogue epilogue, int32_t m, int32_t k);
 
 /// The decode GEMV (launch_gemv's arguments, epilogues and prologue; args.w
 /// unused) on 4-bit weights: each weight dequantized in registers, in fp32,

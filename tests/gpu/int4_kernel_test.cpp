@@ -83,14 +83,15 @@ TEST(gpu_int4, gemv_matches_the_exactly_dequantized_product) {
   std::vector<int4_case> cases = {
     {64, 64, 1, 32, false},        {130, 96, 3, 32, true},        {4096, 4096, 1, 128, false},
     {6144, 4096, 2, -1, false},    {1000, 14336, 4, 128, true},   {512, 1024, 8, 64, true},
-    {4096, 14336, 1, 128, false},  {257, 2048, 5, 64, false},     {28672, 4096, 1, 128, false}};
+    {4096, 14336, 1, 128, false},  {257, 2048, 5, 64, false},     {28672, 4096, 1, 128, false},
+    {512, 14336, 8, 128, false},   {300, 14336, 6, 128, true}};
   if (test::quick_mode())
     cases.resize(3);
   for (const auto& c : cases) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
                  + std::to_string(c.m) + " group " + std::to_string(c.group)
                  + (c.perm ? " act-order" : ""));
-    ASSERT_TRUE(gpu::gemv_int4_takes(c.m, c.k));
+    ASSERT_TRUE(gpu::gemv_int4_takes(gpu::gemv_epilogue::residual_add, c.m, c.k));
     const gpu::int4_layout m = random_int4(rng, c);
     std::vector<float> w(size_t(c.n) * c.k);
     gpu::dequantize(m, w.data());
@@ -148,6 +149,41 @@ TEST(gpu_int4, gemv_matches_the_exactly_dequantized_product) {
   }
 }
 
+TEST(gpu_int4, swiglu_rows_split_over_launches_match_the_host) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("gemv_int4_swiglu");
+  // k = 14,336 at 8 tokens runs as two launches of 4 (gemv_int4_takes); at
+  // 3 tokens as one.
+  for (const int4_case& c : {int4_case{256, 14336, 8, 128, false},
+                             int4_case{256, 14336, 3, 128, true}}) {
+    SCOPED_TRACE("m " + std::to_string(c.m));
+    const gpu::int4_layout m = random_int4(rng, c);
+    std::vector<float> w(size_t(c.n) * c.k);
+    gpu::dequantize(m, w.data());
+    const device_int4 d(m);
+    const auto x = test::from_bf16(test::to_bf16(test::random_floats(rng, size_t(c.m) * c.k, -1, 1)));
+    const auto y = product(w, x, c.n, c.k, c.m);
+    const int32_t inter = c.n / 2;
+    std::vector<float> want(size_t(c.m) * inter);
+    for (int32_t t = 0; t < c.m; ++t)
+      ref::silu_mul(y.data() + size_t(t) * c.n, y.data() + size_t(t) * c.n + inter, inter,
+                    want.data() + size_t(t) * inter);
+    for (auto& v : want)
+      v = test::round_bf16(v);
+    auto d_x = test::upload_bf16(x);
+    dev_array<bf16> d_act(size_t(c.m) * inter);
+    gpu::gemv_args a;
+    a.n = c.n;
+    a.k = c.k;
+    a.m = c.m;
+    a.x = d_x.get();
+    a.out_bf16 = d_act.get();
+    gpu::launch_gemv_int4(gpu::gemv_epilogue::swiglu, a, d.view, nullptr);
+    test::sync_check();
+    EXPECT_LT(test::relative_error(test::download_bf16(d_act), want), 5e-3);
+  }
+}
+
 TEST(gpu_int4, dequantization_gives_the_exact_weights_rounded_to_bf16) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("dequantize_int4");
@@ -171,9 +207,14 @@ TEST(gpu_int4, dequantization_gives_the_exact_weights_rounded_to_bf16) {
 
 TEST(gpu_int4, shapes_off_the_kernels_grid_are_refused_by_name) {
   METRONOME_REQUIRE_GPU();
-  EXPECT_FALSE(gpu::gemv_int4_takes(1, 4104));
-  EXPECT_FALSE(gpu::gemv_int4_takes(9, 4096));
-  EXPECT_FALSE(gpu::gemv_int4_takes(8, 14336)); // 229 KB of staging
+  using gpu::gemv_epilogue;
+  EXPECT_FALSE(gpu::gemv_int4_takes(gemv_epilogue::store_f32, 1, 4104));
+  EXPECT_FALSE(gpu::gemv_int4_takes(gemv_epilogue::store_f32, 9, 4096));
+  // 8 tokens of 14,336 inputs stage 229 KB: two launches of 4, except for
+  // qkv_rope, whose rows are not split.
+  EXPECT_TRUE(gpu::gemv_int4_takes(gemv_epilogue::residual_add, 8, 14336));
+  EXPECT_FALSE(gpu::gemv_int4_takes(gemv_epilogue::qkv_rope, 8, 14336));
+  EXPECT_FALSE(gpu::gemv_int4_takes(gemv_epilogue::residual_add, 8, 28672 * 2));
   gpu::gemv_args a;
   a.n = 64;
   a.k = 4104;

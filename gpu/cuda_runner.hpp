@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/weight_format.hpp"
 #include "model/dtype.hpp"
 #include "model/engine_limits.hpp"
 #include "model/model_runner.hpp"

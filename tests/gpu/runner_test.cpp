@@ -970,6 +970,23 @@ TEST_P(gpu_runner_int4, every_decode_path_follows_the_cpu_engine) {
     model_folder::open(test::int4_goldens() / GetParam()), GetParam());
 }
 
+// `--quantize int4`: a float model's projections rounded to nearest into
+// AWQ's layout at load (model/rtn_quantize), the preset whose inputs hold
+// whole groups of 128; every matrix runs in 4 bits.
+TEST(gpu_runner_int4_at_load, every_decode_path_follows_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model("tiny-llama3-g128", 11),
+                                  model_load_options{weight_quantization::int4});
+  ASSERT_TRUE(model->config.quantization);
+  {
+    auto gpu = make_cuda_runner(model, test::small_runner_options());
+    const std::string d = describe_cuda_runner(*gpu);
+    const std::string all = std::to_string(4 * model->config.num_layers);
+    EXPECT_NE(d.find(all + " of " + all + " matrices in 4 bits"), std::string::npos) << d;
+  }
+  expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3-g128, int4 at load");
+}
+
 INSTANTIATE_TEST_SUITE_P(variants, gpu_runner_int4,
                          ::testing::ValuesIn(test::int4_golden_variants()), [](const auto& info) {
                            auto s = info.param;

@@ -40,18 +40,20 @@ fs::path goldens() {
   return test::int4_goldens();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const model_error& e) {
-    return e.what();
-  }
-  return "<no model_error>";
+/// A tensor_view over `bytes` of host memory at `data`.
+tensor_view view(const char* name, dtype t, std::vector<int64_t> shape, const void* data,
+                 size_t bytes) {
+  tensor_view v;
+  v.name = name;
+  v.type = t;
+  v.shape = std::move(shape);
+  v.data = static_cast<const std::byte*>(data);
+  v.nbytes = bytes;
+  return v;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
+using test::error_of;
 
 // -- the goldens -------------------------------------------------------------------
 
@@ -101,16 +103,6 @@ TEST(int4, dequantizes_hand_packed_words) {
   // (0x87654321: rows 0..7 hold 1..8 for every output); zeros stored as
   // zero - 1. AWQ: output column 8c + j in nibble REVERSE[j] (0x86427531:
   // columns 0..7 hold 1..8 for every input row); zeros as is.
-  auto view = [](const char* name, dtype t, std::vector<int64_t> shape, const void* data,
-                 size_t bytes) {
-    tensor_view v;
-    v.name = name;
-    v.type = t;
-    v.shape = std::move(shape);
-    v.data = static_cast<const std::byte*>(data);
-    v.nbytes = bytes;
-    return v;
-  };
   std::vector<uint16_t> scales(8, f32_to_f16(0.5f));
   quantization_config c;
   c.group_size = -1;
@@ -370,16 +362,6 @@ TEST(int4, the_cuda_layout_refuses_act_order_groups_that_are_not_runs) {
   for (int i = 0; i < 64; ++i)
     g_idx[size_t(i)] = i % 2;
   g_idx[1] = 0;
-  auto view = [](const char* name, dtype t, std::vector<int64_t> shape, const void* data,
-                 size_t bytes) {
-    tensor_view v;
-    v.name = name;
-    v.type = t;
-    v.shape = std::move(shape);
-    v.data = static_cast<const std::byte*>(data);
-    v.nbytes = bytes;
-    return v;
-  };
   auto qw = view("o.qweight", dtype::i32, {8, 8}, qweight.data(), 256);
   auto qz = view("o.qzeros", dtype::i32, {2, 1}, qzeros.data(), 8);
   auto sc = view("o.scales", dtype::f16, {2, 8}, scales.data(), 32);

@@ -30,18 +30,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const model_error& e) {
-    return e.what();
-  }
-  return "<no model_error>";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
+using test::error_of;
 
 /// Random weights [out][in] whose groups of `group` input rows have varied
 /// ranges: mostly centred, some all positive, all negative, all zero, one

@@ -1,5 +1,7 @@
 #include "tests/model/test_support.hpp"
 
+#include "model/model_error.hpp"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -56,6 +58,19 @@ fs::path tiny_model(const std::string& preset, uint64_t seed) {
   make_model(o);
   made[key] = o.out_dir;
   return o.out_dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const model_error& e) {
+    return e.what();
+  }
+  return "<no model_error>";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 fs::path int4_goldens() {

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,12 @@ std::filesystem::path int4_goldens();
 
 /// The variants of int4_goldens(), by folder name.
 const std::vector<std::string>& int4_golden_variants();
+
+/// The message of the model_error `f` throws, or "<no model_error>".
+std::string error_of(const std::function<void()>& f);
+
+/// Whether `text` contains `part`.
+bool contains(const std::string& text, const std::string& part);
 
 /// Result of running a command.
 struct command_result {

@@ -38,9 +38,10 @@ configure() { # <dir> <cmake options...>
 # The tests of each job. Both need the CLI (tests run it), which every
 # metronome_test depends on.
 actor_tests=(engine_tests executor_tests scheduler_actor_tests drift_actor_tests
-             request_lifecycle_tests executor_faults_tests engine_supervisor_tests)
+             request_lifecycle_tests executor_faults_tests engine_supervisor_tests
+             data_parallel_tests)
 unit_tests=(model_tests tokenizer_test config_tests metrics_tests sched_tests sim_tests
-            workload_tests net_tests bench_serve_tests)
+            workload_tests net_tests bench_serve_tests replica_router_tests)
 
 # Runs each test executable whole (one process for all its cases: faster
 # than ctest's process per case under a sanitizer), two at a time, each

@@ -239,7 +239,6 @@ __global__ void __launch_bounds__(threads_per_block, M <= 2 ? 2 : 1)
 __global__ void dequantize_int4_kernel(const int4_weights w, int32_t n, int32_t k, bf16* out) {
   // The previous projection may still read `out`.
   pdl_wait();
-  pdl_trigger();
   const int32_t row_words = k / 8;
   const int64_t total = int64_t(n) * row_words;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -266,6 +265,11 @@ __global__ void dequantize_int4_kernel(const int4_weights w, int32_t n, int32_t 
       store16(row + 8 * j, o);
     }
   }
+  // A late trigger, after this thread's writes are visible: the kernel
+  // after it reads `out` as its weights, which GEMMs may load before their
+  // own wait (the skinny GEMM's bulk copies; gemv_common.cuh).
+  __threadfence();
+  pdl_trigger();
 }
 
 // -- launch ----------------------------------------------------------------------------

@@ -111,6 +111,8 @@ bool exchange(uint16_t port, const char* bytes, size_t n, std::string& answer) {
     ::usleep(100'000);
     fd = connect_to(port);
   }
+  if (fd < 0)
+    std::fprintf(stderr, "connect: %s\n", std::strerror(errno));
   FUZZ_CHECK(fd >= 0, "cannot connect to the server");
   size_t sent = 0;
   while (sent < n) {
@@ -161,6 +163,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char health[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
   std::string h;
   FUZZ_CHECK(exchange(port, health, sizeof health - 1, h), "/health did not end");
+  if (!h.starts_with("HTTP/1.1 200"))
+    std::fprintf(stderr, "/health answered: %s\n", h.substr(0, h.find("\r\n\r\n")).c_str());
   FUZZ_CHECK(h.starts_with("HTTP/1.1 200"), "/health does not answer 200");
   return 0;
 }

@@ -159,4 +159,21 @@ std::string yaml_quote(std::string_view text) {
   return out;
 }
 
+std::optional<host_port> parse_host_port(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0)
+    return std::nullopt;
+  auto host = text.substr(0, colon);
+  if (host.starts_with('[') && host.ends_with(']'))
+    host = host.substr(1, host.size() - 2);
+  const auto port_text = text.substr(colon + 1);
+  if (port_text.empty() || port_text.size() > 5
+      || port_text.find_first_not_of("0123456789") != std::string_view::npos)
+    return std::nullopt;
+  const auto port = parse_integer(port_text);
+  if (!port || *port > 65535 || !valid_host(host))
+    return std::nullopt;
+  return host_port{std::string(host), uint16_t(*port)};
+}
+
 } // namespace metronome

@@ -36,6 +36,16 @@ std::string print_real(double value);
 /// An IPv4 or IPv6 literal, or a DNS host name (RFC 1123 labels).
 bool valid_host(std::string_view host);
 
+/// A TCP endpoint, HOST:PORT ([IPv6]:PORT for an IPv6 literal).
+struct host_port {
+  std::string host;
+  uint16_t port = 0;
+};
+
+/// HOST:PORT with a valid_host host and a decimal port in [0, 65535];
+/// nullopt otherwise.
+std::optional<host_port> parse_host_port(std::string_view text);
+
 /// Quotes `text` as a YAML double-quoted scalar (escaping \, ", control
 /// characters).
 std::string yaml_quote(std::string_view text);

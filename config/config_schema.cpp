@@ -58,6 +58,17 @@ bool is_device(std::string_view text) {
   return device_spec::parse(text).has_value();
 }
 
+bool is_listen_address(std::string_view text) {
+  return text.empty() || parse_host_port(text).has_value();
+}
+
+bool is_connect_address(std::string_view text) {
+  if (text.empty())
+    return true;
+  auto hp = parse_host_port(text);
+  return hp && hp->port != 0;
+}
+
 bool is_power_of_two(int64_t x) {
   return x > 0 && (x & (x - 1)) == 0;
 }
@@ -636,6 +647,25 @@ std::vector<config_key> make_keys() {
   add(path_key("logging.step_trace", METRONOME_FIELD(logging.step_trace),
                "CSV file of every engine step: its shape, predicted and measured time "
                "(wall and device); empty = none."));
+
+  // workers
+  add(text_key("workers.listen", METRONOME_FIELD(workers.listen),
+               "serve: HOST:PORT where `metronome worker` processes attach as replicas (no "
+               "authentication: a loopback or private address); empty: no workers.",
+               "HOST:PORT or empty", &is_listen_address, "HOST:PORT"));
+  add(text_key("workers.connect", METRONOME_FIELD(workers.connect),
+               "worker: the front end's workers.listen address.", "HOST:PORT or empty",
+               &is_connect_address, "HOST:PORT"));
+  add(text_key("workers.name", METRONOME_FIELD(workers.name),
+               "worker: its name in the front end's logs and /metrics; empty: HOSTNAME:PID."));
+  add(integer_key("workers.max_workers", METRONOME_FIELD(workers.max_workers), 1, 64,
+                  "serve: workers attached at most (each a replica in /metrics)."));
+  add(integer_key("workers.heartbeat_ms", METRONOME_FIELD(workers.heartbeat_ms), 10, max_ms,
+                  "How often the front end asks each worker for its load, and CAF's "
+                  "connection heartbeat (set the same on both sides)."));
+  add(integer_key("workers.timeout_ms", METRONOME_FIELD(workers.timeout_ms), 20, max_ms,
+                  "A worker silent this long is removed; its requests re-run elsewhere when "
+                  "nothing was streamed yet, else fail."));
   return keys;
 }
 

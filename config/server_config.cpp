@@ -133,6 +133,11 @@ void validate(const server_config& cfg, const std::string& source) {
              "replicas run all on the CPU or all on CUDA devices, got both " + m.devices.front()
                + " and " + d);
   }
+  const auto& w = cfg.workers;
+  if (w.timeout_ms <= w.heartbeat_ms)
+    fail(source, "workers.timeout_ms",
+         "is " + num(w.timeout_ms) + " but workers.heartbeat_ms is " + num(w.heartbeat_ms)
+           + ": a worker must get at least one heartbeat within the timeout");
   const auto& e = cfg.engine;
   // Every running sequence decodes one token per step, so a budget smaller
   // than the batch cap could never run a full batch (vLLM checks the same).

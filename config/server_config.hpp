@@ -325,6 +325,30 @@ struct logging_section {
   bool operator==(const logging_section&) const = default;
 };
 
+/// `workers`: replicas in other processes (`metronome worker`,
+/// docs/scale-out.md). The front end (`serve`) listens for them; a worker
+/// connects to it.
+struct workers_section {
+  /// serve: where workers attach, HOST:PORT (CAF's middleman over TCP; no
+  /// authentication: a loopback or private address). Empty: no workers.
+  std::string listen;
+  /// worker: the front end's workers.listen address, HOST:PORT.
+  std::string connect;
+  /// worker: its name in the front end's logs and /metrics; empty:
+  /// HOSTNAME:PID.
+  std::string name;
+  /// serve: workers attached at most (each a replica slot in /metrics).
+  int32_t max_workers = 8;
+  /// Both: how often the front end asks each worker for its load (its
+  /// heartbeat), and the idle interval of CAF's own connection heartbeat.
+  int32_t heartbeat_ms = 500;
+  /// Both: a worker that answers no heartbeat (and sends nothing) for this
+  /// long is removed; its requests are re-run elsewhere or fail.
+  int32_t timeout_ms = 3000;
+
+  bool operator==(const workers_section&) const = default;
+};
+
 // -- the whole configuration -----------------------------------------------------
 
 /// Everything one metronome.yaml configures. Built on the main thread before
@@ -338,6 +362,7 @@ struct server_config {
   router_section router;
   supervisor_section supervisor;
   logging_section logging;
+  workers_section workers;
 
   bool operator==(const server_config&) const = default;
 };

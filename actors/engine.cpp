@@ -11,6 +11,9 @@
 #include "actors/stats_reporter.hpp"
 #include "actors/request_actor.hpp"
 #include "actors/scheduler_actor.hpp"
+#include "actors/worker_registry.hpp"
+#include "caf/io/middleman.hpp"
+#include "config/config_scalar.hpp"
 #include "model/model_card.hpp"
 #include "model/model_error.hpp"
 #include "model/model_weights.hpp"
@@ -81,6 +84,28 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
     return [=] { return make_cuda_runner(model, g); };
   }
   throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
+}
+
+/// The shape part of the model fingerprint (worker_registry.hpp).
+std::string model_shape(const model_config& c) {
+  std::string out;
+  for (int64_t x : {int64_t(c.vocab_size), int64_t(c.hidden_size), int64_t(c.intermediate_size),
+                    int64_t(c.num_layers), int64_t(c.num_heads), int64_t(c.num_kv_heads),
+                    int64_t(c.head_dim), int64_t(c.max_position_embeddings)})
+    out += std::to_string(x) + ",";
+  for (auto id : c.eos_token_ids)
+    out += "e" + std::to_string(id);
+  return out;
+}
+
+/// The bytes of the folder's tokenizer file ("" without one).
+std::string tokenizer_bytes(const std::filesystem::path& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    std::ifstream in(dir / name, std::ios::binary);
+    if (in)
+      return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return {};
 }
 
 } // namespace
@@ -182,6 +207,8 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     }
   }
   st.max_model_len = limits.max_model_len;
+  st.page_size = limits.page_size;
+  st.model_fingerprint = model_fingerprint(tokenizer_bytes(o.model_dir), model_shape(cfg));
   st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(limits.page_size)
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + dtype);
 
@@ -203,14 +230,30 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     for (auto& factory : factories)
       factory = [inner = std::move(factory), f = o.faults] { return with_faults(inner(), f); };
   }
-  if (replicas > 1) {
-    st.set_replicas(replicas);
-    e.metrics->enable_replicas(replicas);
+  // Workers: slots after the local replicas, behind the same router.
+  std::optional<host_port> worker_address;
+  const int32_t worker_slots = o.workers.listen.empty() ? 0 : o.workers.max_workers;
+  if (!o.workers.listen.empty()) {
+    worker_address = parse_host_port(o.workers.listen);
+    if (!worker_address)
+      throw std::invalid_argument("workers.listen: expected HOST:PORT, got '" + o.workers.listen
+                                  + "'");
+    if (!sys.has_middleman())
+      throw std::invalid_argument("workers.listen: this actor system has no middleman "
+                                  "(load caf::io::middleman to accept workers)");
+  }
+  const int32_t slots = replicas + worker_slots;
+  if (slots > 1) {
+    st.set_replicas(slots);
+    e.metrics->enable_replicas(slots);
     std::string list;
     for (const auto& d : devices)
       list += (list.empty() ? "" : ", ") + d;
     st.device = list;
-    spdlog::info("data parallel: {} replicas ({}) behind one router", replicas, list);
+    if (replicas > 1)
+      spdlog::info("data parallel: {} replicas ({}) behind one router", replicas, list);
+    if (worker_slots > 0)
+      st.device += " + workers";
   }
   scheduler_actor_config sc;
   sc.scheduler.limits = limits;
@@ -244,12 +287,39 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     e.schedulers.push_back(spawn_scheduler(sys, std::move(sci), e.status, e.metrics));
   }
   e.scheduler = e.schedulers.front();
-  if (replicas > 1) {
+  if (slots > 1) {
     replica_router_config rc;
-    rc.replicas = replicas;
+    rc.replicas = slots;
     rc.page_size = limits.page_size;
     rc.prefix_affinity = o.prefix_caching;
-    e.router = spawn_replica_router(sys, rc, e.schedulers, e.status, e.metrics);
+    e.router = spawn_replica_router(sys, rc, e.schedulers, e.status, e.metrics, worker_slots);
+  }
+  if (worker_slots > 0) {
+    worker_registry_config wc;
+    wc.first_slot = replicas;
+    wc.slots = worker_slots;
+    wc.heartbeat = o.workers.heartbeat;
+    wc.timeout = o.workers.timeout;
+    wc.model_fingerprint = st.model_fingerprint;
+    wc.model_name = st.model_name;
+    wc.max_model_len = st.max_model_len;
+    e.workers = spawn_worker_registry(sys, wc, e.router, e.status, e.metrics);
+    auto port = sys.middleman().publish(e.workers, worker_address->port,
+                                        worker_address->host.c_str(), true);
+    if (!port) {
+      caf::anon_send_exit(e.workers, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(e.router, caf::exit_reason::user_shutdown);
+      for (auto& sched : e.schedulers)
+        caf::anon_send_exit(sched, caf::exit_reason::user_shutdown);
+      throw std::runtime_error("workers.listen " + o.workers.listen
+                               + ": cannot listen: " + sys.render(port.error()));
+    }
+    e.worker_port = *port;
+    spdlog::info("workers attach at {}:{} (up to {}, heartbeat {} ms, timeout {} ms)",
+                 worker_address->host, *port, worker_slots, o.workers.heartbeat.count(),
+                 o.workers.timeout.count());
+  }
+  if (replicas > 1) {
     if (o.drift.enabled && o.policy != policy_kind::fcfs)
       spdlog::info("data parallel: drift supervision is off (it watches one scheduler)");
     if (sc.trace)
@@ -263,7 +333,8 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   engine_supervision supervision;
   supervision.restarts = o.restarts;
   supervision.on_device_lost = o.on_device_lost;
-  engine_children children{e.scheduler, e.drift_supervisor, e.stats_reporter, {}, e.router};
+  engine_children children{e.scheduler, e.drift_supervisor, e.stats_reporter, {}, e.router,
+                           e.workers};
   children.more_schedulers.assign(e.schedulers.begin() + 1, e.schedulers.end());
   e.supervisor = spawn_engine_supervisor(sys, std::move(children), std::move(factories),
                                          std::move(supervision), e.status);

@@ -31,6 +31,19 @@ class tokenizer;
 class chat_template;
 class engine_metrics;
 
+/// Replicas in other processes (`metronome worker`; workers.* in
+/// metronome.yaml, docs/scale-out.md), seen from the front end.
+struct worker_options {
+  /// HOST:PORT where workers attach (port 0: any free port, engine::
+  /// worker_port says which); empty: no workers. Needs an actor system
+  /// with CAF's middleman loaded.
+  std::string listen;
+  /// Worker slots of the router (replicas after the local ones).
+  int32_t max_workers = 8;
+  std::chrono::milliseconds heartbeat{500};
+  std::chrono::milliseconds timeout{3000};
+};
+
 /// How an engine is built; tools/metronome/cmd_serve.cpp fills it from the
 /// server configuration.
 struct engine_options {
@@ -103,6 +116,8 @@ struct engine_options {
   /// Called when the device is lost for the rest of the process
   /// (engine_supervision::on_device_lost); `serve` exits non-zero.
   std::function<void(const std::string& reason)> on_device_lost;
+  /// Workers that may attach to this engine as more replicas.
+  worker_options workers;
 };
 
 /// Data parallel: one replica's figures, written by its scheduler (and
@@ -224,6 +239,11 @@ struct engine_status {
   int32_t max_model_len = 0;
   std::string device;
   std::string kv_cache_strategy;
+  /// What a worker and its front end must share (worker_registry.hpp's
+  /// model_fingerprint): the tokenizer and the model's shape.
+  uint64_t model_fingerprint = 0;
+  /// KV pages' size in tokens (engine.page_size).
+  int32_t page_size = 0;
 
 private:
   std::vector<std::unique_ptr<replica_gauges>> replicas_;
@@ -247,6 +267,9 @@ struct engine {
   /// Owns the scheduler, the executor and the watchers below: stopping it
   /// stops them all (engine_supervisor.hpp).
   engine_supervisor_actor supervisor;
+  /// Where workers attach (workers.listen; null without), and its port.
+  worker_registry_actor workers;
+  uint16_t worker_port = 0;
   /// The drift supervisor (null unless a latency-aware policy runs).
   drift_supervisor_actor drift_supervisor;
   /// Writes the stats line (null when options.stats_interval is 0).

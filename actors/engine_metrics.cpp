@@ -122,6 +122,14 @@ engine_metrics::engine_metrics(const std::string& model_name)
                                                   "Scheduling policy switches, by target policy "
                                                   "and cause.",
                                                   {"policy", "cause"})),
+    reruns_(registry_.add_counter("metronome:request_reruns_total",
+                                  "Requests admitted again because the worker running them was "
+                                  "lost before their first token.",
+                                  model_label(model_name))),
+    worker_events_(registry_.add_counter_family("metronome:worker_events_total",
+                                                "Workers (replicas in other processes) that "
+                                                "joined, were lost or were refused.",
+                                                {"event"})),
     scheduling_events_(registry_.add_counter_family(
       "metronome:scheduling_events_total",
       "Decisions of the latency-aware policies, by kind (limited_step, long_step, relaxed_step, "
@@ -319,6 +327,14 @@ void engine_metrics::on_kv_buckets(int64_t bucketed, int64_t overflowed,
   if (overflowed > 0)
     bucket_overflows_.inc(double(overflowed));
   reserved_unused_.set(double(reserved_unused_pages));
+}
+
+void engine_metrics::on_rerun() {
+  reruns_.inc();
+}
+
+void engine_metrics::on_worker_event(const std::string& event) {
+  worker_events_.with({event}).inc();
 }
 
 void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {

@@ -85,6 +85,12 @@ public:
   void on_replica_step(int32_t replica, int64_t num_tokens);
   /// `replica`'s executor failed. Its scheduler's thread.
   void on_replica_restart(int32_t replica);
+  /// A request whose worker was lost before its first token was admitted
+  /// again. Its request actor's thread.
+  void on_rerun();
+  /// The worker registry: a worker "joined", was "lost" or "refused".
+  /// Registry thread.
+  void on_worker_event(const std::string& event);
   /// The scheduler changed policy (to `policy`, for `why`).
   void on_policy_switch(const std::string& policy, const std::string& why);
 
@@ -142,6 +148,8 @@ private:
   prometheus::family<prometheus::counter>& errors_;
   prometheus::family<prometheus::counter>& http_responses_;
   prometheus::family<prometheus::counter>& policy_switches_;
+  prometheus::counter& reruns_;
+  prometheus::family<prometheus::counter>& worker_events_;
   prometheus::family<prometheus::counter>& scheduling_events_;
   prometheus::family<prometheus::gauge>& step_model_;
   prometheus::counter& prefix_queries_;

@@ -198,6 +198,8 @@ engine_supervisor_actor::behavior_type engine_supervisor(self_ptr self, engine_c
     self->link_to(r.scheduler);
   if (st.children.router)
     self->link_to(st.children.router);
+  if (st.children.registry)
+    self->link_to(st.children.registry);
   if (st.children.drift_supervisor)
     self->link_to(st.children.drift_supervisor);
   if (st.children.stats_reporter)
@@ -229,6 +231,16 @@ engine_supervisor_actor::behavior_type engine_supervisor(self_ptr self, engine_c
         const auto text = self->system().render(msg.reason);
         spdlog::critical("replica router failed ({}): engine degraded", text);
         degrade(self, status, "the replica router failed (" + text + ")", text);
+      }
+      self->quit(msg.reason);
+      return;
+    }
+    if (kids.registry && msg.source == kids.registry.address()) {
+      // Its workers' requests would have no one to notice their loss.
+      if (!is_shutdown(msg.reason)) {
+        const auto text = self->system().render(msg.reason);
+        spdlog::critical("worker registry failed ({}): engine degraded", text);
+        degrade(self, status, "the worker registry failed (" + text + ")", text);
       }
       self->quit(msg.reason);
       return;

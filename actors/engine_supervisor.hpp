@@ -95,6 +95,8 @@ struct engine_children {
   /// Data parallel: the router in front of the replicas, told when one
   /// leaves or re-joins; null with one replica.
   replica_router_actor router;
+  /// Where workers attach (workers.listen); null without.
+  worker_registry_actor registry;
 };
 
 /// Spawns the engine supervisor: it links to `children`, spawns the executor

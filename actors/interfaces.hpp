@@ -39,11 +39,13 @@ using admission_actor = caf::typed_actor<caf::reacts_to<admit_msg>,
 
 /// One per request. token_msg and generation_error come from the scheduler;
 /// timeout_atom is its own deadline (a request to itself that is never
-/// answered, see request_actor.cpp). It also watches its sink (a DOWN
-/// cancels) and the scheduler (a DOWN fails the request).
+/// answered, see request_actor.cpp); replica_lost from the router, when the
+/// worker running it is gone. It also watches its sink (a DOWN cancels)
+/// and the scheduler (a DOWN fails the request).
 using request_actor = caf::typed_actor<caf::reacts_to<token_msg>,
                                        caf::reacts_to<generation_error>,
-                                       caf::reacts_to<timeout_atom>>;
+                                       caf::reacts_to<timeout_atom>,
+                                       caf::reacts_to<replica_lost>>;
 
 /// Receives the scheduler's prediction outcomes after each step that
 /// finished predicted requests (the drift supervisor): the sender of
@@ -76,9 +78,25 @@ using scheduler_actor = policy_control_actor::extend<
 /// (replica_router_actor.hpp): admission_actor's messages, each forwarded
 /// to the replica it places the request on (the request actor stays the
 /// sender), and (ready_atom, replica, up) from the engine supervisor when a
-/// replica leaves (false: its executor is down) or re-joins (true).
+/// replica leaves (false: its executor is down) or re-joins (true);
+/// worker_attached and worker_lost from the worker registry for the
+/// replicas that are other processes.
 using replica_router_actor
-  = admission_actor::extend<caf::reacts_to<ready_atom, int32_t, bool>>;
+  = admission_actor::extend<caf::reacts_to<ready_atom, int32_t, bool>,
+                            caf::reacts_to<worker_attached>, caf::reacts_to<worker_lost>>;
+
+/// A worker's agent (worker_agent.hpp), in the worker's process: answers
+/// the front end's heartbeat (ping_atom with the front end's clock) with
+/// its engine's health and load.
+using worker_agent_actor
+  = caf::typed_actor<caf::replies_to<ping_atom, int64_t>::with<worker_health>>;
+
+/// The front end's worker registry (worker_registry.hpp), published on
+/// workers.listen: answers a worker_join with worker_welcome (or a
+/// worker_errc::refused error); (tick_atom, n) is its own heartbeat timer.
+using worker_registry_actor
+  = caf::typed_actor<caf::replies_to<worker_join>::with<worker_welcome>,
+                     caf::reacts_to<tick_atom, uint64_t>>;
 
 /// The drift supervisor (drift_supervisor.hpp): prediction outcomes from
 /// the scheduler, its own re-evaluation timer (tick_atom), and stats_atom
@@ -95,6 +113,7 @@ using stats_reporter_actor = caf::typed_actor<caf::reacts_to<tick_atom, uint64_t
 /// from an executor it started; crash_atom crashes replica 0's executor,
 /// (crash_atom, i) replica i's (fault injection for tests and drills);
 /// (tick_atom, i) is its own timer that retries a removed replica i.
+/// It also owns the worker registry, where workers can attach.
 using engine_supervisor_actor
   = caf::typed_actor<caf::reacts_to<executor_up_msg>, caf::reacts_to<crash_atom>,
                      caf::reacts_to<crash_atom, int32_t>, caf::reacts_to<tick_atom, uint64_t>>;

@@ -63,6 +63,17 @@ void register_message_types(caf::actor_system_config& cfg) {
                              out += ": " + context.get_as<std::string>(0);
                            return out;
                          });
+  cfg.add_error_category(caf::atom("worker"),
+                         [](uint8_t, caf::atom_value, const caf::message& context) {
+                           std::string out = "worker refused";
+                           if (context.match_elements<std::string>())
+                             out += ": " + context.get_as<std::string>(0);
+                           return out;
+                         });
+  // The middleman's handshake compares these: a worker of another wire
+  // version cannot even connect (its join would be refused anyway).
+  cfg.set("middleman.app-identifiers",
+          std::vector<std::string>{"metronome-wire-" + std::to_string(wire_version)});
 }
 
 } // namespace metronome

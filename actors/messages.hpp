@@ -14,6 +14,13 @@
 //   scheduler -> executor:                         step_plan -> step_output
 //   executor -> engine supervisor -> scheduler:    executor_up_msg
 //   engine supervisor -> scheduler:                executor_down_msg
+// Workers (other processes, docs/scale-out.md), over CAF's middleman:
+//   worker -> front end's worker registry:          worker_join -> worker_welcome
+//   registry -> worker agent (its heartbeat):       ping_atom -> worker_health
+//   registry -> router:                             worker_attached, worker_lost
+//   router -> request actor:                        replica_lost
+// Every type a worker and its front end exchange is serialised by CAF with
+// its `inspect` below; wire_version names the set.
 
 #include <chrono>
 #include <cstdint>
@@ -88,6 +95,12 @@ struct executor_down_msg;
 struct scheduler_stats;
 struct drift_sample;
 struct drift_status;
+struct worker_join;
+struct worker_welcome;
+struct worker_health;
+struct worker_attached;
+struct worker_lost;
+struct replica_lost;
 
 } // namespace metronome
 
@@ -126,6 +139,13 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_ATOM(metronome, metronome, step_done_atom, "stepdone")
   CAF_ADD_TYPE_ID(metronome, (metronome::policy_kind))
   CAF_ADD_TYPE_ID(metronome, (metronome::finish_kind))
+  CAF_ADD_TYPE_ID(metronome, (metronome::worker_join))
+  CAF_ADD_TYPE_ID(metronome, (metronome::worker_welcome))
+  CAF_ADD_TYPE_ID(metronome, (metronome::worker_health))
+  CAF_ADD_TYPE_ID(metronome, (metronome::worker_attached))
+  CAF_ADD_TYPE_ID(metronome, (metronome::worker_lost))
+  CAF_ADD_TYPE_ID(metronome, (metronome::replica_lost))
+  CAF_ADD_ATOM(metronome, metronome, ping_atom, "ping")
 CAF_END_TYPE_ID_BLOCK(metronome)
 
 namespace metronome {
@@ -291,9 +311,10 @@ struct token_msg {
   int32_t batch_size = 0;
   /// none while running, else stop or length: no more tokens follow.
   finish_kind finish_reason = finish_kind::none;
-  /// When the request was first scheduled (engine clock, ns); on the first
-  /// token_msg only.
-  int64_t first_scheduled_ns = 0;
+  /// Arrival to first scheduled step, in ns (a duration, so that it means
+  /// the same in a front end whose clock is not the worker's); on the first
+  /// token_msg only, -1 on the others.
+  int64_t queue_ns = -1;
   /// Prompt tokens the prefix cache held (their KV was not computed); on the
   /// first token_msg only.
   int32_t cached_tokens = 0;
@@ -375,11 +396,105 @@ struct drift_status {
   std::vector<drift_event> events;
 };
 
+// -- workers (replicas in other processes) -------------------------------------------------
+
+/// The version of the messages between a worker and its front end: raised
+/// whenever a message above or below that crosses a process changes. A
+/// worker of another version is refused at its join, naming both; CAF's
+/// middleman refuses a build whose type registry differs
+/// (middleman.app-identifiers carries it too).
+inline constexpr int32_t wire_version = 1;
+
+/// Why a front end refused a worker (the error's context says why).
+enum class worker_errc : uint8_t {
+  /// Another wire_version, another model, too short a context, no free slot.
+  refused = 1,
+};
+
+/// Worker -> the front end's worker registry, which answers worker_welcome
+/// or an error (worker_errc::refused with the reason).
+struct worker_join {
+  int32_t version = 0;
+  /// Its name in logs and /metrics (unique among the attached: a second
+  /// worker of a name replaces the first).
+  std::string name;
+  /// model_fingerprint() of its folder: config.json and the tokenizer, which
+  /// the front end's request actors use to tokenize and decode for it.
+  uint64_t model_fingerprint = 0;
+  std::string model_name;
+  /// Its resolved context; the front end refuses a worker whose is shorter
+  /// than its own (it would refuse requests the front end accepts).
+  int32_t max_model_len = 0;
+  std::string device;
+  int32_t kv_pages = 0;
+  int32_t page_size = 0;
+  /// Its scheduler (a scheduler_actor; untyped here because the interface
+  /// is declared after this vocabulary): request actors of the front end
+  /// admit themselves to it through the router.
+  caf::actor scheduler;
+  /// Its agent (a worker_agent_actor), which answers the heartbeat.
+  caf::actor agent;
+  /// The worker's engine clock when it sent this (ns): the registry's first
+  /// estimate of its clock offset.
+  int64_t now_ns = 0;
+};
+
+/// Registry -> worker: attached as replica `replica`.
+struct worker_welcome {
+  int32_t replica = 0;
+  /// The front end's clock when it answered (ns, engine clock).
+  int64_t now_ns = 0;
+};
+
+/// Worker agent -> registry, the answer to each heartbeat (ping_atom with
+/// the front end's clock).
+struct worker_health {
+  /// Its engine has an executor up; false while it restarts one.
+  bool ready = false;
+  /// Its engine is degraded (the reason in `reason`): it is removed.
+  bool degraded = false;
+  std::string reason;
+  int32_t waiting = 0;
+  int32_t running = 0;
+  int32_t kv_used_pages = 0;
+  int32_t kv_total_pages = 0;
+  int64_t live_requests = 0;
+  /// The worker's engine clock when it answered (ns).
+  int64_t now_ns = 0;
+};
+
+/// Registry -> router: replica `replica` is the worker `name`, whose
+/// scheduler is `scheduler`; sent again when its clock offset is measured
+/// anew. clock_offset_ns is the worker's engine clock minus the front
+/// end's, which the router adds to each admission's arrival.
+struct worker_attached {
+  int32_t replica = 0;
+  caf::actor scheduler;
+  std::string name;
+  int64_t clock_offset_ns = 0;
+};
+
+/// Registry -> router: the worker on `replica` is gone (its connection
+/// closed, or it missed its heartbeats, or its engine is degraded).
+struct worker_lost {
+  int32_t replica = 0;
+  std::string reason;
+};
+
+/// Router -> request actor: the replica running it was lost. The request
+/// runs again elsewhere when no token of it has arrived yet, else fails.
+/// Messages still coming from `scheduler` are dropped.
+struct replica_lost {
+  std::string reason;
+  caf::actor_addr scheduler;
+};
+
 } // namespace metronome
 
 
 CAF_ERROR_CODE_ENUM(metronome::request_errc, "request")
 CAF_ERROR_CODE_ENUM(metronome::executor_errc, "executor")
+CAF_ERROR_CODE_ENUM(metronome::worker_errc, "worker")
 
 namespace metronome {
 
@@ -433,7 +548,7 @@ typename Inspector::result_type inspect(Inspector& f, admit_msg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
   return f(caf::meta::type_name("token_msg"), x.seq_id, x.tokens, x.logprobs, x.batch_size,
-           x.finish_reason, x.first_scheduled_ns, x.cached_tokens);
+           x.finish_reason, x.queue_ns, x.cached_tokens);
 }
 
 template <class Inspector>
@@ -517,6 +632,40 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, drift_status& x) {
   return f(caf::meta::type_name("drift_status"), x.disabled, x.window_error, x.window_limit,
            x.window_samples, x.samples_seen, x.events);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_join& x) {
+  return f(caf::meta::type_name("worker_join"), x.version, x.name, x.model_fingerprint,
+           x.model_name, x.max_model_len, x.device, x.kv_pages, x.page_size, x.scheduler,
+           x.agent, x.now_ns);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_welcome& x) {
+  return f(caf::meta::type_name("worker_welcome"), x.replica, x.now_ns);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_health& x) {
+  return f(caf::meta::type_name("worker_health"), x.ready, x.degraded, x.reason, x.waiting,
+           x.running, x.kv_used_pages, x.kv_total_pages, x.live_requests, x.now_ns);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_attached& x) {
+  return f(caf::meta::type_name("worker_attached"), x.replica, x.scheduler, x.name,
+           x.clock_offset_ns);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_lost& x) {
+  return f(caf::meta::type_name("worker_lost"), x.replica, x.reason);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_lost& x) {
+  return f(caf::meta::type_name("replica_lost"), x.reason, x.scheduler);
 }
 
 /// Registers the type IDs and the error renderer on a CAF config. Call once

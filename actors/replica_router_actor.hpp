@@ -17,8 +17,17 @@
 // With every replica gone it answers admissions generation_error
 // unavailable at once.
 //
-// With one replica there is no router: request actors talk to the
-// scheduler directly, as before data parallelism.
+// Replicas in other processes (workers, docs/scale-out.md) take the slots
+// after the local ones: down until the worker registry attaches a worker
+// (worker_attached), down again when it is lost (worker_lost). A lost
+// worker's requests are not its scheduler's to fail (it is gone, or too
+// slow to trust): the router tells each of them (replica_lost), and each
+// runs again on another replica if no token of it has arrived yet, or
+// fails. The router also moves each admission's arrival onto the worker's
+// engine clock (the offset the registry measures).
+//
+// With one replica and no workers there is no router: request actors talk
+// to the scheduler directly, as before data parallelism.
 
 #include <memory>
 #include <vector>
@@ -31,14 +40,16 @@ namespace metronome {
 struct engine_status;
 class engine_metrics;
 
-/// Spawns the router in front of `schedulers` (replica i's at index i; at
-/// least one, `config.replicas` of them). It publishes each replica's
-/// membership to `status` (not null; its replica gauges sized for them) and
-/// counts placements in `metrics` (may be null). Every replica starts up.
-/// Any thread; spawn_engine calls it once per engine.
+/// Spawns the router in front of `schedulers` (local replica i's at index
+/// i; at least one) and `worker_slots` slots for workers after them
+/// (`config.replicas` counts both). It publishes each replica's membership
+/// to `status` (not null; its replica gauges sized for them) and counts
+/// placements in `metrics` (may be null). Local replicas start up, worker
+/// slots down. Any thread; spawn_engine calls it once per engine.
 replica_router_actor spawn_replica_router(caf::actor_system& sys, replica_router_config config,
                                           std::vector<scheduler_actor> schedulers,
                                           std::shared_ptr<engine_status> status,
-                                          std::shared_ptr<engine_metrics> metrics);
+                                          std::shared_ptr<engine_metrics> metrics,
+                                          int32_t worker_slots = 0);
 
 } // namespace metronome

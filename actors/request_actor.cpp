@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include <spdlog/spdlog.h>
+
 #include "actors/engine.hpp"
 #include "actors/engine_metrics.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -103,6 +105,12 @@ struct request_state {
   int32_t cached_tokens = 0; // prompt tokens the prefix cache held
   bool sent_first = false;
   bool admitted = false;
+  /// What was admitted, kept to admit it again if its worker is lost
+  /// before its first token (replica_lost).
+  admit_msg admission;
+  int32_t reruns = 0;
+  /// Schedulers of lost workers: what still comes from them is dropped.
+  std::vector<caf::actor_addr> lost;
   /// The sink and the scheduler, watched while the request lives. The state
   /// is destroyed on every way the actor ends, and with it these monitors:
   /// the scheduler (and a sink that outlives the request) keep no record of
@@ -210,7 +218,7 @@ void on_tokens(self_ptr self, const token_msg& m) {
     st.first_token = now;
     st.first_batch = m.batch_size;
     st.cached_tokens = m.cached_tokens;
-    st.queue_s = m.first_scheduled_ns > 0 ? std::max(0.0, seconds(sched_time{m.first_scheduled_ns} - st.arrival)) : 0.0;
+    st.queue_s = m.queue_ns >= 0 ? double(m.queue_ns) / 1e9 : 0.0;
     if (st.ctx->metrics)
       st.ctx->metrics->on_first_token(st.queue_s, seconds(now - st.arrival));
   } else if (st.ctx->metrics) {
@@ -244,6 +252,42 @@ void on_tokens(self_ptr self, const token_msg& m) {
     st.admitted = false; // the scheduler already let go of it
     finish(self, m.finish_reason);
   }
+}
+
+/// Admissions of one request at most, the first included: a request whose
+/// workers keep dying is not passed around forever.
+constexpr int32_t max_admissions = 3;
+
+/// The worker running the request is gone (the router says so). Nothing of
+/// it reached the client yet: admit it again (under a new sequence id, so
+/// that late tokens of the lost admission are told apart); the router
+/// places it on a replica that is up. Otherwise it fails: the client has
+/// part of an answer, and a second run would not continue it.
+void on_replica_lost(self_ptr self, const replica_lost& l) {
+  auto& st = self->state;
+  if (l.scheduler)
+    st.lost.push_back(l.scheduler);
+  if (!st.admitted)
+    return;
+  if (st.completion_tokens == 0 && st.reruns + 1 < max_admissions) {
+    ++st.reruns;
+    st.seq = st.ctx->next_seq_id->fetch_add(1);
+    auto again = st.admission;
+    again.seq_id = st.seq;
+    spdlog::info("request {}: its worker was lost ({}); admitted again", st.req.request_id,
+                 l.reason);
+    if (st.ctx->metrics)
+      st.ctx->metrics->on_rerun();
+    self->send(st.ctx->scheduler, std::move(again));
+    return;
+  }
+  st.admitted = false;
+  fail(self, request_errc::engine_failure,
+       st.completion_tokens == 0
+         ? "the workers running this request were lost " + std::to_string(st.reruns + 1)
+             + " times (last: " + l.reason + ")"
+         : "the worker running this request was lost after " + std::to_string(st.completion_tokens)
+             + " tokens (" + l.reason + ")");
 }
 
 /// Tokenizes and checks the request; false (after failing it) when invalid.
@@ -381,6 +425,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   admit.kv_mode = st.req.kv_mode;
   admit.no_batch = st.req.no_batch;
   admit.max_context = st.req.max_context;
+  st.admission = admit;
   self->send(st.ctx->scheduler, std::move(admit));
   st.admitted = true;
   const auto timeout = st.req.timeout.count() > 0 ? std::min(st.req.timeout, st.ctx->default_timeout)
@@ -400,11 +445,18 @@ request_actor::behavior_type request_behavior(self_ptr self,
                  "the request did not finish within " + std::to_string(timeout.count()) + " ms");
           });
   return {
-    [=](token_msg& m) { on_tokens(self, m); },
+    [=](token_msg& m) {
+      if (m.seq_id == self->state.seq) // not for an admission lost with its worker
+        on_tokens(self, m);
+    },
     [=](generation_error& e) {
-      self->state.admitted = false;
+      auto& s = self->state;
+      if (std::find(s.lost.begin(), s.lost.end(), self->current_sender()) != s.lost.end())
+        return;
+      s.admitted = false;
       fail(self, e.code, std::move(e.message), std::move(e.param));
     },
+    [=](replica_lost& l) { on_replica_lost(self, l); },
     [=](timeout_atom) -> caf::result<void> {
       // Our own deadline request (above): held, never delivered.
       self->state.deadline = self->make_response_promise();

@@ -147,7 +147,7 @@ void on_output(self_ptr self, const step_output& out) {
     m.batch_size = ev.batch_size;
     m.finish_reason = ev.finish_reason;
     if (ev.first_scheduled)
-      m.first_scheduled_ns = ev.first_scheduled->count();
+      m.queue_ns = std::max<int64_t>(0, (*ev.first_scheduled - ev.arrival).count());
     m.cached_tokens = ev.cached_tokens;
     self->send(i->second, std::move(m));
   }

@@ -454,6 +454,7 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
     token_event ev{r.id, t.token, out.num_seqs, {}, {}, t.logprobs};
     if (r.output.size() == 1) {
       ev.first_scheduled = r.first_scheduled;
+      ev.arrival = r.arrival;
       ev.cached_tokens = r.cached_tokens;
     }
     if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())

@@ -160,6 +160,8 @@ struct token_event {
   std::vector<token_logprob> logprobs;
   /// On the first token: prompt tokens the prefix cache gave the request.
   int32_t cached_tokens = 0;
+  /// The request's arrival (with first_scheduled: its time in the queue).
+  sched_time arrival{0};
 };
 
 /// A plan for the runner (page ids granted) and what the scheduler knows of it.

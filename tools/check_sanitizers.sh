@@ -39,7 +39,7 @@ configure() { # <dir> <cmake options...>
 # metronome_test depends on.
 actor_tests=(engine_tests executor_tests scheduler_actor_tests drift_actor_tests
              request_lifecycle_tests executor_faults_tests engine_supervisor_tests
-             data_parallel_tests)
+             data_parallel_tests workers_tests)
 unit_tests=(model_tests tokenizer_test config_tests metrics_tests sched_tests sim_tests
             workload_tests net_tests bench_serve_tests replica_router_tests)
 

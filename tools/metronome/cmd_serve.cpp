@@ -39,6 +39,7 @@
 #include "sim/settings.hpp"
 #include "tools/metronome/command.hpp"
 #include "tools/metronome/default_model.hpp"
+#include "tools/metronome/engine_config.hpp"
 
 namespace metronome::cli {
 
@@ -58,60 +59,6 @@ struct serve_args {
   std::vector<config_override> flags;
   bool dump_config = false;
 };
-
-struct actor_config : caf::actor_system_config {
-  actor_config() {
-    register_message_types(*this);
-    // Actors do little work each; the executor and io threads have their own.
-    set("scheduler.max-threads", std::max(2u, std::thread::hardware_concurrency() / 2));
-  }
-};
-
-engine_options engine_options_from(const server_config& c, const fs::path& model_dir) {
-  engine_options o;
-  o.model_dir = model_dir;
-  o.device = c.model.device.to_string();
-  // Data parallel: the replicas' devices (validate() has made the two keys
-  // agree); none for one replica.
-  o.devices = c.model.devices;
-  if (o.devices.empty() && c.model.data_parallel > 1)
-    o.devices.assign(size_t(c.model.data_parallel), o.device);
-  o.served_model_name = c.model.served_model_name;
-  if (is_chat_template_name(c.model.chat_template))
-    o.chat_template = c.model.chat_template;
-  else if (!c.model.chat_template.empty())
-    o.chat_template_file = c.model.chat_template;
-  auto s = sim::settings_from_config(c); // engine limits, batching, predictor, router, drift
-  o.limits = s.scheduler.limits;
-  o.policy = sim::policy_from_config(c.engine.policy);
-  o.request_timeout = std::chrono::milliseconds(int64_t(c.server.request_timeout_s * 1000));
-  o.stats_interval = std::chrono::milliseconds(int64_t(c.logging.stats_interval_s * 1000));
-  o.step_trace = c.logging.step_trace;
-  o.restarts.max_restarts = c.supervisor.executor.max_restarts;
-  o.restarts.restart_window
-    = std::chrono::seconds(int64_t(c.supervisor.executor.restart_window_s));
-  o.gpu_memory_fraction = c.engine.gpu_memory_fraction;
-  o.cuda_graphs = c.engine.cuda_graphs;
-  o.prefix_caching = s.scheduler.prefix_caching;
-  o.kv = s.scheduler.kv;
-  o.kv_bucket_min_tokens = s.scheduler.kv_bucket_min_tokens;
-  o.kv_buckets_per_size = s.scheduler.kv_buckets_per_size;
-  o.kv_cache_dtype = c.engine.kv_cache_dtype;
-  o.quantize = c.model.quantize;
-  o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
-  o.on_device_lost = [](const std::string& reason) {
-    spdlog::critical("device lost ({}): draining, then exiting with {} for the service manager "
-                     "to start a new process",
-                     reason, device_lost_exit_code);
-    device_lost.store(true);
-    ::kill(::getpid(), SIGTERM); // wakes the sigwait in run(): the drain
-  };
-  o.predictor = s.predictor;
-  o.ladb = s.ladb;
-  o.srpt = s.srpt;
-  o.drift = s.drift;
-  return o;
-}
 
 /// The environment variable holding one more API key.
 constexpr const char* api_key_env = "METRONOME_API_KEY";
@@ -170,9 +117,17 @@ void run(serve_args& a) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  actor_config acfg;
+  actor_config acfg(cfg.workers.listen.empty() ? nullptr : &cfg.workers);
   caf::actor_system sys{acfg};
-  engine eng = spawn_engine(sys, engine_options_from(cfg, model_dir));
+  auto options = engine_options_from(cfg, model_dir);
+  options.on_device_lost = [](const std::string& reason) {
+    spdlog::critical("device lost ({}): draining, then exiting with {} for the service manager "
+                     "to start a new process",
+                     reason, device_lost_exit_code);
+    device_lost.store(true);
+    ::kill(::getpid(), SIGTERM); // wakes the sigwait in run(): the drain
+  };
+  engine eng = spawn_engine(sys, std::move(options));
   std::optional<net::http_server> server;
   uint16_t port = 0;
   try {
@@ -195,6 +150,11 @@ void run(serve_args& a) {
   // 4-bit weights, stored so or quantized at load (model.quantize), are said.
   if (eng.status->weights.starts_with("int4"))
     std::printf("  weights: %s\n", eng.status->weights.c_str());
+  if (eng.workers)
+    std::printf("  workers attach at %s (metronome worker --connect)\n",
+                (cfg.workers.listen.substr(0, cfg.workers.listen.rfind(':') + 1)
+                 + std::to_string(eng.worker_port))
+                  .c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);

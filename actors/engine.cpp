@@ -131,8 +131,14 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   // first device, which is of the same kind as all the others.
   const auto devices = replica_devices(o);
   o.device = devices.front();
-  const int32_t replicas = int32_t(devices.size());
-  auto model = model_folder::open(o.model_dir, {o.quantize});
+  // A front end without replicas of its own reads the model's configuration
+  // and tokenizer only: its workers load the weights.
+  const int32_t replicas = o.workers_only ? 0 : int32_t(devices.size());
+  if (o.workers_only && o.workers.listen.empty())
+    throw std::invalid_argument("engine: no local replica and no workers.listen: nothing would "
+                                "serve");
+  auto model = model_folder::open(o.model_dir,
+                                  {o.workers_only ? weight_quantization::none : o.quantize});
   auto tok = tokenizer::load(o.model_dir);
   auto chat = std::make_shared<const chat_template>(
     o.chat_template || o.chat_template_file.empty()
@@ -149,14 +155,14 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                                 "must be positive");
   // 4-bit weights on CUDA wait for their GPU verification (weight_format.hpp):
   // refused here, at start, before the device is looked at.
-  if (o.device.starts_with("cuda") && !o.runner_factory)
+  if (replicas > 0 && o.device.starts_with("cuda") && !o.runner_factory)
     if (const std::string p = cuda_weights_problem(cfg); !p.empty())
       throw std::invalid_argument("device '" + o.device + "': " + p);
   // The KV cache's element type is checked against the model here, before
   // any executor starts: a refusal inside the executor would only show as
   // restarts and a degraded engine.
   const std::string dtype(to_string(o.kv_cache_dtype));
-  if (o.kv_cache_dtype == kv_cache_dtype_kind::fp8 && o.device == "cpu")
+  if (replicas > 0 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8 && o.device == "cpu")
     throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
                                 "keeps its KV cache in fp32)");
   if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
@@ -197,7 +203,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   // makes that many pages at every restart.
   limits.max_model_len = limits.max_model_len > 0 ? limits.max_model_len
                                                   : cfg.max_position_embeddings;
-  if (o.device == "cpu") {
+  if (replicas > 0 && o.device == "cpu") {
     const int64_t kv_tokens = int64_t(cpu_kv_pages(cfg, limits)) * limits.page_size;
     limits.kv_cache_tokens = kv_tokens;
     if (kv_tokens < limits.max_model_len) {
@@ -212,11 +218,11 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(limits.page_size)
                          + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + dtype);
 
-  if (o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
+  if (replicas > 0 && o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
     throw std::invalid_argument("engine.fault_injection " + o.faults.to_string()
                                 + ": a device fault needs a CUDA device (model.device cuda:N)");
   std::vector<runner_factory> factories;
-  for (size_t i = 0; i < devices.size(); ++i) {
+  for (size_t i = 0; i < size_t(replicas); ++i) {
     auto oi = o;
     oi.device = devices[i];
     oi.gpu_memory_fraction = replica_memory_fraction(devices, i, o.gpu_memory_fraction);
@@ -255,6 +261,8 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     if (worker_slots > 0)
       st.device += " + workers";
   }
+  if (replicas == 0)
+    st.device = "workers";
   scheduler_actor_config sc;
   sc.scheduler.limits = limits;
   sc.scheduler.prefix_caching = o.prefix_caching;
@@ -286,8 +294,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     }
     e.schedulers.push_back(spawn_scheduler(sys, std::move(sci), e.status, e.metrics));
   }
-  e.scheduler = e.schedulers.front();
-  if (slots > 1) {
+  if (!e.schedulers.empty())
+    e.scheduler = e.schedulers.front();
+  if (slots > 1 || replicas == 0) {
     replica_router_config rc;
     rc.replicas = slots;
     rc.page_size = limits.page_size;
@@ -324,7 +333,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
       spdlog::info("data parallel: drift supervision is off (it watches one scheduler)");
     if (sc.trace)
       spdlog::info("data parallel: logging.step_trace records replica 0's steps only");
-  } else if (o.drift.enabled && o.policy != policy_kind::fcfs)
+  } else if (replicas == 1 && o.drift.enabled && o.policy != policy_kind::fcfs)
     e.drift_supervisor = spawn_drift_supervisor(
       sys, e.scheduler, {o.drift, o.policy, policy_kind::fcfs}, e.metrics);
   if (o.stats_interval.count() > 0)
@@ -335,7 +344,8 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   supervision.on_device_lost = o.on_device_lost;
   engine_children children{e.scheduler, e.drift_supervisor, e.stats_reporter, {}, e.router,
                            e.workers};
-  children.more_schedulers.assign(e.schedulers.begin() + 1, e.schedulers.end());
+  if (e.schedulers.size() > 1)
+    children.more_schedulers.assign(e.schedulers.begin() + 1, e.schedulers.end());
   e.supervisor = spawn_engine_supervisor(sys, std::move(children), std::move(factories),
                                          std::move(supervision), e.status);
   auto ctx = std::make_shared<request_context>();

@@ -118,6 +118,10 @@ struct engine_options {
   std::function<void(const std::string& reason)> on_device_lost;
   /// Workers that may attach to this engine as more replicas.
   worker_options workers;
+  /// No replica in this process: only workers serve (workers.listen must be
+  /// set). The front end then loads the model's configuration and tokenizer,
+  /// not its weights, and reports ready once a worker has joined.
+  bool workers_only = false;
 };
 
 /// Data parallel: one replica's figures, written by its scheduler (and
@@ -257,7 +261,8 @@ private:
 struct engine {
   /// Send generate_request here; the sender is the request's sink.
   frontend_actor frontend;
-  /// Replica 0's scheduler (the only one without data parallelism).
+  /// Replica 0's scheduler (the only one without data parallelism); null
+  /// in a front end without local replicas (engine_options::workers_only).
   scheduler_actor scheduler;
   /// Every replica's scheduler, replica 0's first.
   std::vector<scheduler_actor> schedulers;

@@ -186,7 +186,9 @@ engine_supervisor_actor::behavior_type engine_supervisor(self_ptr self, engine_c
                                                          std::shared_ptr<engine_status> status) {
   auto& st = self->state;
   st.children = std::move(children);
-  std::vector<scheduler_actor> schedulers{st.children.scheduler};
+  std::vector<scheduler_actor> schedulers;
+  if (st.children.scheduler) // none in a front end whose replicas are all workers
+    schedulers.push_back(st.children.scheduler);
   for (auto& s : st.children.more_schedulers)
     schedulers.push_back(s);
   for (size_t i = 0; i < schedulers.size(); ++i)
@@ -303,7 +305,7 @@ engine_supervisor_actor spawn_engine_supervisor(caf::actor_system& sys, engine_c
                                                 std::vector<runner_factory> factories,
                                                 engine_supervision policy,
                                                 std::shared_ptr<engine_status> status) {
-  if (factories.empty())
+  if (factories.empty() && children.scheduler)
     throw std::invalid_argument("spawn_engine_supervisor: no runner factory");
   return sys.spawn(engine_supervisor, std::move(children), std::move(factories),
                    std::move(policy), std::move(status));

@@ -84,7 +84,8 @@ struct engine_supervision {
 /// The actors the supervisor adopts: spawned by the caller, owned (linked)
 /// by the supervisor from its start.
 struct engine_children {
-  /// Not null.
+  /// Replica 0's; null only in a front end whose replicas are all workers
+  /// (then `registry` is not null).
   scheduler_actor scheduler;
   /// Null when none runs.
   drift_supervisor_actor drift_supervisor;

@@ -182,7 +182,7 @@ replica_router_actor spawn_replica_router(caf::actor_system& sys, replica_router
                                           std::shared_ptr<engine_status> status,
                                           std::shared_ptr<engine_metrics> metrics,
                                           int32_t worker_slots) {
-  if (schedulers.empty() || worker_slots < 0
+  if ((schedulers.empty() && worker_slots == 0) || worker_slots < 0
       || int32_t(schedulers.size()) + worker_slots != config.replicas)
     throw std::invalid_argument("spawn_replica_router: one scheduler per local replica, and "
                                 "config.replicas counting the worker slots too");

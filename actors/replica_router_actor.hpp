@@ -41,7 +41,7 @@ struct engine_status;
 class engine_metrics;
 
 /// Spawns the router in front of `schedulers` (local replica i's at index
-/// i; at least one) and `worker_slots` slots for workers after them
+/// i; none only with worker slots) and `worker_slots` slots for workers after them
 /// (`config.replicas` counts both). It publishes each replica's membership
 /// to `status` (not null; its replica gauges sized for them) and counts
 /// placements in `metrics` (may be null). Local replicas start up, worker

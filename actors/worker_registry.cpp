@@ -192,6 +192,7 @@ caf::result<worker_welcome> join(self_ptr self, worker_join& j) {
   const auto replica = replica_of(self, size_t(slot));
   self->send(st.router, worker_attached{replica, w.scheduler, w.name, w.clock_offset_ns});
   count(self, "joined");
+  st.status->ready = true; // a front end without local replicas is ready now
   spdlog::info("worker {} attached as replica {}: {} ({} KV pages of {} tokens, context {})",
                j.name, replica, j.device, j.kv_pages, j.page_size, j.max_model_len);
   ping(self, size_t(slot));

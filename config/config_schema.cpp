@@ -490,9 +490,10 @@ std::vector<config_key> make_keys() {
                "replicas, each with 1/k of engine.gpu_memory_fraction); empty: "
                "model.data_parallel replicas on model.device.",
                "devices (cpu or cuda:N)", &is_device, "DEVICE"));
-  add(integer_key("model.data_parallel", METRONOME_FIELD(model.data_parallel), 1, 64,
+  add(integer_key("model.data_parallel", METRONOME_FIELD(model.data_parallel), 0, 64,
                   "Data parallel: replicas of the model behind one router, each with its own "
-                  "scheduler, executor and KV cache."));
+                  "scheduler, executor and KV cache; 0: none here, only workers serve "
+                  "(workers.listen)."));
   add(text_key("model.served_model_name", METRONOME_FIELD(model.served_model_name),
                "Model name in the API (`model` field, /v1/models); empty = the folder name."));
   add(chat_template_key(
@@ -652,10 +653,10 @@ std::vector<config_key> make_keys() {
   add(text_key("workers.listen", METRONOME_FIELD(workers.listen),
                "serve: HOST:PORT where `metronome worker` processes attach as replicas (no "
                "authentication: a loopback or private address); empty: no workers.",
-               "HOST:PORT or empty", &is_listen_address, "HOST:PORT"));
+               "HOST:PORT or empty", &is_listen_address, "ADDRESS"));
   add(text_key("workers.connect", METRONOME_FIELD(workers.connect),
                "worker: the front end's workers.listen address.", "HOST:PORT or empty",
-               &is_connect_address, "HOST:PORT"));
+               &is_connect_address, "ADDRESS"));
   add(text_key("workers.name", METRONOME_FIELD(workers.name),
                "worker: its name in the front end's logs and /metrics; empty: HOSTNAME:PID."));
   add(integer_key("workers.max_workers", METRONOME_FIELD(workers.max_workers), 1, 64,

@@ -134,6 +134,13 @@ void validate(const server_config& cfg, const std::string& source) {
                + " and " + d);
   }
   const auto& w = cfg.workers;
+  if (m.data_parallel == 0 && w.listen.empty())
+    fail(source, "model.data_parallel",
+         "is 0 (no replica in this process) but workers.listen is empty: nothing would serve; "
+         "set workers.listen (--worker-listen) for workers to attach, or 1 or more replicas");
+  if (m.data_parallel == 0 && !m.devices.empty())
+    fail(source, "model.data_parallel",
+         "is 0 (no replica in this process) but model.devices lists devices");
   if (w.timeout_ms <= w.heartbeat_ms)
     fail(source, "workers.timeout_ms",
          "is " + num(w.timeout_ms) + " but workers.heartbeat_ms is " + num(w.heartbeat_ms)

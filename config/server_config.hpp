@@ -164,7 +164,8 @@ struct model_section {
   /// replicas on model.device.
   std::vector<std::string> devices;
   /// Data parallel: replicas of the model behind one router, each with its
-  /// own scheduler, executor and KV cache (docs/scale-out.md).
+  /// own scheduler, executor and KV cache (docs/scale-out.md); 0: none in
+  /// this process, only workers serve (workers.listen).
   int32_t data_parallel = 1;
   /// The `model` name clients send and /v1/models lists; empty = folder name.
   std::string served_model_name;

@@ -68,8 +68,11 @@ TEST_F(scheduler_actor_test, keeps_two_plans_queued_at_the_executor) {
   auto& got = deref<fake_request_state>(r).tokens;
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].batch_size, 1);
-  // Virtual time stands still: scheduled at the instant it arrived.
-  EXPECT_EQ(got[0].queue_ns, 0);
+  // Virtual time stands still: scheduled at the clock's instant, and the
+  // stand-in request says it arrived at 0.
+  EXPECT_EQ(got[0].queue_ns,
+            std::chrono::duration_cast<std::chrono::nanoseconds>(
+              sys.clock().now().time_since_epoch()).count());
 }
 
 TEST_F(scheduler_actor_test, a_finished_request_frees_its_pages_after_its_last_plan) {

@@ -151,7 +151,7 @@ TEST(config_wrong_type, sections_must_be_mappings) {
   EXPECT_EQ(e.key_path(), "");
   EXPECT_STREQ(e.what(),
                "metronome.yaml: expected a mapping of sections (server, model, engine, batching, "
-               "predictor, router, supervisor, logging) at the top level, got a list");
+               "predictor, router, supervisor, logging, workers) at the top level, got a list");
 }
 
 TEST(config_wrong_type, every_key_names_its_path) {
@@ -305,12 +305,34 @@ TEST(config_cross_field, data_parallel_keys_are_refused_by_name) {
   EXPECT_EQ(e.key_path(), "model.devices") << e.what();
   e = load_error("model:\n  data_parallel: 0\n");
   EXPECT_EQ(e.key_path(), "model.data_parallel") << e.what();
+  EXPECT_NE(e.problem().find("workers.listen is empty"), std::string::npos) << e.what();
+  e = load_error("model:\n  data_parallel: 65\n");
+  EXPECT_EQ(e.key_path(), "model.data_parallel") << e.what();
+  // No replica here and workers to serve: a front end of workers only.
+  auto only = load_config_string("model:\n  data_parallel: 0\nworkers:\n  listen: 127.0.0.1:0\n",
+                                 "t");
+  EXPECT_EQ(only.model.data_parallel, 0);
   // Agreeing keys, a device listed twice (two replicas sharing it), and
   // replicas on the one model.device are fine.
   auto cfg = load_config_string("model:\n  devices: [cuda:0, cuda:0]\n  data_parallel: 2\n", "t");
   EXPECT_EQ(cfg.model.devices.size(), 2u);
   cfg = load_config_string("model:\n  data_parallel: 4\n", "t");
   EXPECT_EQ(cfg.model.data_parallel, 4);
+}
+
+TEST(config_cross_field, worker_keys_are_checked) {
+  auto e = load_error("workers:\n  heartbeat_ms: 500\n  timeout_ms: 500\n");
+  EXPECT_EQ(e.key_path(), "workers.timeout_ms") << e.what();
+  for (const char* bad : {"localhost", ":7400", "host:99999", "host:", "bad host:1", "h:7x"}) {
+    e = load_error(std::string("workers:\n  listen: \"") + bad + "\"\n");
+    EXPECT_EQ(e.key_path(), "workers.listen") << bad << ": " << e.what();
+  }
+  e = load_error("workers:\n  connect: \"127.0.0.1:0\"\n");
+  EXPECT_EQ(e.key_path(), "workers.connect") << "a worker cannot connect to port 0";
+  auto cfg = load_config_string("workers:\n  listen: \"[::1]:0\"\n  connect: \"gpu-a.lan:7400\"\n",
+                                "t");
+  EXPECT_EQ(cfg.workers.listen, "[::1]:0");
+  EXPECT_EQ(cfg.workers.connect, "gpu-a.lan:7400");
 }
 
 TEST(config_cross_field, holds_when_both_sides_move_together) {

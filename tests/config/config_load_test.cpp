@@ -394,6 +394,12 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"logging.stats_interval_s", "2.5"},
     {"logging.log_prompts", "true"},
     {"logging.step_trace", "/tmp/steps.csv"},
+    {"workers.listen", "127.0.0.1:7400"},
+    {"workers.connect", "[::1]:7401"},
+    {"workers.name", "gpu-a"},
+    {"workers.max_workers", "4"},
+    {"workers.heartbeat_ms", "250"},
+    {"workers.timeout_ms", "5000"},
   };
   return values;
 }

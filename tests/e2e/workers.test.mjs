@@ -7,7 +7,9 @@
 // stopped with SIGSTOP (a network partition, as the front end sees it) is
 // removed within the heartbeat timeout and joins again, into its own slot,
 // when it resumes; a worker that is started again after its kill does too.
-// A worker of another model is refused, exits 2 and says why.
+// A worker of another model is refused, exits 2 and says why. A front end
+// without replicas of its own (--data-parallel 0) serves through its
+// workers alone: not ready before the first joins, 503 once none is left.
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -22,32 +24,34 @@ import {
 const HEARTBEAT = ['--set', 'workers.heartbeat_ms=200', '--set', 'workers.timeout_ms=1000'];
 const TIMEOUT_MS = 1000;
 
-/// Starts `metronome worker` joining `port` as `name`; resolves once it
-/// says it is attached (or rejects with its output when it exits first).
-/// `model` defaults to the front end's tiny model.
-function startWorker(port, name, { model = tinyModel(), expectAttach = true } = {}) {
+/// Starts `metronome worker` joining `port` as `name` (`model`: the front
+/// end's tiny model unless given). `attached` resolves once it says it is
+/// attached, or rejects with its output when it exits first.
+function spawnWorker(port, name, { model = tinyModel() } = {}) {
   const args = ['worker', '--model', model, '--connect', `127.0.0.1:${port}`, '--name', name,
                 ...HEARTBEAT];
   const proc = spawn(BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
   const attached = new Promise((resolve, reject) => {
-    const check = (chunk) => {
+    proc.stdout.on('data', (chunk) => {
       out += chunk.toString();
       if (/attached to .* as replica \d+/.test(out))
         resolve();
-    };
-    proc.stdout.on('data', check);
+    });
     proc.stderr.on('data', (c) => { out += c.toString(); });
     exited.then((e) => reject(new Error(`worker ${name} exited ${JSON.stringify(e)}:\n${out}`)));
   });
-  const worker = { proc, name, exited, output: () => out,
-                   replica: () => Number(/as replica (\d+)/.exec(out)?.[1]) };
-  if (!expectAttach) {
-    attached.catch(() => {}); // its exit is the caller's to check
-    return Promise.resolve(worker);
-  }
-  return attached.then(() => worker);
+  attached.catch(() => {}); // a caller that does not wait for it checks the exit
+  return { proc, name, exited, attached, output: () => out,
+           replica: () => Number(/as replica (\d+)/.exec(out)?.[1]) };
+}
+
+/// spawnWorker, resolved once attached.
+async function startWorker(port, name, options) {
+  const w = spawnWorker(port, name, options);
+  await w.attached;
+  return w;
 }
 
 async function up(server, replica) {
@@ -166,10 +170,41 @@ test('a worker of another model is refused and says why', async (t) => {
   t.after(() => server.stop());
   // The build's default model: another tokenizer and shape.
   const other = path.join(path.dirname(BIN), 'models', 'default');
-  const w = await startWorker(wport, 'stranger', { model: other, expectAttach: false });
+  const w = spawnWorker(wport, 'stranger', { model: other });
   const { code } = await w.exited;
   assert.equal(code, 2, w.output());
   assert.match(w.output(), /refused this worker: .*another model/);
   assert.match(server.log(), /worker stranger refused: the worker serves another model/);
   assert.equal(await up(server, 1), 0);
+});
+
+test('a front end without local replicas serves through its workers alone', async (t) => {
+  const wport = await freePort();
+  // The server is not healthy until a worker has joined: start both; the
+  // worker retries until the front end listens.
+  const w = spawnWorker(wport, 'only');
+  let server;
+  t.after(async () => {
+    await stopProcess(w.proc);
+    await server?.stop();
+  });
+  [server] = await Promise.all([
+    startServer(['--worker-listen', `127.0.0.1:${wport}`, '--data-parallel', '0', ...HEARTBEAT]),
+    w.attached]);
+  assert.equal(w.replica(), 0, w.output());
+  assert.match(server.stdout(), /serving tiny \(workers\)/);
+  const r = await postJson(server, '/v1/completions',
+                           { model: MODEL_NAME, prompt: 'through the worker', max_tokens: 8 });
+  assert.equal(r.status, 200, r.body);
+  assert.equal(JSON.parse(r.body).usage.completion_tokens, 8);
+
+  w.proc.kill('SIGKILL');
+  await w.exited;
+  const gone = await eventually(async () => {
+    const x = await postJson(server, '/v1/completions',
+                             { model: MODEL_NAME, prompt: 'nobody left', max_tokens: 8 });
+    return x.status === 503 ? x : null;
+  }, 10_000, 100);
+  assert.ok(gone, 'no 503 once the only worker was gone');
+  assert.match(JSON.parse(gone.body).error.message, /none of its replicas is up/);
 });

@@ -281,8 +281,8 @@ void setup(CLI::App& app) {
     ->type_name("KEY=VALUE");
   cmd->add_option_function<std::string>(
        "--connect", [a](const std::string& v) { a->flags.push_back({"workers.connect", v, "--connect"}); },
-       "The front end's workers.listen address (workers.connect)")
-    ->type_name("HOST:PORT");
+       "The front end's workers.listen address, HOST:PORT (workers.connect)")
+    ->type_name("ADDRESS");
   cmd->add_option_function<std::string>(
        "--name", [a](const std::string& v) { a->flags.push_back({"workers.name", v, "--name"}); },
        "Name in the front end's logs and /metrics (workers.name; unset: HOSTNAME:PID)")

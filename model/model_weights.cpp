@@ -241,7 +241,7 @@ std::shared_ptr<const model_folder> model_folder::open(const fs::path& dir,
   m->store = std::make_unique<tensor_store>(tensor_store::open_folder(dir));
   m->weights = model_weights::bind(m->config, *m->store);
   if (options.quantize == weight_quantization::int4)
-    quantize_projections(*m);
+    quantize_projections(*m, rtn_config(options.int4_layout, 128));
   return m;
 }
 

@@ -75,6 +75,10 @@ struct model_load_options {
   /// int4: quantize a float checkpoint's projections at load
   /// (quantize_projections, model/rtn_quantize.hpp).
   weight_quantization quantize = weight_quantization::none;
+  /// The layout int4 packs into, group 128: awq (asymmetric, what `serve`
+  /// and `generate` use: rtn_int4_config) or gptq (v1, symmetric, zero 8:
+  /// rtn_config(gptq)); `metronome eval-quality` measures both.
+  quant_method int4_layout = quant_method::awq;
 };
 
 /// An opened Hugging Face model folder: config, mapped weights, bound views.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -259,7 +261,7 @@ std::unique_ptr<packed_linear> rtn_quantize(const quantization_config& cfg, cons
   return quantize(cfg, out, in, row, name, prefix, file);
 }
 
-void quantize_projections(model_folder& m) {
+void quantize_projections(model_folder& m, const quantization_config& cfg) {
   const std::string config_file = (m.dir / "config.json").string();
   if (m.config.quantization || m.weights.quantized)
     throw model_error(config_file, "quantization_config",
@@ -268,7 +270,9 @@ void quantize_projections(model_folder& m) {
                         + (m.config.quantization ? m.config.quantization->describe()
                                                  : std::string("4-bit tensors"))
                         + ")");
-  const quantization_config cfg = rtn_int4_config();
+  if (cfg.group_size <= 0)
+    throw std::invalid_argument("quantize_projections: group size "
+                                + std::to_string(cfg.group_size) + " (must be positive)");
   static constexpr const char* names[num_projections] = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
@@ -280,7 +284,7 @@ void quantize_projections(model_folder& m) {
       if (in % cfg.group_size != 0)
         throw model_error(w->file, w->name,
                           "--quantize int4 needs in_features that are a multiple of the group "
-                          "size 128, but this projection has "
+                          "size " + std::to_string(cfg.group_size) + ", but this projection has "
                             + std::to_string(in) + " (out " + std::to_string(out) + " x in "
                             + std::to_string(in) + ")");
       if (out % 8 != 0)

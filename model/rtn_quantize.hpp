@@ -80,16 +80,19 @@ std::unique_ptr<packed_linear> rtn_quantize(const quantization_config& cfg, cons
                                             const std::string& prefix, const std::string& file);
 
 /// `--quantize int4`: replaces every decoder projection (q, k, v, o, gate,
-/// up, down) of the float model `m` by its RTN form in the AWQ GEMM layout,
-/// group 128 (rtn_int4_config), held in m.owned_projections; binds each as
-/// the loader binds a real AWQ checkpoint's (layer_weights::quantized set,
-/// the float weight pointer null, model_weights::quantized true), and sets
-/// m.config.quantization to rtn_int4_config() and m.quantized_at_load.
-/// Embeddings, norms, biases and the LM head stay as they are. The float
-/// projections' pages are released from memory (they stay mapped).
-/// Throws model_error when the checkpoint is already quantized (naming
+/// up, down) of the float model `m` by its RTN form in `cfg`'s layout and
+/// group size (by default the AWQ GEMM layout, group 128: rtn_int4_config;
+/// the quality tool also asks for GPTQ's, rtn_config(gptq)), held in
+/// m.owned_projections; binds each as the loader binds a real checkpoint's
+/// (layer_weights::quantized set, the float weight pointer null,
+/// model_weights::quantized true), and sets m.config.quantization to `cfg`
+/// and m.quantized_at_load. Embeddings, norms, biases and the LM head stay
+/// as they are. The float projections' pages are released from memory
+/// (they stay mapped). `cfg.group_size` must be positive. Throws
+/// model_error when the checkpoint is already quantized (naming
 /// config.json's quantization_config) or a projection's in_features is not
-/// a multiple of 128 or out_features not of 8 (naming the tensor).
-void quantize_projections(model_folder& m);
+/// a multiple of the group size or out_features not of 8 (naming the
+/// tensor).
+void quantize_projections(model_folder& m, const quantization_config& cfg = rtn_int4_config());
 
 } // namespace metronome

@@ -408,40 +408,53 @@ TEST(quantize_at_load, logits_stay_close_to_the_float_models) {
   EXPECT_GT(worst, 0.0); // the weights did change
 }
 
-TEST(quantize_at_load, equals_the_same_model_written_by_make_model_in_awq_layout) {
-  // make-model --quantize awq draws the same bf16 weights and quantizes them
-  // by the same rule: same integers, same scales, same logits, bit for bit.
+TEST(quantize_at_load, equals_the_same_model_written_by_make_model_in_either_layout) {
+  // make-model --quantize awq|gptq draws the same bf16 weights and quantizes
+  // them by the same rule as opening the float folder with int4 in that
+  // layout (model_load_options::int4_layout): same integers, same scales,
+  // same logits, bit for bit.
   const auto float_dir = test::tiny_model("tiny-llama3-g128");
-  make_model_options o;
-  o.config = *preset_config("tiny-llama3-g128");
-  o.seed = 7; // tiny_model's
-  o.quantize = rtn_config(quant_method::awq, 128);
-  o.out_dir = test::scratch_dir("rtn-awq-" + std::to_string(::getpid()));
-  make_model(o);
-  auto loaded = model_folder::open(o.out_dir);
-  auto at_load = model_folder::open(float_dir, {weight_quantization::int4});
-  ASSERT_TRUE(loaded->config.quantization);
-  EXPECT_FALSE(loaded->quantized_at_load);
-  EXPECT_EQ(loaded->config.quantization->describe(), at_load->config.quantization->describe());
-  auto bytes = [](const tensor_view* t) {
-    return std::string(reinterpret_cast<const char*>(t->data), t->nbytes);
-  };
-  for (size_t l = 0; l < loaded->weights.layers.size(); ++l)
-    for (int p = 0; p < num_projections; ++p) {
-      const auto& a = loaded->weights.layers[l].quantized[size_t(p)];
-      const auto& b = at_load->weights.layers[l].quantized[size_t(p)];
-      ASSERT_TRUE(a.present() && b.present());
-      EXPECT_EQ(bytes(a.qweight), bytes(b.qweight)) << a.qweight->name;
-      EXPECT_EQ(bytes(a.qzeros), bytes(b.qzeros)) << a.qzeros->name;
-      EXPECT_EQ(bytes(a.scales), bytes(b.scales)) << a.scales->name;
-      EXPECT_EQ(a.qweight->name, b.qweight->name);
+  for (auto layout : {quant_method::awq, quant_method::gptq}) {
+    SCOPED_TRACE(std::string(quant_method_name(layout)));
+    make_model_options o;
+    o.config = *preset_config("tiny-llama3-g128");
+    o.seed = 7; // tiny_model's
+    o.quantize = rtn_config(layout, 128);
+    o.out_dir = test::scratch_dir("rtn-" + std::string(quant_method_name(layout)) + "-"
+                                  + std::to_string(::getpid()));
+    make_model(o);
+    auto loaded = model_folder::open(o.out_dir);
+    auto at_load = model_folder::open(float_dir, {weight_quantization::int4, layout});
+    ASSERT_TRUE(loaded->config.quantization);
+    EXPECT_FALSE(loaded->quantized_at_load);
+    EXPECT_EQ(at_load->config.quantization->method, layout);
+    EXPECT_EQ(loaded->config.quantization->describe(), at_load->config.quantization->describe());
+    auto bytes = [](const tensor_view* t) {
+      return t ? std::string(reinterpret_cast<const char*>(t->data), t->nbytes) : std::string();
+    };
+    for (size_t l = 0; l < loaded->weights.layers.size(); ++l)
+      for (int p = 0; p < num_projections; ++p) {
+        const auto& a = loaded->weights.layers[l].quantized[size_t(p)];
+        const auto& b = at_load->weights.layers[l].quantized[size_t(p)];
+        ASSERT_TRUE(a.present() && b.present());
+        EXPECT_EQ(bytes(a.qweight), bytes(b.qweight)) << a.qweight->name;
+        EXPECT_EQ(bytes(a.qzeros), bytes(b.qzeros)) << a.qzeros->name;
+        EXPECT_EQ(bytes(a.scales), bytes(b.scales)) << a.scales->name;
+        EXPECT_EQ(bytes(a.g_idx), bytes(b.g_idx)) << a.qweight->name;
+        EXPECT_EQ(a.qweight->name, b.qweight->name);
+      }
+    const std::vector<int32_t> prompt = {128000, 9906, 11, 1917, 0, 578, 374};
+    const std::vector<int32_t> follow = {264, 1296, 315, 279};
+    EXPECT_EQ(logits_of(loaded, prompt, follow), logits_of(at_load, prompt, follow));
+    if (layout == quant_method::awq) {
+      EXPECT_EQ(loaded->weights_description(),
+                "int4 (awq, 4 bits, group 128; bf16 embeddings, norms and LM head)");
     }
-  const std::vector<int32_t> prompt = {128000, 9906, 11, 1917, 0, 578, 374};
-  const std::vector<int32_t> follow = {264, 1296, 315, 279};
-  EXPECT_EQ(logits_of(loaded, prompt, follow), logits_of(at_load, prompt, follow));
-  EXPECT_EQ(loaded->weights_description(),
-            "int4 (awq, 4 bits, group 128; bf16 embeddings, norms and LM head)");
-  fs::remove_all(o.out_dir);
+    EXPECT_EQ(at_load->weights_description(),
+              "int4 (RTN at load: " + loaded->config.quantization->describe()
+                + "; bf16 embeddings, norms and LM head)");
+    fs::remove_all(o.out_dir);
+  }
 }
 
 // -- refusals -------------------------------------------------------------------------

@@ -165,6 +165,13 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (replicas > 0 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8 && o.device == "cpu")
     throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
                                 "keeps its KV cache in fp32)");
+  // fp8_e5m2 has only its CPU reference (cpu_engine::set_kv_dtype), which
+  // rounds an fp32 cache: it would cost quality and save no memory, so the
+  // server refuses it on the CPU too (CUDA: cuda_kv_cache_problem).
+  if (o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2 && o.device == "cpu")
+    throw std::invalid_argument("engine.kv_cache_dtype fp8_e5m2 is not served on device 'cpu' "
+                                "(its KV cache is fp32; the CPU engine only emulates fp8_e5m2's "
+                                "rounding, for `metronome eval-quality`)");
   if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
     throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
 

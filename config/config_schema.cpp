@@ -528,9 +528,12 @@ std::vector<config_key> make_keys() {
                   "Reuse the KV pages of identical prompt prefixes (whole pages) across "
                   "requests; kept least recently used until their pages are needed."));
   add(choice_key("engine.kv_cache_dtype", METRONOME_FIELD(engine.kv_cache_dtype),
-                 std::array{kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8},
-                 "Element type of the KV cache: bf16, or fp8 (e4m3 with a scale per token row: "
-                 "about half the memory and half the bytes a decode step reads; CUDA only)."));
+                 std::array{kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8,
+                            kv_cache_dtype_kind::fp8_e5m2},
+                 "Element type of the KV cache: bf16, fp8 (e4m3 with a scale per token row: "
+                 "about half the memory and half the bytes a decode step reads; CUDA only), or "
+                 "fp8_e5m2 (e5m2 with a scale per kv head and 256-token window; not served yet: "
+                 "refused at start on every device)."));
   add(choice_key("engine.kv_strategy", METRONOME_FIELD(engine.kv_strategy),
                  std::array{kv_strategy_kind::paged, kv_strategy_kind::bucketed},
                  "How KV pages are granted: paged (on demand; a request may be preempted when "

@@ -527,6 +527,8 @@ double cuda_graph_replay_ms(model_runner& runner, int32_t batch, bool repeat_las
 std::string cuda_kv_cache_problem(const model_config& c, kv_cache_dtype_kind dtype) {
   if (dtype == kv_cache_dtype_kind::bf16)
     return {};
+  if (dtype == kv_cache_dtype_kind::fp8_e5m2)
+    return cuda_fp8_e5m2_problem;
   // Every kernel that reads or writes the cache has an fp8 form from the
   // second generation on, for the shapes of its tensor-core decode kernel.
   gpu::attention_shape sh;

@@ -120,9 +120,17 @@ std::string describe_cuda_runner(const model_runner& runner);
 /// with a temperature). Synchronises with the device.
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows);
 
+/// Why the CUDA runner cannot keep any model's KV cache as fp8_e5m2: it has
+/// no kernels for it yet (its reference is the CPU engine's,
+/// cpu_engine::set_kv_dtype).
+inline constexpr const char* cuda_fp8_e5m2_problem =
+  "fp8_e5m2 is not implemented on CUDA yet (use fp8 or bf16; the CPU engine emulates "
+  "fp8_e5m2 for `metronome eval-quality` only)";
+
 /// Why the CUDA runner cannot keep `config`'s KV cache as `dtype` ("" when it
-/// can): fp8 needs head_dim 16, 32, 64 or 128, at most 8 query heads a kv
-/// head and the second-generation attention kernels. Host arithmetic, no
+/// can): fp8_e5m2 not at all yet (cuda_fp8_e5m2_problem); fp8 needs head_dim
+/// 16, 32, 64 or 128, at most 8 query heads a kv head and the
+/// second-generation attention kernels. Host arithmetic, no
 /// device: spawn_engine asks before any executor starts, the runner again
 /// when it starts. Any thread.
 std::string cuda_kv_cache_problem(const model_config& config, kv_cache_dtype_kind dtype);

@@ -14,12 +14,20 @@ cpu_kv_cache::cpu_kv_cache(const model_config& cfg, int32_t num_pages, int32_t p
   : layers_(cfg.num_layers),
     num_pages_(num_pages),
     page_size_(page_size),
+    kv_heads_(cfg.num_kv_heads),
     slot_floats_(int64_t(cfg.num_kv_heads) * cfg.head_dim) {
   if (num_pages <= 0 || page_size <= 0)
     throw std::invalid_argument("cpu_kv_cache: num_pages and page_size must be positive");
   data_.assign(size_t(layers_) * size_t(num_pages_) * 2 * size_t(page_size_)
                  * size_t(slot_floats_),
                0.0f);
+}
+
+void cpu_kv_cache::enable_row_scales() {
+  if (scales_.empty())
+    scales_.assign(size_t(layers_) * size_t(num_pages_) * 2 * size_t(page_size_)
+                     * size_t(kv_heads_),
+                   1.0f);
 }
 
 cpu_engine::cpu_engine(std::shared_ptr<const model_folder> model, int32_t num_pages,
@@ -29,6 +37,12 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_folder> model, int32_t num_pa
     kv_(model_->config, num_pages, page_size),
     inv_freq_(rope_inv_freq(model_->config)) {
   // nop
+}
+
+void cpu_engine::set_kv_dtype(kv_cache_dtype_kind dtype) {
+  kv_dtype_ = dtype;
+  if (dtype == kv_cache_dtype_kind::fp8_e5m2)
+    kv_.enable_row_scales();
 }
 
 model_weights cpu_engine::working_weights(const model_folder& model,
@@ -115,9 +129,14 @@ void cpu_engine::forward(std::span<const forward_input> batch, std::span<float> 
         const int32_t slot = int32_t(pos % kv_.page_size());
         std::copy_n(k.data() + row * kv_size, kv_size, kv_.slot(l, page, 0, slot));
         std::copy_n(v.data() + row * kv_size, kv_size, kv_.slot(l, page, 1, slot));
-        if (kv_fp8_) {
+        if (kv_dtype_ == kv_cache_dtype_kind::fp8) {
           ref::round_rows_to_e4m3(kv_.slot(l, page, 0, slot), cfg.num_kv_heads, cfg.head_dim);
           ref::round_rows_to_e4m3(kv_.slot(l, page, 1, slot), cfg.num_kv_heads, cfg.head_dim);
+        } else if (kv_dtype_ == kv_cache_dtype_kind::fp8_e5m2) {
+          kv_overflow_count ignored;
+          kv_overflow_count& count = in.kv_overflow ? *in.kv_overflow : ignored;
+          round_e5m2_row(l, in, pos, 0, count);
+          round_e5m2_row(l, in, pos, 1, count);
         }
       }
     }
@@ -142,6 +161,40 @@ void cpu_engine::forward(std::span<const forward_input> batch, std::span<float> 
     std::copy_n(x.data() + last_row[size_t(i)] * hidden, hidden, last.data() + i * hidden);
   ref::rms_norm(last.data(), *w.final_norm, cfg.rms_norm_eps, n, hidden, last.data());
   ref::linear(*w.lm_head, nullptr, last.data(), n, logits.data());
+}
+
+void cpu_engine::round_e5m2_row(int32_t layer, const forward_input& in, int64_t pos,
+                                int32_t which, kv_overflow_count& count) {
+  const auto& cfg = model_->config;
+  const int32_t d = cfg.head_dim, ps = kv_.page_size();
+  auto page_of = [&](int64_t p) { return in.pages[size_t(p / ps)]; };
+  auto slot_of = [&](int64_t p) { return int32_t(p % ps); };
+  float* row = kv_.slot(layer, page_of(pos), which, slot_of(pos));
+  float* scales = kv_.row_scales(layer, page_of(pos), which, slot_of(pos));
+  const int64_t first = pos - pos % kv_e5m2_window;
+  // The previous windows as stored: positions [history_begin, first).
+  const int64_t history_begin = std::max<int64_t>(0, first - int64_t(kv_e5m2_history)
+                                                           * kv_e5m2_window);
+  auto amax = [d](const float* v, float m) {
+    for (int32_t i = 0; i < d; ++i)
+      if (std::isfinite(v[i]))
+        m = std::max(m, std::fabs(v[i]));
+    return m;
+  };
+  for (int32_t h = 0; h < cfg.num_kv_heads; ++h) {
+    float scale;
+    if (pos == first) {
+      float reference = amax(row + int64_t(h) * d, 0.0f);
+      for (int64_t j = history_begin; j < first; ++j)
+        reference = amax(kv_.slot(layer, page_of(j), which, slot_of(j)) + int64_t(h) * d,
+                         reference);
+      scale = e5m2_window_scale(reference);
+    } else {
+      scale = kv_.row_scales(layer, page_of(first), which, slot_of(first))[h];
+    }
+    scales[h] = scale;
+    ref::round_to_e5m2(row + int64_t(h) * d, d, scale, count);
+  }
 }
 
 void cpu_engine::attention(int32_t layer, std::span<const forward_input> batch, const float* q,

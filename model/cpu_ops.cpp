@@ -85,6 +85,18 @@ void round_rows_to_e4m3(float* x, int64_t rows, int64_t n) {
   }
 }
 
+void round_to_e5m2(float* x, int64_t n, float scale, kv_overflow_count& count) {
+  const float inv = 1.0f / scale; // exact: scale is a power of two
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    if (!std::isfinite(v))
+      ++count.non_finite;
+    else if (std::fabs(v * inv) > e5m2_max)
+      ++count.saturated;
+    x[i] = e5m2_to_f32(f32_to_e5m2(v * inv)) * scale;
+  }
+}
+
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   parallel_for(0, n, 65536, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {

@@ -10,6 +10,24 @@
 
 #include "model/safetensors.hpp"
 
+namespace metronome {
+
+/// Values the fp8_e5m2 KV cache could not store as they were (counted per
+/// sequence: forward_input::kv_overflow).
+struct kv_overflow_count {
+  /// Finite values whose |value / scale| exceeded 57344: stored as
+  /// +-57344 * scale.
+  int64_t saturated = 0;
+  /// NaN (stored as NaN) and +-infinity (stored as +-57344 * scale).
+  int64_t non_finite = 0;
+
+  int64_t total() const {
+    return saturated + non_finite;
+  }
+};
+
+} // namespace metronome
+
 namespace metronome::ref {
 
 /// y[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r]) for t < rows; w is [R, C] of
@@ -34,6 +52,12 @@ void rope(float* x, int32_t heads, int32_t head_dim, int64_t pos, const float* i
 /// e4m3 of value / scale times the scale (model/dtype.hpp's f32_to_e4m3,
 /// the GPU writers' arithmetic).
 void round_rows_to_e4m3(float* x, int64_t rows, int64_t n);
+
+/// Rounds n values in place as the fp8_e5m2 cache stores them with `scale`
+/// (a power of two, e5m2_window_scale): each becomes e5m2(value / scale) *
+/// scale (model/dtype.hpp's f32_to_e5m2: nearest even, saturating), and the
+/// values that saturated or were not finite are added to `count`.
+void round_to_e5m2(float* x, int64_t n, float scale, kv_overflow_count& count);
 
 /// out = silu(gate) * up, elementwise over n values; out may alias gate.
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);

@@ -62,7 +62,10 @@ std::vector<float> cuda_runner_logits(model_runner&, int32_t) {
   return {};
 }
 
-std::string cuda_kv_cache_problem(const model_config&, kv_cache_dtype_kind) {
+std::string cuda_kv_cache_problem(const model_config&, kv_cache_dtype_kind dtype) {
+  // As the real runner's first answer (gpu/cuda_runner.cpp): no kernels.
+  if (dtype == kv_cache_dtype_kind::fp8_e5m2)
+    return cuda_fp8_e5m2_problem;
   return {};
 }
 

@@ -397,6 +397,31 @@ TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
   EXPECT_TRUE(out.done);
 }
 
+// fp8_e5m2 has only its CPU reference (eval-quality): refused at start on
+// the CPU, whose cache is fp32, and on CUDA, which has no kernels for it
+// yet, before any device is looked at (so also on a machine without one).
+TEST_F(engine_test, an_fp8_e5m2_kv_cache_is_refused_at_start_on_every_device) {
+  opts.model_dir = chat_model();
+  opts.kv_cache_dtype = kv_cache_dtype_kind::fp8_e5m2;
+  for (const std::string device : {"cpu", "cuda:0"}) {
+    opts.device = device;
+    try {
+      eng = spawn_engine(sys, opts);
+      ADD_FAILURE() << "spawn_engine accepted fp8_e5m2 on " << device;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                device == "cpu"
+                  ? "engine.kv_cache_dtype fp8_e5m2 is not served on device 'cpu' (its KV cache "
+                    "is fp32; the CPU engine only emulates fp8_e5m2's rounding, for `metronome "
+                    "eval-quality`)"
+                  : "engine.kv_cache_dtype 'fp8_e5m2': fp8_e5m2 is not implemented on CUDA yet "
+                    "(use fp8 or bf16; the CPU engine emulates fp8_e5m2 for `metronome "
+                    "eval-quality` only)");
+    }
+    EXPECT_FALSE(eng);
+  }
+}
+
 // On a CUDA device, a model the fp8 cache cannot serve (head_dim 256) is
 // refused by spawn_engine with the reason, before any executor starts
 // (which would otherwise fail, restart and leave the engine degraded). No

@@ -100,8 +100,9 @@ TEST(config_wrong_type, scalars_of_each_kind) {
           R"(expected a number in (0, 1], got "most")"},
          {"engine.cuda_graphs", "1", R"(expected true or false, got "1")"},
          {"engine.policy", "lifo", R"(expected one of fcfs, ladb, srpt, ladb-literal, got "lifo")"},
-         {"engine.kv_cache_dtype", "fp4", R"(expected one of bf16, fp8, got "fp4")"},
-         {"engine.kv_cache_dtype", "e4m3", R"(expected one of bf16, fp8, got "e4m3")"},
+         {"engine.kv_cache_dtype", "fp4", R"(expected one of bf16, fp8, fp8_e5m2, got "fp4")"},
+         {"engine.kv_cache_dtype", "e4m3", R"(expected one of bf16, fp8, fp8_e5m2, got "e4m3")"},
+         {"engine.kv_cache_dtype", "e5m2", R"(expected one of bf16, fp8, fp8_e5m2, got "e5m2")"},
          {"model.chat_template", "vicuna",
           R"(expected "", llama3, llama2, mistral, chatml, or the path of a Jinja template )"
           R"(file (with a / or a . in it), got "vicuna")"},

@@ -193,6 +193,10 @@ TEST(config_values, kv_cache_dtypes) {
             kv_cache_dtype_kind::fp8);
   EXPECT_EQ(load_config_string("engine:\n  kv_cache_dtype: bf16\n", "t.yaml").engine.kv_cache_dtype,
             kv_cache_dtype_kind::bf16);
+  // Parsed like the others; spawn_engine refuses it at start (not served yet).
+  EXPECT_EQ(
+    load_config_string("engine:\n  kv_cache_dtype: fp8_e5m2\n", "t.yaml").engine.kv_cache_dtype,
+    kv_cache_dtype_kind::fp8_e5m2);
   // Other names are refused with the key named: config_error_test.
 }
 

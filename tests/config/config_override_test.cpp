@@ -237,7 +237,7 @@ TEST(config_override, kv_cache_dtype_flag) {
   auto e = catch_config_error(
     [] { load_config(std::nullopt, {{"engine.kv_cache_dtype", "fp4", "--kv-cache-dtype"}}); });
   EXPECT_STREQ(e.what(),
-               "--kv-cache-dtype: engine.kv_cache_dtype: expected one of bf16, fp8, got \"fp4\"");
+               "--kv-cache-dtype: engine.kv_cache_dtype: expected one of bf16, fp8, fp8_e5m2, got \"fp4\"");
 }
 
 } // namespace

@@ -80,10 +80,14 @@ TEST(dtype, names_parse_both_ways) {
 // The KV cache's element type: the engine and the runners hold the enum, the
 // configuration and the command lines its names.
 TEST(dtype, kv_cache_dtype_names_parse_both_ways) {
-  for (auto t : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8})
+  for (auto t : {kv_cache_dtype_kind::bf16, kv_cache_dtype_kind::fp8,
+                 kv_cache_dtype_kind::fp8_e5m2})
     EXPECT_EQ(parse_kv_cache_dtype(to_string(t)), t);
   EXPECT_EQ(to_string(kv_cache_dtype_kind::fp8), "fp8");
+  EXPECT_EQ(to_string(kv_cache_dtype_kind::fp8_e5m2), "fp8_e5m2");
   EXPECT_FALSE(parse_kv_cache_dtype("fp4"));
+  EXPECT_FALSE(parse_kv_cache_dtype("e5m2"));
+  EXPECT_FALSE(parse_kv_cache_dtype("fp8-e5m2"));
   EXPECT_FALSE(parse_kv_cache_dtype("BF16"));
 }
 

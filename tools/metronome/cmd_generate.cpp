@@ -70,10 +70,16 @@ void run(const generate_args& a) {
     throw command_error("give exactly one of --prompt and --prompt-ids");
   const auto kv_dtype = parse_kv_cache_dtype(a.kv_cache_dtype);
   if (!kv_dtype)
-    throw command_error("--kv-cache-dtype: expected bf16 or fp8, got '" + a.kv_cache_dtype + "'");
+    throw command_error("--kv-cache-dtype: expected bf16, fp8 or fp8_e5m2, got '"
+                        + a.kv_cache_dtype + "'");
   if (*kv_dtype == kv_cache_dtype_kind::fp8 && a.device == "cpu")
     throw command_error("--kv-cache-dtype fp8 needs --device cuda:N (the CPU engine keeps its "
                         "KV cache in fp32)");
+  if (*kv_dtype == kv_cache_dtype_kind::fp8_e5m2)
+    throw command_error(std::string("--kv-cache-dtype fp8_e5m2: ")
+                        + (a.device == "cpu" ? "the CPU engine emulates it for `metronome "
+                                               "eval-quality` only (its KV cache is fp32)"
+                                             : cuda_fp8_e5m2_problem));
   const std::filesystem::path model_dir = a.model.empty() ? default_model_dir()
                                                           : std::filesystem::path(a.model);
   const auto quantize = parse_weight_quantization(a.quantize);

@@ -129,7 +129,11 @@ detached attach_once(caf::actor_system& sys, const engine& eng, const worker_age
     j.device = st.device;
     j.kv_pages = st.kv_total_pages;
     j.page_size = st.page_size;
-    j.scheduler = caf::actor_cast<caf::actor>(eng.scheduler);
+    // With several replicas here, the front end's router hands its
+    // admissions to this process's router, which places them on ours (it
+    // takes admit_msg and cancel_atom, all a front end sends).
+    j.scheduler = eng.router ? caf::actor_cast<caf::actor>(eng.router)
+                             : caf::actor_cast<caf::actor>(eng.scheduler);
     j.agent = caf::actor_cast<caf::actor>(agent);
     j.now_ns = clock_ns(sys);
     std::optional<detached> outcome;

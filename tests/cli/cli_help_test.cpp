@@ -66,7 +66,7 @@ TEST(cli_help, serve_shows_each_flags_type_and_default) {
     {"--device", "cpu\\|cuda:N .*\\[default: cpu\\]"},
     {"--gpu-memory-fraction", "FLOAT .*\\[default: 0.9\\]"},
     {"--policy", "\\{fcfs,ladb,srpt,ladb-literal\\}\\s.*\\[default: ladb\\]"},
-    {"--kv-cache-dtype", "\\{bf16,fp8\\} .*\\[default: bf16\\]"},
+    {"--kv-cache-dtype", "\\{bf16,fp8,fp8_e5m2\\}\\s.*\\[default: bf16\\]"},
     {"--log-format", "\\{text,json\\} .*\\[default: text\\]"},
     {"--api-key", "KEY,\\.\\.\\. .*\\(server.api_keys\\)$"},
     {"--config", "PATH +YAML configuration file$"},

@@ -11,6 +11,7 @@
 // timeouts, and still answers /health afterwards.
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <string>
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -90,7 +92,22 @@ int connect_to(uint16_t port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  if (rc != 0 && errno == EINTR) {
+    // A signal (libFuzzer's timers raise SIGALRM every second) interrupted
+    // the connect, which goes on in the background: wait for it to end.
+    pollfd p{fd, POLLOUT, 0};
+    int ready = 0;
+    while ((ready = ::poll(&p, 1, 5000)) < 0 && errno == EINTR) {
+    }
+    int err = ready > 0 ? 0 : ETIMEDOUT;
+    socklen_t len = sizeof err;
+    if (ready > 0)
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  if (rc != 0) {
     const int why = errno;
     ::close(fd);
     errno = why; // for the caller: EADDRNOTAVAIL is worth a retry
@@ -117,21 +134,28 @@ bool exchange(uint16_t port, const char* bytes, size_t n, std::string& answer) {
   size_t sent = 0;
   while (sent < n) {
     auto k = ::send(fd, bytes + sent, n - sent, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR)
+      continue; // a signal, not the server
     if (k <= 0)
       break; // the server closed first (an early refusal): read its answer
     sent += size_t(k);
   }
   ::shutdown(fd, SHUT_WR);
   bool ended = true;
+  // The receive timeout restarts after each interrupted recv: bound the
+  // whole read by it too.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   char buf[16384];
   for (;;) {
     auto k = ::recv(fd, buf, sizeof buf, 0);
+    if (k < 0 && errno == EINTR && std::chrono::steady_clock::now() < deadline)
+      continue; // a signal (read as the end, this cut answers short)
     if (k > 0) {
       if (answer.size() < (1u << 20))
         answer.append(buf, size_t(k));
       continue;
     }
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
       ended = false;
     break;
   }
@@ -163,6 +187,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char health[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
   std::string h;
   FUZZ_CHECK(exchange(port, health, sizeof health - 1, h), "/health did not end");
+  // The servers' own count of open connections (the limit is 64 each):
+  // at a failure, and now and then, so that a count that keeps growing
+  // while the fuzzer holds one connection at a time shows.
+  if (!h.starts_with("HTTP/1.1 200") || n % 65536 == 0)
+    std::fprintf(stderr, "after %u inputs: connections open %zu and %zu, requests in flight "
+                         "%zu and %zu\n",
+                 n, s.open->connections(), s.keyed->connections(), s.open->requests_in_flight(),
+                 s.keyed->requests_in_flight());
   if (!h.starts_with("HTTP/1.1 200"))
     std::fprintf(stderr, "/health answered: %s\n", h.substr(0, h.find("\r\n\r\n")).c_str());
   FUZZ_CHECK(h.starts_with("HTTP/1.1 200"), "/health does not answer 200");

@@ -9,7 +9,8 @@
 // when it resumes; a worker that is started again after its kill does too.
 // A worker of another model is refused, exits 2 and says why. A front end
 // without replicas of its own (--data-parallel 0) serves through its
-// workers alone: not ready before the first joins, 503 once none is left.
+// workers alone: not ready before the first joins, a client leaving
+// mid-stream frees its pages on the worker, 503 once no worker is left.
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -197,6 +198,25 @@ test('a front end without local replicas serves through its workers alone', asyn
                            { model: MODEL_NAME, prompt: 'through the worker', max_tokens: 8 });
   assert.equal(r.status, 200, r.body);
   assert.equal(JSON.parse(r.body).usage.completion_tokens, 8);
+
+  // A client that leaves mid-stream: the worker's scheduler, which watches
+  // its request actor across the connection, cancels it and frees its
+  // pages (the worker's gauges come with its heartbeat).
+  const abort = new AbortController();
+  const res = await fetch(`${server.url}/v1/completions`, {
+    method: 'POST', signal: abort.signal, headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL_NAME, stream: true, ...LONG, max_tokens: 2000 }),
+  });
+  const reader = res.body.getReader();
+  await reader.read();
+  const busy = await eventually(async () => {
+    const m = await metrics(server);
+    return m.get('metronome:replica_kv_cache_usage_perc{replica="0"}') > 0 ? m : null;
+  }, 5_000, 50);
+  assert.ok(busy, 'the stream never showed on the worker');
+  abort.abort();
+  await reader.read().catch(() => {});
+  assert.ok(await settled(server), 'the left request kept pages or a request on the worker');
 
   w.proc.kill('SIGKILL');
   await w.exited;

@@ -56,7 +56,8 @@ std::atomic<bool> device_lost{false};
 struct serve_args {
   std::string config_file;
   std::vector<std::string> sets;
-  std::vector<config_override> flags;
+  std::shared_ptr<std::vector<config_override>> flags =
+    std::make_shared<std::vector<config_override>>();
   bool dump_config = false;
 };
 
@@ -84,21 +85,7 @@ server_config redacted(server_config c) {
 }
 
 void run(serve_args& a) {
-  std::vector<config_override> overrides = a.flags;
-  for (const auto& s : a.sets) {
-    auto eq = s.find('=');
-    if (eq == std::string::npos)
-      throw command_error("--set: expected key.path=value, got '" + s + "'", 2);
-    overrides.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
-  }
-  server_config cfg;
-  try {
-    cfg = load_config(a.config_file.empty() ? std::nullopt
-                                            : std::optional<fs::path>(a.config_file),
-                      overrides);
-  } catch (const config_error& e) {
-    throw command_error(e.what(), 2);
-  }
+  server_config cfg = load_command_config(a.config_file, *a.flags, a.sets);
   if (a.dump_config) {
     std::printf("%s", to_yaml(redacted(cfg), true).c_str());
     return;
@@ -204,16 +191,7 @@ void setup(CLI::App& app) {
   cmd->add_flag("--dump-config", a->dump_config, "Print the effective configuration and exit");
   // Each flag's type and default come from its key's schema entry, so the
   // help says what the parser accepts.
-  for (const auto& f : config_flags()) {
-    const config_key* schema = find_config_key(f.key_path);
-    auto key = std::string(f.key_path);
-    auto flag = std::string(f.flag);
-    auto* opt = cmd->add_option_function<std::string>(
-      flag, [a, key, flag](const std::string& v) { a->flags.push_back({key, v, flag}); },
-      std::string(f.help) + " (" + key + ")");
-    if (schema != nullptr)
-      opt->type_name(schema->metavar)->default_str(default_text(*schema));
-  }
+  add_config_flags(cmd, a->flags);
   cmd->callback([a] { run(*a); });
 }
 

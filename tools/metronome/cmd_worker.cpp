@@ -57,7 +57,8 @@ std::atomic<bool> device_lost{false};
 struct worker_args {
   std::string config_file;
   std::vector<std::string> sets;
-  std::vector<config_override> flags;
+  std::shared_ptr<std::vector<config_override>> flags =
+    std::make_shared<std::vector<config_override>>();
 };
 
 /// HOSTNAME:PID.
@@ -187,21 +188,7 @@ detached attach_once(caf::actor_system& sys, const engine& eng, const worker_age
 }
 
 void run(worker_args& a) {
-  std::vector<config_override> overrides = a.flags;
-  for (const auto& s : a.sets) {
-    auto eq = s.find('=');
-    if (eq == std::string::npos)
-      throw command_error("--set: expected key.path=value, got '" + s + "'", 2);
-    overrides.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
-  }
-  server_config cfg;
-  try {
-    cfg = load_config(a.config_file.empty() ? std::nullopt
-                                            : std::optional<fs::path>(a.config_file),
-                      overrides);
-  } catch (const config_error& e) {
-    throw command_error(e.what(), 2);
-  }
+  server_config cfg = load_command_config(a.config_file, *a.flags, a.sets);
   if (cfg.workers.connect.empty())
     throw command_error("worker: give the front end's address with --connect HOST:PORT "
                         "(workers.connect; the front end's workers.listen)",
@@ -284,25 +271,17 @@ void setup(CLI::App& app) {
   cmd->add_option("--set", a->sets, "Override any key: --set engine.max_batch_size=32")
     ->type_name("KEY=VALUE");
   cmd->add_option_function<std::string>(
-       "--connect", [a](const std::string& v) { a->flags.push_back({"workers.connect", v, "--connect"}); },
+       "--connect", [a](const std::string& v) { a->flags->push_back({"workers.connect", v, "--connect"}); },
        "The front end's workers.listen address, HOST:PORT (workers.connect)")
     ->type_name("ADDRESS");
   cmd->add_option_function<std::string>(
-       "--name", [a](const std::string& v) { a->flags.push_back({"workers.name", v, "--name"}); },
+       "--name", [a](const std::string& v) { a->flags->push_back({"workers.name", v, "--name"}); },
        "Name in the front end's logs and /metrics (workers.name; unset: HOSTNAME:PID)")
     ->type_name("NAME");
-  for (const auto& f : config_flags()) {
-    if (f.key_path.starts_with("server.") || f.key_path == "workers.listen")
-      continue; // the front end's
-    const config_key* schema = find_config_key(f.key_path);
-    auto key = std::string(f.key_path);
-    auto flag = std::string(f.flag);
-    auto* opt = cmd->add_option_function<std::string>(
-      flag, [a, key, flag](const std::string& v) { a->flags.push_back({key, v, flag}); },
-      std::string(f.help) + " (" + key + ")");
-    if (schema != nullptr)
-      opt->type_name(schema->metavar)->default_str(default_text(*schema));
-  }
+  // The front end's keys are not a worker's.
+  add_config_flags(cmd, a->flags, [](std::string_view key) {
+    return key.starts_with("server.") || key == "workers.listen";
+  });
   cmd->callback([a] { run(*a); });
 }
 

@@ -5,7 +5,10 @@
 
 #include "caf/io/middleman.hpp"
 
+#include "config/config_error.hpp"
+#include "config/config_schema.hpp"
 #include "model/fault_injection.hpp"
+#include "tools/metronome/command.hpp"
 #include "model/tokenizer/chat_template.hpp"
 #include "sim/settings.hpp"
 
@@ -67,6 +70,40 @@ engine_options engine_options_from(const server_config& c, const std::filesystem
   o.workers.heartbeat = std::chrono::milliseconds(c.workers.heartbeat_ms);
   o.workers.timeout = std::chrono::milliseconds(c.workers.timeout_ms);
   return o;
+}
+
+server_config load_command_config(const std::string& config_file,
+                                  std::vector<config_override> flags,
+                                  const std::vector<std::string>& sets) {
+  for (const auto& s : sets) {
+    auto eq = s.find('=');
+    if (eq == std::string::npos)
+      throw command_error("--set: expected key.path=value, got '" + s + "'", 2);
+    flags.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
+  }
+  try {
+    return load_config(config_file.empty() ? std::nullopt
+                                           : std::optional<std::filesystem::path>(config_file),
+                       flags);
+  } catch (const config_error& e) {
+    throw command_error(e.what(), 2);
+  }
+}
+
+void add_config_flags(CLI::App* cmd, std::shared_ptr<std::vector<config_override>> flags,
+                      const std::function<bool(std::string_view key)>& skip) {
+  for (const auto& f : config_flags()) {
+    if (skip && skip(f.key_path))
+      continue;
+    const config_key* schema = find_config_key(f.key_path);
+    auto key = std::string(f.key_path);
+    auto flag = std::string(f.flag);
+    auto* opt = cmd->add_option_function<std::string>(
+      flag, [flags, key, flag](const std::string& v) { flags->push_back({key, v, flag}); },
+      std::string(f.help) + " (" + key + ")");
+    if (schema != nullptr)
+      opt->type_name(schema->metavar)->default_str(default_text(*schema));
+  }
 }
 
 } // namespace metronome::cli

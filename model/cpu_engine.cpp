@@ -129,10 +129,13 @@ void cpu_engine::forward(std::span<const forward_input> batch, std::span<float> 
         const int32_t slot = int32_t(pos % kv_.page_size());
         std::copy_n(k.data() + row * kv_size, kv_size, kv_.slot(l, page, 0, slot));
         std::copy_n(v.data() + row * kv_size, kv_size, kv_.slot(l, page, 1, slot));
-        if (kv_dtype_ == kv_cache_dtype_kind::fp8) {
+        // A sequence in full precision (forward_input::full_precision)
+        // keeps its rows unrounded.
+        const auto written = in.full_precision ? kv_cache_dtype_kind::bf16 : kv_dtype_;
+        if (written == kv_cache_dtype_kind::fp8) {
           ref::round_rows_to_e4m3(kv_.slot(l, page, 0, slot), cfg.num_kv_heads, cfg.head_dim);
           ref::round_rows_to_e4m3(kv_.slot(l, page, 1, slot), cfg.num_kv_heads, cfg.head_dim);
-        } else if (kv_dtype_ == kv_cache_dtype_kind::fp8_e5m2) {
+        } else if (written == kv_cache_dtype_kind::fp8_e5m2) {
           kv_overflow_count ignored;
           kv_overflow_count& count = in.kv_overflow ? *in.kv_overflow : ignored;
           round_e5m2_row(l, in, pos, 0, count);

@@ -30,7 +30,9 @@
 // chunking, batching and page placement still change nothing, and a page
 // shared by prefix reuse reads the same for every sequence. Values that
 // saturate or are not finite are counted per sequence
-// (forward_input::kv_overflow).
+// (forward_input::kv_overflow). A sequence marked full_precision (the
+// overflow supervision's re-materialisation, model/step_plan.hpp) is written
+// unrounded whatever the element type, so one cache holds both precisions.
 //
 // 4-bit weights (GPTQ, AWQ): the engine dequantizes each quantized
 // projection to fp32 once, when it is made (w = scale * (q - zero), exact),
@@ -114,6 +116,12 @@ struct forward_input {
   /// caller keeps one per sequence. Null: not counted. Untouched with the
   /// other element types.
   kv_overflow_count* kv_overflow = nullptr;
+  /// Write this sequence's keys and values unrounded (fp32), whatever
+  /// set_kv_dtype chose: a sequence the overflow supervision re-admitted in
+  /// full precision (model/step_plan.hpp, kv_precision). Its pages must not
+  /// be shared with sequences of the other precision (the scheduler's prefix
+  /// hashes keep them apart).
+  bool full_precision = false;
 };
 
 /// Computes logits with the model's weights on the CPU. Not thread-safe:

@@ -70,6 +70,7 @@ void sequence_table::apply(const step_plan& plan, int32_t page_size, int32_t num
                                                    prompt.subspan(split));
     s.num_computed = n.num_cached;
     s.pages = n.cached_pages;
+    s.precision = n.precision;
     seqs_.emplace(n.id, std::move(s));
   }
   for (const auto& c : plan.chunks) {
@@ -88,9 +89,10 @@ namespace {
 
 class cpu_runner final : public model_runner {
 public:
-  cpu_runner(std::shared_ptr<const model_folder> model, int32_t num_pages, int32_t page_size)
+  cpu_runner(std::shared_ptr<const model_folder> model, int32_t num_pages, int32_t page_size,
+             kv_cache_dtype_kind kv_dtype)
     : engine_(std::move(model), num_pages, page_size) {
-    // nop
+    engine_.set_kv_dtype(kv_dtype);
   }
 
   step_output execute(const step_plan& plan) override {
@@ -99,6 +101,9 @@ public:
     step_output out;
     out.step = plan.step;
     std::vector<forward_input> inputs;
+    // One count per chunk: the engine adds what each sequence's writes
+    // could not store (fp8_e5m2 only; the other dtypes leave them 0).
+    std::vector<kv_overflow_count> overflow(plan.chunks.size());
     for (const auto& c : plan.chunks) {
       auto& s = table_.at(c.id);
       forward_input in;
@@ -106,6 +111,8 @@ public:
                                                              size_t(c.num_tokens));
       in.start_pos = s.num_computed;
       in.pages = s.pages;
+      in.full_precision = s.precision == kv_precision::full;
+      in.kv_overflow = &overflow[inputs.size()];
       inputs.push_back(in);
       out.num_tokens += c.num_tokens;
     }
@@ -114,6 +121,10 @@ public:
     logits_.resize(inputs.size() * vocab);
     if (!inputs.empty())
       engine_.forward(inputs, logits_);
+    for (size_t i = 0; i < plan.chunks.size(); ++i)
+      if (overflow[i].total() > 0)
+        out.kv_overflows.push_back(
+          {plan.chunks[i].id, overflow[i].saturated, overflow[i].non_finite});
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       auto& s = table_.at(plan.chunks[i].id);
       s.num_computed += plan.chunks[i].num_tokens;
@@ -173,9 +184,10 @@ int32_t cpu_kv_pages(const model_config& config, const engine_limits& limits) {
 }
 
 std::unique_ptr<model_runner> make_cpu_runner(std::shared_ptr<const model_folder> model,
-                                              const engine_limits& limits) {
+                                              const engine_limits& limits,
+                                              kv_cache_dtype_kind kv_dtype) {
   const int32_t pages = cpu_kv_pages(model->config, limits);
-  return std::make_unique<cpu_runner>(std::move(model), pages, limits.page_size);
+  return std::make_unique<cpu_runner>(std::move(model), pages, limits.page_size, kv_dtype);
 }
 
 } // namespace metronome

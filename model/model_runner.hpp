@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/dtype.hpp"
 #include "model/engine_limits.hpp"
 #include "model/model_config.hpp"
 #include "model/step_plan.hpp"
@@ -153,6 +154,8 @@ struct runner_sequence {
   int32_t num_computed = 0; // tokens whose KV is cached
   std::vector<int32_t> pages;
   std::unique_ptr<sequence_sampler> sampler;
+  /// How its keys and values are written (new_sequence::precision).
+  kv_precision precision = kv_precision::configured;
 };
 
 /// The sequences of a runner, with the plan checks both runners need.
@@ -180,8 +183,14 @@ int32_t cpu_kv_pages(const model_config& config, const engine_limits& limits);
 
 /// A runner for the CPU reference engine with cpu_kv_pages(model->config,
 /// limits) pages of limits.page_size tokens (the other limits are the
-/// scheduler's to keep). Call it on the thread that will run its steps.
+/// scheduler's to keep), rounding what it writes as `kv_dtype` would store
+/// it (cpu_engine::set_kv_dtype; fp8_e5m2 is the format's reference, the
+/// cache stays fp32) for sequences of kv_precision::configured, and
+/// reporting what overflowed in step_output::kv_overflows. Call it on the
+/// thread that will run its steps.
 std::unique_ptr<model_runner> make_cpu_runner(std::shared_ptr<const model_folder> model,
-                                              const engine_limits& limits);
+                                              const engine_limits& limits,
+                                              kv_cache_dtype_kind kv_dtype
+                                              = kv_cache_dtype_kind::bf16);
 
 } // namespace metronome

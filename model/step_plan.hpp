@@ -11,6 +11,18 @@
 // tokens are known: a decode chunk of one token always means "the token
 // sampled last". A sequence leaves the runner when a plan lists it as
 // released.
+//
+// KV precision. Each sequence's keys and values are written either in the
+// cache's configured element type or in full precision (kv_precision). The
+// overflow supervision (sched/kv_precision_controller.hpp, the
+// kv_precision_supervisor actor) re-admits a sequence whose fp8_e5m2 keys or
+// values overflowed with kv_precision::full, and admits new sequences so
+// during a cool-down; the runner reports what overflowed per sequence in
+// step_output::kv_overflows. The CPU runner honours the precision (full: its
+// fp32 cache unrounded); the CUDA runner has no fp8_e5m2 kernels yet
+// (cuda_kv_cache_problem refuses that dtype at start), so no supervisor runs
+// there and every plan it gets says kv_precision::configured; when it gains
+// them, a full sequence must get bf16 pages.
 
 #include <cstdint>
 #include <vector>
@@ -18,6 +30,16 @@
 #include "model/sampling.hpp"
 
 namespace metronome {
+
+/// How a sequence's keys and values are written: in the KV cache's
+/// configured element type (engine.kv_cache_dtype), or in full precision
+/// (bf16 on a GPU; the CPU's fp32 cache unrounded).
+enum class kv_precision : uint8_t { configured, full };
+
+/// "configured" or "full".
+constexpr const char* to_string(kv_precision p) {
+  return p == kv_precision::full ? "full" : "configured";
+}
 
 /// A sequence the runner has not seen before.
 struct new_sequence {
@@ -36,6 +58,9 @@ struct new_sequence {
   /// num_cached is cached_pages.size() x page_size and below prompt.size().
   int32_t num_cached = 0;
   std::vector<int32_t> cached_pages;
+  /// How its keys and values are written (the note above); its cached pages
+  /// were written the same way (the prefix cache keeps the precisions apart).
+  kv_precision precision = kv_precision::configured;
 };
 
 /// Work for one sequence in one step.
@@ -68,6 +93,15 @@ struct sampled_token {
   std::vector<token_logprob> logprobs;
 };
 
+/// Values of one sequence's keys and values that the step could not store
+/// in the configured element type (fp8_e5m2: saturated past the window's
+/// range, or not finite); only sequences with some are listed.
+struct sequence_kv_overflow {
+  uint64_t id = 0;
+  int64_t saturated = 0;
+  int64_t non_finite = 0;
+};
+
 /// What one step produced.
 struct step_output {
   uint64_t step = 0;
@@ -83,6 +117,9 @@ struct step_output {
   /// event timing from its first operation on the stream to its last);
   /// 0 where it does not (CPU).
   double device_seconds = 0;
+  /// Sequences whose keys or values written this step overflowed the KV
+  /// cache's element type (new counts of this step only), in plan order.
+  std::vector<sequence_kv_overflow> kv_overflows;
 };
 
 } // namespace metronome

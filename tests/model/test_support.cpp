@@ -120,6 +120,60 @@ fs::path served_model(const std::string& preset, const std::string& tokenizer) {
   return o.out_dir;
 }
 
+void overwrite_f32_tensor(const fs::path& file, const std::string& name,
+                          const std::function<void(float*, const std::vector<int64_t>&)>& edit) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f)
+    throw std::runtime_error("cannot open " + file.string());
+  uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  f.read(header.data(), std::streamsize(header_len));
+  const auto j = nlohmann::json::parse(header);
+  if (!j.contains(name) || j[name]["dtype"] != "F32")
+    throw std::runtime_error(file.string() + ": no F32 tensor " + name);
+  const auto shape = j[name]["shape"].get<std::vector<int64_t>>();
+  const auto begin = j[name]["data_offsets"][0].get<uint64_t>();
+  const auto end = j[name]["data_offsets"][1].get<uint64_t>();
+  std::vector<float> values((end - begin) / 4);
+  f.seekg(std::streamoff(8 + header_len + begin));
+  f.read(reinterpret_cast<char*>(values.data()), std::streamsize(end - begin));
+  edit(values.data(), shape);
+  f.seekp(std::streamoff(8 + header_len + begin));
+  f.write(reinterpret_cast<const char*>(values.data()), std::streamsize(end - begin));
+  if (!f)
+    throw std::runtime_error("cannot write " + file.string());
+}
+
+fs::path overflowing_model() {
+  static std::mutex mtx;
+  static model_folders folders;
+  std::lock_guard guard{mtx};
+  auto key = std::make_pair(std::string("overflowing"), uint64_t{11});
+  if (auto i = folders.made.find(key); i != folders.made.end())
+    return i->second;
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3");
+  o.seed = 11;
+  o.weight_type = dtype::f32;
+  o.tokenizer_dir = env("TESTDATA") + "/tokenizers/llama3";
+  o.out_dir = scratch_dir("overflowing-" + std::to_string(::getpid()));
+  make_model(o);
+  const auto file = o.out_dir / "model.safetensors";
+  overwrite_f32_tensor(file, "model.embed_tokens.weight",
+                       [](float* v, const std::vector<int64_t>& shape) {
+                         const int64_t vocab = shape[0], hidden = shape[1];
+                         for (int64_t t = 0; t < vocab; ++t)
+                           v[t * hidden] = 0.0f;
+                         for (int64_t i = 0; i < hidden; ++i)
+                           v[overflow_token * hidden + i] = i == 0 ? 1.0f : 0.0f;
+                       });
+  overwrite_f32_tensor(file, "model.layers.0.self_attn.v_proj.weight",
+                       [](float* v, const std::vector<int64_t>&) { v[0] = 1e5f; });
+  folders.made[key] = o.out_dir;
+  return o.out_dir;
+}
+
 command_result run_command(const std::string& cmd) {
   command_result r;
   FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");

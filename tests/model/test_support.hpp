@@ -25,6 +25,26 @@ std::filesystem::path tiny_model(const std::string& preset, uint64_t seed = 7);
 std::filesystem::path served_model(const std::string& preset = "tiny-llama3",
                                    const std::string& tokenizer = "llama3");
 
+/// Rewrites in place the values of F32 tensor `name` of safetensors `file`
+/// through `edit(values, shape)`: a test's way to give a model chosen
+/// weights. Throws std::runtime_error when there is no such tensor.
+void overwrite_f32_tensor(const std::filesystem::path& file, const std::string& name,
+                          const std::function<void(float*, const std::vector<int64_t>&)>& edit);
+
+/// The token of overflowing_model() whose values overflow fp8_e5m2.
+inline constexpr int32_t overflow_token = 6;
+
+/// Fault injection for the fp8_e5m2 KV cache (made once per process): the
+/// tiny-llama3 preset (seed 11, f32, the llama3 tokenizer) where every
+/// token's embedding is 0 along dimension 0 except overflow_token's, which
+/// lies along it alone, and layer 0's value projection reads that dimension
+/// into head 0, dim 0 with a weight of 1e5. So a sequence's values stay
+/// ordinary until overflow_token comes, whose value there is ~1e5 times
+/// larger than the window's first row set its scale for: it saturates
+/// (the CPU engine's own kv_overflow count fires), mid-window, in the
+/// prompt or wherever the token appears. In llama3's vocabulary it is "'".
+std::filesystem::path overflowing_model();
+
 /// The folder of tools/golden/int4_goldens.tar.xz unpacked (once per
 /// process; removed when it ends): seven tiny GPTQ and AWQ checkpoints and,
 /// per variant, <variant>.json, transformers' logits on their weights

@@ -235,6 +235,14 @@ bool kv_page_pool::release(uint64_t seq) {
   return true;
 }
 
+void kv_page_pool::unname_from(uint64_t seq, int32_t index) {
+  auto i = tables_.find(seq);
+  if (i == tables_.end())
+    return;
+  for (size_t p = size_t(std::max(index, 0)); p < i->second.size(); ++p)
+    unname(i->second[p]);
+}
+
 const std::vector<int32_t>* kv_page_pool::table(uint64_t seq) const {
   auto i = tables_.find(seq);
   return i == tables_.end() ? nullptr : &i->second;

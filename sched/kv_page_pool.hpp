@@ -66,6 +66,11 @@ public:
   /// Returns false (and counts an unmatched free) when `seq` holds no pages.
   bool release(uint64_t seq);
 
+  /// Un-names the pages of `seq`'s table from `index` on (they stay in its
+  /// table, and are freed, not kept, when released): pages whose contents
+  /// must not be matched again (the KV overflowed there). Nothing happens
+  /// for an unknown `seq`.
+  void unname_from(uint64_t seq, int32_t index);
   /// Forgets every table and the cache; the pool now has `num_pages` free
   /// pages.
   void reset(int32_t num_pages);

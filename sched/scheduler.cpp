@@ -43,10 +43,24 @@ std::span<const int32_t> page_tokens(const sched_request& r, int32_t i, int32_t 
 
 } // namespace
 
+uint64_t scheduler::hash_salt(const sched_request& r) const {
+  // Full-precision pages hold other values than the configured type's for
+  // the same tokens: their chains start elsewhere (any fixed odd constant).
+  return r.precision == kv_precision::full ? config_.cache_salt ^ 0x9e3779b97f4a7c15ull
+                                           : config_.cache_salt;
+}
+
+void scheduler::set_precision(sched_request& r, kv_precision p, kv_fallback why) {
+  if (r.precision != p)
+    r.page_hashes.clear(); // named under the other precision's salt
+  r.precision = p;
+  r.fallback = why;
+}
+
 void scheduler::hash_pages(sched_request& r, int32_t pages) {
   std::vector<int32_t> buf;
   for (int32_t i = int32_t(r.page_hashes.size()); i < pages; ++i) {
-    const uint64_t prev = i == 0 ? config_.cache_salt : r.page_hashes[size_t(i) - 1];
+    const uint64_t prev = i == 0 ? hash_salt(r) : r.page_hashes[size_t(i) - 1];
     r.page_hashes.push_back(page_hash(prev, page_tokens(r, i, page_size_, buf)));
   }
 }
@@ -150,6 +164,8 @@ admit_result scheduler::add(sched_request r, sched_time now) {
     return admit_result::queue_full;
   r.status = request_status::waiting;
   r.arrival = std::min(r.arrival, now);
+  if (admission_precision_ == kv_precision::full)
+    set_precision(r, kv_precision::full, kv_fallback::cooldown);
   // What the cache holds now: the policies count those tokens as done.
   r.cached_tokens = int32_t(cached_prefix(r).size()) * page_size_;
   auto id = r.id;
@@ -311,7 +327,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     auto& r = requests_.at(running_[i]);
     const int32_t uncomputed = r.total_tokens() - r.num_computed;
     const bool samples_max = int32_t(r.output.size()) + r.pending >= r.max_output;
-    if (uncomputed <= 0 || samples_max) {
+    // A request parked for a KV overflow waits for the supervisor.
+    if (uncomputed <= 0 || samples_max || r.overflow_parked) {
       ++i;
       continue;
     }
@@ -357,8 +374,18 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     for (auto* r : order) {
       if (free_slots <= 0 || budget <= 0)
         break;
-      if (r->inflight > 0 || r->status != request_status::waiting)
-        continue; // preempted with samples still in flight
+      if (r->inflight > 0 || r->status != request_status::waiting || r->overflow_parked)
+        continue; // preempted with samples still in flight, or parked
+      // Its KV precision: full once re-materialised, else the admissions'
+      // (full during a cool-down).
+      if (r->fallback != kv_fallback::rematerialized) {
+        if (admission_precision_ == kv_precision::full)
+          set_precision(*r, kv_precision::full, kv_fallback::cooldown);
+        else
+          set_precision(*r, kv_precision::configured,
+                        r->fallback == kv_fallback::saturated ? kv_fallback::saturated
+                                                              : kv_fallback::none);
+      }
       // One that runs alone waits for the running ones to finish, and the
       // requests behind it wait for it (no skipping ahead).
       if (r->no_batch && !running_.empty())
@@ -391,6 +418,7 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       seq.prompt.insert(seq.prompt.end(), r->output.begin(), r->output.end());
       seq.num_cached = cached;
       seq.cached_pages = hit;
+      seq.precision = r->precision;
       d.plan.added.push_back(std::move(seq));
       r->in_runner = true;
       pool_.share(r->id, hit);
@@ -440,6 +468,26 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
                        out.device_seconds * 1e3};
   step_times_.observe(done.shape, out.seconds * 1e3);
   inflight_.pop_front();
+  // Overflows first: a request's token of this step was computed on them.
+  for (const auto& o : out.kv_overflows) {
+    kv_overflow_values_ += o.saturated + o.non_finite;
+    auto i = requests_.find(o.id);
+    if (i == requests_.end())
+      continue;
+    auto& r = i->second;
+    // Reported once per admission in the configured type: not after a
+    // keep (saturated), nor for a sample of a plan made before a
+    // re-materialisation (its precision is full by now).
+    if (!overflow_supervised_ || r.status == request_status::finished || r.overflow_parked
+        || r.precision != kv_precision::configured || r.fallback == kv_fallback::saturated)
+      continue;
+    r.overflow_parked = true;
+    // The pages it wrote hold the saturated values: no later request may
+    // match them without computing (and counting) them itself.
+    if (page_size_ > 0)
+      pool_.unname_from(r.id, r.cached_tokens / page_size_);
+    u.overflows.push_back(o);
+  }
   for (const auto& t : out.tokens) {
     auto i = requests_.find(t.id);
     if (i == requests_.end())
@@ -449,21 +497,80 @@ step_update scheduler::update_from_output(const step_output& out, sched_time now
       --r.pending;
     if (r.status == request_status::finished)
       continue; // a sample made before the request ended
-    r.output.push_back(t.token);
-    policy_->on_token(r, now);
-    token_event ev{r.id, t.token, out.num_seqs, {}, {}, t.logprobs};
-    if (r.output.size() == 1) {
-      ev.first_scheduled = r.first_scheduled;
-      ev.arrival = r.arrival;
-      ev.cached_tokens = r.cached_tokens;
+    if (r.discard > 0) {
+      --r.discard; // made on overflowed values; the request is recomputed
+      continue;
     }
-    if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())
-      ev.finish_reason = finish_kind::stop;
-    else if (int32_t(r.output.size()) >= r.max_output)
-      ev.finish_reason = finish_kind::length;
-    if (ev.finish_reason != finish_kind::none)
-      finish(r, ev.finish_reason, now);
-    u.tokens.push_back(std::move(ev));
+    if (r.overflow_parked) {
+      r.held.push_back({t, out.num_seqs});
+      continue;
+    }
+    accept_token(r, t, out.num_seqs, now, u);
+  }
+  collect_finished(&u.finished);
+  return u;
+}
+
+void scheduler::accept_token(sched_request& r, const sampled_token& t, int32_t batch_size,
+                             sched_time now, step_update& u) {
+  r.output.push_back(t.token);
+  policy_->on_token(r, now);
+  token_event ev{r.id, t.token, batch_size, {}, {}, t.logprobs};
+  ev.fallback = r.fallback;
+  if (r.output.size() == 1) {
+    ev.first_scheduled = r.first_scheduled;
+    ev.arrival = r.arrival;
+    ev.cached_tokens = r.cached_tokens;
+  }
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end())
+    ev.finish_reason = finish_kind::stop;
+  else if (int32_t(r.output.size()) >= r.max_output)
+    ev.finish_reason = finish_kind::length;
+  if (ev.finish_reason != finish_kind::none)
+    finish(r, ev.finish_reason, now);
+  u.tokens.push_back(std::move(ev));
+}
+
+bool scheduler::rematerialize(uint64_t id, sched_time now) {
+  (void)now;
+  auto i = requests_.find(id);
+  if (i == requests_.end() || !i->second.overflow_parked
+      || i->second.status == request_status::finished)
+    return false;
+  auto& r = i->second;
+  r.overflow_parked = false;
+  r.held.clear();
+  r.discard = r.pending; // every sample in flight was made after the overflow
+  set_precision(r, kv_precision::full, kv_fallback::rematerialized);
+  if (r.status == request_status::running)
+    preempt(r); // a preempted (waiting) one has no pages left to free
+  ++rematerializations_;
+  return true;
+}
+
+std::vector<uint64_t> scheduler::parked() const {
+  std::vector<uint64_t> out;
+  for (const auto& [id, r] : requests_)
+    if (r.overflow_parked && r.status != request_status::finished)
+      out.push_back(id);
+  return out;
+}
+
+std::optional<step_update> scheduler::keep_overflowed(uint64_t id, sched_time now) {
+  auto i = requests_.find(id);
+  if (i == requests_.end() || !i->second.overflow_parked
+      || i->second.status == request_status::finished)
+    return std::nullopt;
+  auto& r = i->second;
+  r.overflow_parked = false;
+  r.fallback = kv_fallback::saturated;
+  step_update u;
+  auto held = std::move(r.held);
+  r.held.clear();
+  for (const auto& h : held) {
+    if (r.status == request_status::finished)
+      break; // a held token ended it: the rest came after its end
+    accept_token(r, h.sample, h.batch_size, now, u);
   }
   collect_finished(&u.finished);
   return u;
@@ -486,6 +593,7 @@ std::vector<uint64_t> scheduler::fail_runner() {
     r.num_computed = 0; // waiting (possibly preempted): recompute later
     r.named_pages = 0;
     r.pending = 0;
+    r.discard = 0;
     r.inflight = 0;
     r.in_runner = false;
     ++it;

@@ -21,6 +21,17 @@
 // plan can decode it before the previous step's output arrives. A finished
 // request's pages are freed once no plan in flight uses it; a preempted
 // request's at once, since plans run in order and no later one reads them.
+//
+// KV overflow (fp8_e5m2, under overflow supervision). A step that reports
+// an overflow for a request parks it: it is scheduled no more and its
+// tokens from that step on are held back, because they were computed on
+// saturated keys or values. The decision is the supervisor's
+// (sched/kv_precision_controller.hpp): rematerialize() drops the held
+// tokens (and those still in flight) and preempts the request by recompute
+// into full-precision pages; keep_overflowed() releases them. The prefix
+// cache keeps the precisions apart: a page's chained hash starts from a
+// salt of its precision, and the pages a request wrote before its overflow
+// report are un-named, so no later request reads them without its own count.
 
 #include <cstdint>
 #include <deque>
@@ -34,6 +45,7 @@
 #include "sched/finish_kind.hpp"
 #include "sched/kv_buckets.hpp"
 #include "sched/kv_page_pool.hpp"
+#include "sched/kv_precision_controller.hpp"
 #include "sched/step_cost.hpp"
 #include "model/engine_limits.hpp"
 #include "model/sampling.hpp"
@@ -67,6 +79,13 @@ struct scheduler_config {
 };
 
 enum class request_status : uint8_t { waiting, running, finished };
+
+/// A token a parked request sampled (sched_request::held).
+struct held_token {
+  sampled_token sample;
+  /// Sequences in the step that sampled it.
+  int32_t batch_size = 0;
+};
 
 /// A request as the scheduler tracks it.
 struct sched_request {
@@ -113,6 +132,19 @@ struct sched_request {
   int32_t cached_tokens = 0;
   /// The bucket class it holds (bucketed; -1: none, its pages are paged).
   int32_t bucket = -1;
+
+  // -- KV precision (overflow supervision; see the note above) ---------------
+  /// How its KV is written (at its next admission, and now while running),
+  /// and why, where that is not the configured element type.
+  kv_precision precision = kv_precision::configured;
+  kv_fallback fallback = kv_fallback::none;
+  /// An overflow was reported and not decided on yet: not scheduled, its
+  /// tokens held.
+  bool overflow_parked = false;
+  std::vector<held_token> held;
+  /// Samples in flight to drop when they arrive: made on overflowed values,
+  /// before a re-materialisation.
+  int32_t discard = 0;
 
   // -- for latency-aware policies (set and read by policies only) -------------
   double predicted_steps = 0;
@@ -162,6 +194,8 @@ struct token_event {
   int32_t cached_tokens = 0;
   /// The request's arrival (with first_scheduled: its time in the queue).
   sched_time arrival{0};
+  /// What its KV precision is at this token, where that matters (fp8_e5m2).
+  kv_fallback fallback = kv_fallback::none;
 };
 
 /// A plan for the runner (page ids granted) and what the scheduler knows of it.
@@ -196,6 +230,9 @@ struct step_update {
   std::vector<uint64_t> finished;
   /// The step this output ends; nullopt when no plan was in flight.
   std::optional<step_record> step;
+  /// Requests this output parked for a KV overflow (overflow supervision
+  /// on): each waits for rematerialize() or keep_overflowed().
+  std::vector<sequence_kv_overflow> overflows;
 };
 
 /// The scheduler. Not thread-safe: one owner (the scheduler actor, or the
@@ -222,6 +259,50 @@ public:
 
   /// Applies the output of the oldest plan in flight.
   step_update update_from_output(const step_output& out, sched_time now);
+
+  // -- KV overflow supervision (the note above) ---------------------------------
+
+  /// On: a step's KV overflow parks its request and update_from_output
+  /// reports it (a supervisor decides). Off (the default): overflows are
+  /// only counted. The owner's thread, any time.
+  void set_overflow_supervision(bool on) {
+    overflow_supervised_ = on;
+  }
+
+  /// The precision of admissions from now on: full during a cool-down
+  /// (their fallback: cooldown), configured otherwise. A re-materialised
+  /// request keeps full whatever this says.
+  void set_admission_precision(kv_precision p) {
+    admission_precision_ = p;
+  }
+  kv_precision admission_precision() const {
+    return admission_precision_;
+  }
+
+  /// Re-materialises parked request `id`: its held tokens and its samples
+  /// still in flight are dropped, and it is preempted by recompute (its
+  /// pages freed) to be re-admitted first, in full precision, from its
+  /// prompt and the output it had before the overflow. False (nothing
+  /// changes) when `id` is not parked (finished, cancelled, unknown).
+  bool rematerialize(uint64_t id, sched_time now);
+
+  /// Keeps parked request `id` in the configured element type with its
+  /// saturated values: it is scheduled again, and the tokens it held come
+  /// out (step_update::tokens and finished, as update_from_output's). Its
+  /// later overflows are counted, not reported. Nullopt when `id` is not
+  /// parked.
+  std::optional<step_update> keep_overflowed(uint64_t id, sched_time now);
+
+  /// The requests parked for a KV overflow, waiting for a decision.
+  std::vector<uint64_t> parked() const;
+
+  /// Re-materialisations made; values that overflowed in all steps.
+  int64_t rematerializations() const {
+    return rematerializations_;
+  }
+  int64_t kv_overflow_values() const {
+    return kv_overflow_values_;
+  }
 
   /// The executor died: every request it held fails (returned), plans in
   /// flight are forgotten; waiting requests stay. Call set_capacity when it
@@ -328,6 +409,16 @@ private:
   /// Names r's full pages of known, computed tokens in the pool.
   void name_pages(sched_request& r);
   void finish(sched_request& r, finish_kind reason, sched_time now);
+  /// Appends a sampled token to running r's output, ends r where it stops,
+  /// and records the token's event in `u`.
+  void accept_token(sched_request& r, const sampled_token& t, int32_t batch_size,
+                    sched_time now, step_update& u);
+  /// The seed of r's page hash chain: the cache salt, told apart by r's
+  /// KV precision.
+  uint64_t hash_salt(const sched_request& r) const;
+  /// Sets the precision r is admitted with (and why); its page hashes are
+  /// recomputed when the precision changes.
+  void set_precision(sched_request& r, kv_precision p, kv_fallback why);
   void collect_finished(std::vector<uint64_t>* finished);
   std::vector<sched_request*> waiting_list();
 
@@ -362,6 +453,10 @@ private:
   std::vector<uint64_t> bucket_holders_;
   int64_t bucket_admissions_ = 0;
   int64_t bucket_overflows_ = 0;
+  bool overflow_supervised_ = false;
+  kv_precision admission_precision_ = kv_precision::configured;
+  int64_t rematerializations_ = 0;
+  int64_t kv_overflow_values_ = 0;
 };
 
 } // namespace metronome

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/engine_metrics.hpp"
+#include "actors/kv_precision_supervisor.hpp"
 #include "actors/replica_router_actor.hpp"
 #include "actors/stats_reporter.hpp"
 #include "actors/request_actor.hpp"
@@ -59,7 +60,7 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
   if (o.runner_factory)
     return o.runner_factory;
   if (o.device == "cpu")
-    return [=] { return make_cpu_runner(model, limits); };
+    return [=, dtype = o.kv_cache_dtype] { return make_cpu_runner(model, limits, dtype); };
   if (o.device.starts_with("cuda")) {
     cuda_runner_options g;
     g.device = parse_cuda_device(o.device);
@@ -166,14 +167,17 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
                                 "keeps its KV cache in fp32)");
   // fp8_e5m2 has only its CPU reference (cpu_engine::set_kv_dtype), which
-  // rounds an fp32 cache: it would cost quality and save no memory, so the
-  // server refuses it on the CPU too (CUDA: cuda_kv_cache_problem).
-  if (o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2 && o.device == "cpu")
-    throw std::invalid_argument("engine.kv_cache_dtype fp8_e5m2 is not served on device 'cpu' "
-                                "(its KV cache is fp32; the CPU engine only emulates fp8_e5m2's "
-                                "rounding, for `metronome eval-quality`)");
-  if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
-    throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
+  // rounds an fp32 cache: served on the CPU as the format's reference (its
+  // overflow supervision can be driven end to end there), it costs quality
+  // and saves no memory. CUDA has no kernels for it (cuda_kv_cache_problem).
+  const bool e5m2_on_cpu = o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2 && o.device == "cpu";
+  if (e5m2_on_cpu && replicas > 0)
+    spdlog::warn("engine.kv_cache_dtype fp8_e5m2 on device 'cpu': the CPU engine rounds its "
+                 "fp32 KV cache as fp8_e5m2 stores values (the format's reference, with its "
+                 "overflow supervision) but keeps it fp32: it saves no memory");
+  if (!e5m2_on_cpu)
+    if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
+      throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
 
   // A context longer than the model's: positions it was never trained on
   // (and RoPE tables it does not have). Refused here, naming both numbers.
@@ -223,7 +227,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   st.page_size = limits.page_size;
   st.model_fingerprint = model_fingerprint(tokenizer_bytes(o.model_dir), model_shape(cfg));
   st.kv_cache_strategy = to_string(o.kv) + ";page_size=" + std::to_string(limits.page_size)
-                         + (o.device == "cpu" ? ";dtype=fp32" : ";dtype=" + dtype);
+                         + (o.device == "cpu" && !e5m2_on_cpu ? ";dtype=fp32" : ";dtype=" + dtype);
 
   if (replicas > 0 && o.faults.what == fault_injection::kind::device_fault && o.device == "cpu")
     throw std::invalid_argument("engine.fault_injection " + o.faults.to_string()
@@ -343,6 +347,14 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   } else if (replicas == 1 && o.drift.enabled && o.policy != policy_kind::fcfs)
     e.drift_supervisor = spawn_drift_supervisor(
       sys, e.scheduler, {o.drift, o.policy, policy_kind::fcfs}, e.metrics);
+  // The fp8_e5m2 cache's overflow supervision: one scheduler to watch (data
+  // parallel would need one supervisor per replica; not yet).
+  if (replicas == 1 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
+    e.kv_precision_supervisor
+      = spawn_kv_precision_supervisor(sys, e.scheduler, o.kv_overflow, e.metrics);
+  else if (replicas > 1 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
+    spdlog::warn("data parallel: the fp8_e5m2 KV overflow supervision is off (it watches one "
+                 "scheduler); overflows are only counted");
   if (o.stats_interval.count() > 0)
     e.stats_reporter = spawn_stats_reporter(sys, e.scheduler.address(), e.metrics, e.status,
                                             o.stats_interval);
@@ -350,7 +362,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   supervision.restarts = o.restarts;
   supervision.on_device_lost = o.on_device_lost;
   engine_children children{e.scheduler, e.drift_supervisor, e.stats_reporter, {}, e.router,
-                           e.workers};
+                           e.workers, e.kv_precision_supervisor};
   if (e.schedulers.size() > 1)
     children.more_schedulers.assign(e.schedulers.begin() + 1, e.schedulers.end());
   e.supervisor = spawn_engine_supervisor(sys, std::move(children), std::move(factories),

@@ -19,6 +19,7 @@
 #include "actors/drift_supervisor.hpp"
 #include "actors/engine_supervisor.hpp"
 #include "actors/interfaces.hpp"
+#include "sched/kv_precision_controller.hpp"
 #include "sched/ladb_policy.hpp"
 #include "model/engine_limits.hpp"
 #include "model/fault_injection.hpp"
@@ -102,8 +103,13 @@ struct engine_options {
   int32_t kv_bucket_min_tokens = 4096;
   int32_t kv_buckets_per_size = 32;
   /// Element type of the KV cache (fp8: CUDA only, spawn_engine refuses it
-  /// on the CPU, whose KV cache is fp32 whatever this says).
+  /// on the CPU, whose KV cache is fp32 whatever this says; fp8_e5m2: the
+  /// CPU only, as the format's reference, its cache still fp32).
   kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
+  /// fp8_e5m2's overflow supervision (engine.kv_overflow;
+  /// sched/kv_precision_controller.hpp): the kv precision supervisor runs
+  /// with these settings when kv_cache_dtype is fp8_e5m2 and one replica.
+  kv_overflow_options kv_overflow;
   /// model.quantize: int4 quantizes a float checkpoint's projections at load
   /// (model_folder::open, model/rtn_quantize.hpp).
   weight_quantization quantize = weight_quantization::none;
@@ -279,6 +285,9 @@ struct engine {
   drift_supervisor_actor drift_supervisor;
   /// Writes the stats line (null when options.stats_interval is 0).
   stats_reporter_actor stats_reporter;
+  /// The fp8_e5m2 KV cache's overflow supervision (null with another
+  /// kv_cache_dtype, or data parallel).
+  kv_precision_supervisor_actor kv_precision_supervisor;
   std::shared_ptr<engine_status> status;
   std::shared_ptr<engine_metrics> metrics;
   std::shared_ptr<const tokenizer> tokens;

@@ -122,6 +122,16 @@ engine_metrics::engine_metrics(const std::string& model_name)
                                                   "Scheduling policy switches, by target policy "
                                                   "and cause.",
                                                   {"policy", "cause"})),
+    kv_precision_events_(registry_.add_counter_family(
+      "metronome:kv_precision_events_total",
+      "Transitions of the fp8_e5m2 KV cache's overflow supervision: an overflowing request "
+      "rematerialized in bf16 or kept with saturated values, a cool-down started or ended.",
+      {"event"})),
+    kv_precision_mode_(registry_.add_gauge_family(
+      "metronome:kv_precision_mode",
+      "1 for the KV element type new requests get now (fp8_e5m2, or bf16 during an overflow "
+      "cool-down), 0 for the other; absent unless the KV cache is fp8_e5m2.",
+      {"mode"})),
     reruns_(registry_.add_counter("metronome:request_reruns_total",
                                   "Requests admitted again because the worker running them was "
                                   "lost before their first token.",
@@ -339,6 +349,13 @@ void engine_metrics::on_worker_event(const std::string& event) {
 
 void engine_metrics::on_policy_switch(const std::string& policy, const std::string& why) {
   policy_switches_.with({policy, why}).inc();
+}
+
+void engine_metrics::on_kv_precision_event(const std::string& event, bool cooling_down) {
+  if (!event.empty())
+    kv_precision_events_.with({event}).inc();
+  kv_precision_mode_.with({"fp8_e5m2"}).set(cooling_down ? 0 : 1);
+  kv_precision_mode_.with({"bf16"}).set(cooling_down ? 1 : 0);
 }
 
 engine_stats_sample engine_metrics::sample(const engine_status& s) const {

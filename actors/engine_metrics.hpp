@@ -94,6 +94,13 @@ public:
   /// The scheduler changed policy (to `policy`, for `why`).
   void on_policy_switch(const std::string& policy, const std::string& why);
 
+  /// The kv precision supervisor made a transition (`event`: "kept",
+  /// "rematerialized", "cooldown_started", "cooldown_ended"; "" counts
+  /// nothing) and admissions are now in full precision (`cooling_down`) or
+  /// in fp8_e5m2: metronome:kv_precision_events_total{event} and the mode
+  /// gauge metronome:kv_precision_mode{mode="fp8_e5m2"|"bf16"}. Its thread.
+  void on_kv_precision_event(const std::string& event, bool cooling_down);
+
   /// Scheduling events since the last call, by kind: "limited_step" (a
   /// prompt chunk cut to the step time limit), "long_step" (a prompt run
   /// past it on the long-step budget), "relaxed_step" (no limit: the queue
@@ -148,6 +155,8 @@ private:
   prometheus::family<prometheus::counter>& errors_;
   prometheus::family<prometheus::counter>& http_responses_;
   prometheus::family<prometheus::counter>& policy_switches_;
+  prometheus::family<prometheus::counter>& kv_precision_events_;
+  prometheus::family<prometheus::gauge>& kv_precision_mode_;
   prometheus::counter& reruns_;
   prometheus::family<prometheus::counter>& worker_events_;
   prometheus::family<prometheus::counter>& scheduling_events_;

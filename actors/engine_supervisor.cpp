@@ -206,6 +206,8 @@ engine_supervisor_actor::behavior_type engine_supervisor(self_ptr self, engine_c
     self->link_to(st.children.drift_supervisor);
   if (st.children.stats_reporter)
     self->link_to(st.children.stats_reporter);
+  if (st.children.kv_precision_supervisor)
+    self->link_to(st.children.kv_precision_supervisor);
   self->set_exit_handler([=](caf::exit_msg& msg) {
     auto& s = self->state;
     auto& kids = s.children;
@@ -252,6 +254,13 @@ engine_supervisor_actor::behavior_type engine_supervisor(self_ptr self, engine_c
         spdlog::error("drift supervisor failed ({}); the policy stays as it is",
                       self->system().render(msg.reason));
       kids.drift_supervisor = nullptr;
+      return;
+    }
+    if (kids.kv_precision_supervisor && msg.source == kids.kv_precision_supervisor.address()) {
+      if (!is_shutdown(msg.reason))
+        spdlog::error("kv precision supervisor failed ({}); KV overflows are only counted",
+                      self->system().render(msg.reason));
+      kids.kv_precision_supervisor = nullptr;
       return;
     }
     if (kids.stats_reporter && msg.source == kids.stats_reporter.address()) {

@@ -5,6 +5,7 @@
 //   engine supervisor ── linked ──┬── executor (spawned, restarted by it)
 //                                 ├── scheduler
 //                                 ├── drift supervisor (if any)
+//                                 ├── kv precision supervisor (fp8_e5m2 KV)
 //                                 └── stats reporter (if any)
 //
 // Data parallel (docs/scale-out.md), there is one executor and one
@@ -28,7 +29,8 @@
 // (executor_errc::device_lost) is not restarted: the engine is degraded and
 // on_device_lost has the process exit. A scheduler that fails takes the
 // tree down (degraded: nothing can run without it); a watcher that fails is
-// logged and forgotten.
+// logged and forgotten (the kv precision supervisor too: its scheduler then
+// releases the requests it parked and only counts overflows).
 //
 // The degraded state has this one owner. The supervisor decides it, keeps
 // it, publishes it to engine_status (degraded and its reason: the
@@ -98,6 +100,8 @@ struct engine_children {
   replica_router_actor router;
   /// Where workers attach (workers.listen); null without.
   worker_registry_actor registry;
+  /// The fp8_e5m2 KV cache's overflow supervision; null when none runs.
+  kv_precision_supervisor_actor kv_precision_supervisor;
 };
 
 /// Spawns the engine supervisor: it links to `children`, spawns the executor

@@ -60,15 +60,33 @@ using policy_control_actor
   = caf::typed_actor<caf::reacts_to<watch_atom>, caf::reacts_to<recalibrate_atom, int64_t>,
                      caf::replies_to<policy_atom, policy_kind>::with<bool>>;
 
+/// Receives the scheduler's KV overflow reports (the kv precision
+/// supervisor): the sender of kv_watch_atom.
+using kv_overflow_watcher_actor = caf::typed_actor<caf::reacts_to<kv_overflow_msg>>;
+
+/// What the kv precision supervisor needs of the scheduler: subscribe to
+/// overflow reports (kv_watch_atom: the sender becomes the
+/// kv_overflow_watcher_actor, and overflowing requests are parked for its
+/// decision), re-materialise a parked request in full precision
+/// (remat_atom, seq id), keep one with its saturated values (kv_keep_atom,
+/// seq id), and admit in full precision or not (cooldown_atom, true during
+/// a cool-down).
+using kv_precision_control_actor
+  = caf::typed_actor<caf::reacts_to<kv_watch_atom>, caf::reacts_to<remat_atom, uint64_t>,
+                     caf::reacts_to<kv_keep_atom, uint64_t>, caf::reacts_to<cooldown_atom, bool>>;
+
 /// The scheduler actor (scheduler_actor.hpp). admit_msg's sender is the
 /// request_actor it admits (monitored: its DOWN cancels); cancel_atom ends
 /// a request (seq id, why); executor_up_msg and executor_down_msg come from
 /// the engine supervisor; stats_atom answers its figures; tick_atom is its
-/// own policy deadline timer (with an epoch: stale ticks are ignored).
+/// own policy deadline timer (with an epoch: stale ticks are ignored);
+/// and kv_precision_control_actor's messages.
 using scheduler_actor = policy_control_actor::extend<
   caf::reacts_to<admit_msg>, caf::reacts_to<cancel_atom, uint64_t, finish_kind>,
   caf::reacts_to<executor_up_msg>, caf::reacts_to<executor_down_msg>,
-  caf::replies_to<stats_atom>::with<scheduler_stats>, caf::reacts_to<tick_atom, uint64_t>>;
+  caf::replies_to<stats_atom>::with<scheduler_stats>, caf::reacts_to<tick_atom, uint64_t>,
+  caf::reacts_to<kv_watch_atom>, caf::reacts_to<remat_atom, uint64_t>,
+  caf::reacts_to<kv_keep_atom, uint64_t>, caf::reacts_to<cooldown_atom, bool>>;
 
 // executor_actor, the executor's interface (one per device: step_plan ->
 // step_output, step_done_atom, crash_atom), is declared in messages.hpp:
@@ -104,6 +122,13 @@ using worker_registry_actor
 using drift_supervisor_actor
   = drift_watcher_actor::extend<caf::reacts_to<tick_atom, uint64_t>,
                                 caf::replies_to<stats_atom>::with<drift_status>>;
+
+/// The kv precision supervisor (kv_precision_supervisor.hpp): overflow
+/// reports from the scheduler, its own cool-down timer (tick_atom, with an
+/// epoch), and stats_atom for its state and the transitions it made.
+using kv_precision_supervisor_actor
+  = kv_overflow_watcher_actor::extend<caf::reacts_to<tick_atom, uint64_t>,
+                                      caf::replies_to<stats_atom>::with<kv_precision_status>>;
 
 /// The stats line's actor (stats_reporter.hpp): only its own timer.
 using stats_reporter_actor = caf::typed_actor<caf::reacts_to<tick_atom, uint64_t>>;

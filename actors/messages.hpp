@@ -14,6 +14,9 @@
 //   scheduler -> executor:                         step_plan -> step_output
 //   executor -> engine supervisor -> scheduler:    executor_up_msg
 //   engine supervisor -> scheduler:                executor_down_msg
+//   scheduler -> kv precision supervisor:          kv_overflow_msg
+//   kv precision supervisor -> scheduler:          remat_atom / kv_keep_atom + seq id,
+//                                                  cooldown_atom + bool
 // Workers (other processes, docs/scale-out.md), over CAF's middleman:
 //   worker -> front end's worker registry:          worker_join -> worker_welcome
 //   registry -> worker agent (its heartbeat):       ping_atom -> worker_health
@@ -36,6 +39,7 @@
 #include "sched/drift_detector.hpp"
 #include "sched/finish_kind.hpp"
 #include "sched/kv_buckets.hpp"
+#include "sched/kv_precision_controller.hpp"
 
 // -- std::optional in messages (CAF 0.17 knows only caf::optional) --------------
 
@@ -101,6 +105,9 @@ struct worker_health;
 struct worker_attached;
 struct worker_lost;
 struct replica_lost;
+struct kv_overflow_msg;
+struct kv_precision_event;
+struct kv_precision_status;
 
 } // namespace metronome
 
@@ -146,6 +153,14 @@ CAF_BEGIN_TYPE_ID_BLOCK(metronome, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(metronome, (metronome::worker_lost))
   CAF_ADD_TYPE_ID(metronome, (metronome::replica_lost))
   CAF_ADD_ATOM(metronome, metronome, ping_atom, "ping")
+  CAF_ADD_TYPE_ID(metronome, (metronome::kv_overflow_msg))
+  CAF_ADD_TYPE_ID(metronome, (metronome::kv_precision_event))
+  CAF_ADD_TYPE_ID(metronome, (std::vector<metronome::kv_precision_event>))
+  CAF_ADD_TYPE_ID(metronome, (metronome::kv_precision_status))
+  CAF_ADD_ATOM(metronome, metronome, kv_watch_atom, "kvwatch")
+  CAF_ADD_ATOM(metronome, metronome, remat_atom, "remat")
+  CAF_ADD_ATOM(metronome, metronome, kv_keep_atom, "kvkeep")
+  CAF_ADD_ATOM(metronome, metronome, cooldown_atom, "cooldown")
 CAF_END_TYPE_ID_BLOCK(metronome)
 
 namespace metronome {
@@ -222,6 +237,11 @@ struct text_delta {
   /// that ends without generation_done (cancelled, failed).
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  /// What the KV overflow supervision did to the request's KV precision so
+  /// far (kv_fallback's to_string: "" nothing, "saturated",
+  /// "rematerialized", "cooldown"); the edge reports it in
+  /// X-KV-Cache-Strategy where the cache is fp8_e5m2.
+  std::string kv_overflow;
 };
 
 /// The end of a request.
@@ -243,6 +263,8 @@ struct generation_done {
   /// Arrival to last token.
   double e2e_s = 0;
   int32_t first_token_batch_size = 0;
+  /// As text_delta::kv_overflow, at the end.
+  std::string kv_overflow;
 };
 
 /// What went wrong, with an HTTP mapping for the network edge.
@@ -318,6 +340,9 @@ struct token_msg {
   /// Prompt tokens the prefix cache held (their KV was not computed); on the
   /// first token_msg only.
   int32_t cached_tokens = 0;
+  /// The request's KV precision when these tokens were made
+  /// (sched/kv_precision_controller.hpp).
+  kv_fallback kv_overflow = kv_fallback::none;
 };
 
 /// One per device, on its own thread: runs a plan, replies with its tokens,
@@ -386,6 +411,41 @@ struct drift_sample {
 };
 
 
+// -- KV overflow supervision ---------------------------------------------------------
+
+/// Scheduler -> kv precision supervisor: a request's KV overflowed the
+/// cache's element type (fp8_e5m2) in a step; it is parked until the
+/// supervisor answers remat_atom or kv_keep_atom for it.
+struct kv_overflow_msg {
+  uint64_t seq_id = 0;
+  /// Values of this step that saturated or were not finite.
+  int64_t saturated = 0;
+  int64_t non_finite = 0;
+};
+
+/// A transition of the kv precision supervisor, as logged and kept.
+struct kv_precision_event {
+  /// Engine clock, ns.
+  int64_t at_ns = 0;
+  /// "rematerialized", "kept", "cooldown_started" or "cooldown_ended".
+  std::string event;
+  /// The request it concerns (0 for cooldown_ended).
+  uint64_t seq_id = 0;
+  /// Re-materialisations in the window after it.
+  int32_t in_window = 0;
+};
+
+/// The kv precision supervisor's answer to stats_atom.
+struct kv_precision_status {
+  bool cooling_down = false;
+  /// Engine clock, ns; 0 while no cool-down runs.
+  int64_t cooldown_until_ns = 0;
+  int64_t overflows = 0;
+  int64_t rematerialized = 0;
+  int64_t kept = 0;
+  std::vector<kv_precision_event> events;
+};
+
 /// The drift supervisor's answer to stats_atom.
 struct drift_status {
   bool disabled = false;
@@ -403,7 +463,7 @@ struct drift_status {
 /// worker of another version is refused at its join, naming both; CAF's
 /// middleman refuses a build whose type registry differs
 /// (middleman.app-identifiers carries it too).
-inline constexpr int32_t wire_version = 1;
+inline constexpr int32_t wire_version = 2;
 
 /// Why a front end refused a worker (the error's context says why).
 enum class worker_errc : uint8_t {
@@ -523,14 +583,14 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, text_delta& x) {
   return f(caf::meta::type_name("text_delta"), x.request_id, x.text, x.token_ids, x.logprobs,
-           x.first_token_batch_size, x.prompt_tokens, x.completion_tokens);
+           x.first_token_batch_size, x.prompt_tokens, x.completion_tokens, x.kv_overflow);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_done& x) {
   return f(caf::meta::type_name("generation_done"), x.request_id, x.finish_reason,
            x.prompt_tokens, x.cached_tokens, x.completion_tokens, x.queue_s, x.ttft_s, x.e2e_s,
-           x.first_token_batch_size);
+           x.first_token_batch_size, x.kv_overflow);
 }
 
 template <class Inspector>
@@ -548,7 +608,7 @@ typename Inspector::result_type inspect(Inspector& f, admit_msg& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_msg& x) {
   return f(caf::meta::type_name("token_msg"), x.seq_id, x.tokens, x.logprobs, x.batch_size,
-           x.finish_reason, x.queue_ns, x.cached_tokens);
+           x.finish_reason, x.queue_ns, x.cached_tokens, x.kv_overflow);
 }
 
 template <class Inspector>
@@ -577,7 +637,7 @@ typename Inspector::result_type inspect(Inspector& f, scheduler_stats& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, new_sequence& x) {
   return f(caf::meta::type_name("new_sequence"), x.id, x.prompt, x.params, x.seed,
-           x.num_output);
+           x.num_output, x.num_cached, x.cached_pages, x.precision);
 }
 
 template <class Inspector>
@@ -613,7 +673,28 @@ typename Inspector::result_type inspect(Inspector& f, position_logprobs& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_output& x) {
   return f(caf::meta::type_name("step_output"), x.step, x.tokens, x.num_tokens, x.num_seqs,
-           x.seconds, x.device_seconds);
+           x.seconds, x.device_seconds, x.kv_overflows);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sequence_kv_overflow& x) {
+  return f(caf::meta::type_name("sequence_kv_overflow"), x.id, x.saturated, x.non_finite);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_overflow_msg& x) {
+  return f(caf::meta::type_name("kv_overflow_msg"), x.seq_id, x.saturated, x.non_finite);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_precision_event& x) {
+  return f(caf::meta::type_name("kv_precision_event"), x.at_ns, x.event, x.seq_id, x.in_window);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_precision_status& x) {
+  return f(caf::meta::type_name("kv_precision_status"), x.cooling_down, x.cooldown_until_ns,
+           x.overflows, x.rematerialized, x.kept, x.events);
 }
 
 template <class Inspector>

@@ -103,6 +103,8 @@ struct request_state {
   double queue_s = 0;
   int32_t first_batch = 0;
   int32_t cached_tokens = 0; // prompt tokens the prefix cache held
+  /// The KV overflow supervision's last word on this request (token_msg).
+  kv_fallback kv_overflow = kv_fallback::none;
   bool sent_first = false;
   bool admitted = false;
   /// What was admitted, kept to admit it again if its worker is lost
@@ -152,6 +154,7 @@ void emit(self_ptr self, std::string text, std::vector<int32_t> ids) {
   text_delta d{st.req.request_id, std::move(text), std::move(ids), {}, 0, st.prompt_tokens,
                st.completion_tokens};
   d.logprobs.swap(st.held_logprobs);
+  d.kv_overflow = std::string(to_string(st.kv_overflow));
   if (!st.sent_first) {
     d.first_token_batch_size = st.first_batch;
     st.sent_first = true;
@@ -171,6 +174,7 @@ void finish(self_ptr self, finish_kind reason) {
   done.ttft_s = st.completion_tokens > 0 ? seconds(st.first_token - st.arrival) : 0.0;
   done.e2e_s = st.completion_tokens > 0 ? seconds(st.last_token - st.arrival) : 0.0;
   done.first_token_batch_size = st.first_batch;
+  done.kv_overflow = std::string(to_string(st.kv_overflow));
   if (st.ctx->metrics)
     st.ctx->metrics->on_finish(reason, done.e2e_s, done.prompt_tokens, done.completion_tokens,
                                done.queue_s, done.ttft_s);
@@ -225,6 +229,7 @@ void on_tokens(self_ptr self, const token_msg& m) {
     st.ctx->metrics->on_token_gap(seconds(now - st.last_token));
   }
   st.last_token = now;
+  st.kv_overflow = m.kv_overflow;
   for (const auto& lps : m.logprobs) {
     if (lps.empty())
       continue;

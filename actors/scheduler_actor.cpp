@@ -37,6 +37,9 @@ struct scheduler_actor_state {
   latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
   drift_watcher_actor drift_watcher;
+  /// Receives KV overflow reports and decides on them (the kv precision
+  /// supervisor), if any; monitored.
+  kv_overflow_watcher_actor kv_watcher;
   /// The step trace's time zero (the actor's start).
   sched_time trace_origin{0};
   /// The executor is gone for good (a permanent executor_down_msg): new
@@ -124,17 +127,10 @@ void report_outcomes(self_ptr self) {
   self->send(st.drift_watcher, std::move(samples));
 }
 
-void on_output(self_ptr self, const step_output& out) {
+/// Sends the tokens of `u` to their request actors and forgets the
+/// requests that finished.
+void deliver(self_ptr self, step_update& u) {
   auto& st = self->state;
-  const auto now = engine_now(self);
-  auto u = st.core->update_from_output(out, now);
-  if (st.config.trace && u.step)
-    st.config.trace->write(std::chrono::duration<double>(now - st.trace_origin).count(), *u.step);
-  if (st.metrics) {
-    st.metrics->on_step(out.num_seqs, st.config.scheduler.limits.max_batch_size,
-                        out.num_tokens, int64_t(out.tokens.size()), out.seconds);
-    st.metrics->on_replica_step(st.config.replica, out.num_tokens);
-  }
   for (auto& ev : u.tokens) {
     auto i = st.requests.find(ev.id);
     if (i == st.requests.end())
@@ -149,12 +145,31 @@ void on_output(self_ptr self, const step_output& out) {
     if (ev.first_scheduled)
       m.queue_ns = std::max<int64_t>(0, (*ev.first_scheduled - ev.arrival).count());
     m.cached_tokens = ev.cached_tokens;
+    m.kv_overflow = ev.fallback;
     self->send(i->second, std::move(m));
   }
   for (auto id : u.finished) {
     ++st.finished;
     forget(self, id);
   }
+}
+
+void on_output(self_ptr self, const step_output& out) {
+  auto& st = self->state;
+  const auto now = engine_now(self);
+  auto u = st.core->update_from_output(out, now);
+  if (st.config.trace && u.step)
+    st.config.trace->write(std::chrono::duration<double>(now - st.trace_origin).count(), *u.step);
+  if (st.metrics) {
+    st.metrics->on_step(out.num_seqs, st.config.scheduler.limits.max_batch_size,
+                        out.num_tokens, int64_t(out.tokens.size()), out.seconds);
+    st.metrics->on_replica_step(st.config.replica, out.num_tokens);
+  }
+  // Parked for a KV overflow: the supervisor decides (remat_atom,
+  // kv_keep_atom).
+  for (const auto& o : u.overflows)
+    self->send(st.kv_watcher, kv_overflow_msg{o.id, o.saturated, o.non_finite});
+  deliver(self, u);
   report_outcomes(self);
   publish(self);
   pump(self);
@@ -277,6 +292,21 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor
   st.metrics = std::move(metrics);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
+    if (s.kv_watcher && dm.source == s.kv_watcher.address()) {
+      // No one decides any more: the parked requests go on as they are.
+      spdlog::error("scheduler: the kv precision supervisor is gone; KV overflows are only "
+                    "counted from now on");
+      s.kv_watcher = nullptr;
+      s.core->set_overflow_supervision(false);
+      for (auto id : s.core->parked()) {
+        auto u = s.core->keep_overflowed(id, engine_now(self));
+        if (u)
+          deliver(self, *u);
+      }
+      publish(self);
+      pump(self);
+      return;
+    }
     auto i = s.by_addr.find(dm.source);
     if (i == s.by_addr.end())
       return;
@@ -358,6 +388,31 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, scheduler_actor
     },
     [=](watch_atom) {
       self->state.drift_watcher = caf::actor_cast<drift_watcher_actor>(self->current_sender());
+    },
+    [=](kv_watch_atom) {
+      auto& s = self->state;
+      s.kv_watcher = caf::actor_cast<kv_overflow_watcher_actor>(self->current_sender());
+      self->monitor(s.kv_watcher);
+      s.core->set_overflow_supervision(true);
+    },
+    [=](remat_atom, uint64_t id) {
+      auto& s = self->state;
+      if (s.core->rematerialize(id, engine_now(self)))
+        spdlog::debug("scheduler: sequence {} is recomputed in full precision", id);
+      publish(self);
+      pump(self);
+    },
+    [=](kv_keep_atom, uint64_t id) {
+      auto& s = self->state;
+      if (auto u = s.core->keep_overflowed(id, engine_now(self)))
+        deliver(self, *u);
+      publish(self);
+      pump(self);
+    },
+    [=](cooldown_atom, bool on) {
+      auto& s = self->state;
+      s.core->set_admission_precision(on ? kv_precision::full : kv_precision::configured);
+      pump(self);
     },
     [=](recalibrate_atom, int64_t window_ns) {
       auto& s = self->state;

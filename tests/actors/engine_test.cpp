@@ -397,29 +397,59 @@ TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
   EXPECT_TRUE(out.done);
 }
 
-// fp8_e5m2 has only its CPU reference (eval-quality): refused at start on
-// the CPU, whose cache is fp32, and on CUDA, which has no kernels for it
-// yet, before any device is looked at (so also on a machine without one).
-TEST_F(engine_test, an_fp8_e5m2_kv_cache_is_refused_at_start_on_every_device) {
+// fp8_e5m2 has no CUDA kernels yet: refused at start on CUDA before any
+// device is looked at (so also on a machine without one).
+TEST_F(engine_test, an_fp8_e5m2_kv_cache_is_refused_at_start_on_cuda) {
   opts.model_dir = chat_model();
   opts.kv_cache_dtype = kv_cache_dtype_kind::fp8_e5m2;
-  for (const std::string device : {"cpu", "cuda:0"}) {
-    opts.device = device;
-    try {
-      eng = spawn_engine(sys, opts);
-      ADD_FAILURE() << "spawn_engine accepted fp8_e5m2 on " << device;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()),
-                device == "cpu"
-                  ? "engine.kv_cache_dtype fp8_e5m2 is not served on device 'cpu' (its KV cache "
-                    "is fp32; the CPU engine only emulates fp8_e5m2's rounding, for `metronome "
-                    "eval-quality`)"
-                  : "engine.kv_cache_dtype 'fp8_e5m2': fp8_e5m2 is not implemented on CUDA yet "
-                    "(use fp8 or bf16; the CPU engine emulates fp8_e5m2 for `metronome "
-                    "eval-quality` only)");
-    }
-    EXPECT_FALSE(eng);
+  opts.device = "cuda:0";
+  try {
+    eng = spawn_engine(sys, opts);
+    ADD_FAILURE() << "spawn_engine accepted fp8_e5m2 on cuda:0";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "engine.kv_cache_dtype 'fp8_e5m2': fp8_e5m2 is not implemented on CUDA yet "
+              "(use fp8 or bf16; the CPU engine emulates fp8_e5m2 for `metronome "
+              "eval-quality` only)");
   }
+  EXPECT_FALSE(eng);
+}
+
+// On the CPU, fp8_e5m2 is served as the format's reference with its
+// overflow supervision: on a model made to overflow (test::
+// overflowing_model), a request whose prompt holds the overflowing token
+// is re-materialised in bf16 and ends with what a bf16 engine generates;
+// the done message, the metrics and the strategy say so.
+TEST_F(engine_test, an_fp8_e5m2_kv_cache_is_served_on_the_cpu_with_overflow_supervision) {
+  auto request = [] {
+    generate_request r = completion("", 6);
+    r.prompt_ids = {100, test::overflow_token, 200, 300, 400};
+    return r;
+  };
+  opts.model_dir = test::overflowing_model();
+  opts.kv_cache_dtype = kv_cache_dtype_kind::bf16;
+  eng = spawn_engine(sys, opts);
+  EXPECT_FALSE(eng->kv_precision_supervisor) << "only with fp8_e5m2";
+  const auto bf16 = run(request());
+  ASSERT_FALSE(bf16.error) << bf16.error->message;
+  eng->shutdown();
+  eng.reset();
+
+  opts.kv_cache_dtype = kv_cache_dtype_kind::fp8_e5m2;
+  eng = spawn_engine(sys, opts);
+  EXPECT_TRUE(eng->kv_precision_supervisor);
+  EXPECT_EQ(eng->status->kv_cache_strategy, "paged;page_size=16;dtype=fp8_e5m2");
+  const auto out = run(request());
+  ASSERT_FALSE(out.error) << out.error->message;
+  ASSERT_TRUE(out.done);
+  EXPECT_EQ(out.ids, bf16.ids);
+  EXPECT_EQ(out.done->kv_overflow, "rematerialized");
+  const auto metrics = render_metrics(*eng);
+  EXPECT_NE(metrics.find("metronome:kv_precision_events_total{event=\"rematerialized\"} 1"),
+            std::string::npos)
+    << metrics;
+  EXPECT_NE(metrics.find("metronome:kv_precision_mode{mode=\"fp8_e5m2\"} 1"), std::string::npos);
+  EXPECT_TRUE(settles());
 }
 
 // On a CUDA device, a model the fp8 cache cannot serve (head_dim 256) is

@@ -497,6 +497,7 @@ void http_session::on_delta(uint64_t tag, text_delta& d) {
     access_->on_delta(d);
   if (a.first_token_batch_size == 0)
     a.first_token_batch_size = d.first_token_batch_size;
+  a.kv_overflow = d.kv_overflow;
   if (!a.stream) {
     a.text += d.text;
     std::move(d.logprobs.begin(), d.logprobs.end(), std::back_inserter(a.logprobs));
@@ -517,6 +518,7 @@ void http_session::on_done(uint64_t tag, generation_done& done) {
     access_->on_done(done);
   if (a.first_token_batch_size == 0)
     a.first_token_batch_size = done.first_token_batch_size;
+  a.kv_overflow = done.kv_overflow;
   spdlog::debug("{} done: {} prompt={} completion={} e2e={:.3f}s", a.meta.id,
                 to_string(done.finish_reason), done.prompt_tokens, done.completion_tokens,
                 done.e2e_s);
@@ -594,7 +596,9 @@ void http_session::add_generation_headers(Message& res, int32_t batch_size) cons
   if (batch_size > 0)
     res.set("X-Batch-Size", std::to_string(batch_size));
   res.set("X-Inference-Version", METRONOME_VERSION);
-  res.set("X-KV-Cache-Strategy", active_ ? active_->kv_strategy : ctx_->kv_cache_strategy());
+  res.set("X-KV-Cache-Strategy", active_ ? kv_strategy_header(active_->kv_strategy,
+                                                               active_->kv_overflow)
+                                          : ctx_->kv_cache_strategy());
   if (!request_id_header_.empty())
     res.set("X-Request-Id", request_id_header_);
   else if (active_)

@@ -117,6 +117,9 @@ private:
     /// X-KV-Cache-Strategy: the server's, with the client's mode when it
     /// chose one.
     std::string kv_strategy;
+    /// What the KV overflow supervision did to it so far
+    /// (text_delta::kv_overflow), for X-KV-Cache-Strategy.
+    std::string kv_overflow;
     unsigned version = 11;
     bool keep_alive = true;
     /// Counts the request in requests_in_flight while it lives.

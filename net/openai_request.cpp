@@ -540,6 +540,16 @@ std::expected<openai_request, api_error> parse_openai_request(api_kind kind, con
   }
 }
 
+std::string kv_strategy_header(const std::string& strategy, std::string_view kv_overflow) {
+  if (strategy.find(";dtype=fp8_e5m2") == std::string::npos)
+    return strategy;
+  if (kv_overflow.empty())
+    return strategy + ";kv=fp8_e5m2";
+  const bool full = kv_overflow == "rematerialized" || kv_overflow == "cooldown";
+  return strategy + (full ? ";kv=bf16" : ";kv=fp8_e5m2") + ";kv_overflow="
+         + std::string(kv_overflow);
+}
+
 std::optional<api_error> read_kv_headers(std::string_view mode, std::string_view no_batch,
                                         kv_strategy configured, generate_request& req) {
   if (!mode.empty()) {

@@ -120,4 +120,15 @@ parse_detokenize_body(std::string_view body, const parse_defaults& defaults);
 std::optional<api_error> read_kv_headers(std::string_view mode, std::string_view no_batch,
                                         kv_strategy configured, generate_request& req);
 
+/// The response header X-KV-Cache-Strategy of a request: `strategy` (the
+/// server's, "paged;page_size=16;dtype=fp8_e5m2", with the client's mode),
+/// and where the cache is fp8_e5m2 the KV element type the request's keys
+/// and values were written in, with what the overflow supervision did
+/// (`kv_overflow`, text_delta::kv_overflow): ";kv=fp8_e5m2" (nothing),
+/// ";kv=fp8_e5m2;kv_overflow=saturated" (overflowed past the budget, kept),
+/// ";kv=bf16;kv_overflow=rematerialized" (overflowed, recomputed in bf16),
+/// ";kv=bf16;kv_overflow=cooldown" (admitted during a cool-down). Other
+/// dtypes: `strategy` unchanged. docs/protocol.md. Any thread.
+std::string kv_strategy_header(const std::string& strategy, std::string_view kv_overflow);
+
 } // namespace metronome::net

@@ -163,6 +163,20 @@ TEST(OpenaiRequest, KvHeadersChooseAmongWhatTheServerAllows) {
   }
 }
 
+TEST(OpenaiRequest, KvStrategyHeaderSaysWhatTheOverflowSupervisionDid) {
+  // Other element types: the server's strategy as it is.
+  EXPECT_EQ(kv_strategy_header("paged;page_size=16;dtype=bf16", ""),
+            "paged;page_size=16;dtype=bf16");
+  EXPECT_EQ(kv_strategy_header("bucketed;page_size=16;dtype=fp8", "rematerialized"),
+            "bucketed;page_size=16;dtype=fp8");
+  // fp8_e5m2: the request's own element type and what happened to it.
+  const std::string e5m2 = "paged;page_size=16;dtype=fp8_e5m2";
+  EXPECT_EQ(kv_strategy_header(e5m2, ""), e5m2 + ";kv=fp8_e5m2");
+  EXPECT_EQ(kv_strategy_header(e5m2, "rematerialized"), e5m2 + ";kv=bf16;kv_overflow=rematerialized");
+  EXPECT_EQ(kv_strategy_header(e5m2, "cooldown"), e5m2 + ";kv=bf16;kv_overflow=cooldown");
+  EXPECT_EQ(kv_strategy_header(e5m2, "saturated"), e5m2 + ";kv=fp8_e5m2;kv_overflow=saturated");
+}
+
 TEST(OpenaiRequest, DefaultMaxTokens) {
   // Chat: 0, the engine's "up to the end of the context" (OpenAI's default
   // for chat); completions: 16, OpenAI's default there.

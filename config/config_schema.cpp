@@ -532,8 +532,20 @@ std::vector<config_key> make_keys() {
                             kv_cache_dtype_kind::fp8_e5m2},
                  "Element type of the KV cache: bf16, fp8 (e4m3 with a scale per token row: "
                  "about half the memory and half the bytes a decode step reads; CUDA only), or "
-                 "fp8_e5m2 (e5m2 with a scale per kv head and 256-token window; not served yet: "
-                 "refused at start on every device)."));
+                 "fp8_e5m2 (e5m2 with a scale per kv head and 256-token window, its overflows "
+                 "supervised: engine.kv_overflow; only the CPU engine's reference, which keeps "
+                 "an fp32 cache and saves no memory)."));
+  add(integer_key("engine.kv_overflow.max_rematerializations",
+                  METRONOME_FIELD(engine.kv_overflow.max_rematerializations), 0, 1'000'000,
+                  "fp8_e5m2: requests whose KV overflowed that are recomputed in bf16 within "
+                  "engine.kv_overflow.window_s; the next overflow starts a cool-down."));
+  add(real_key("engine.kv_overflow.window_s", METRONOME_FIELD(engine.kv_overflow.window_s),
+               {0, max_s, true, false},
+               "fp8_e5m2: sliding window over which re-materialisations are counted."));
+  add(real_key("engine.kv_overflow.cooldown_s", METRONOME_FIELD(engine.kv_overflow.cooldown_s),
+               {0, max_s, true, false},
+               "fp8_e5m2: how long new requests get bf16 KV once the re-materialisation budget "
+               "is spent; then fp8_e5m2 again."));
   add(choice_key("engine.kv_strategy", METRONOME_FIELD(engine.kv_strategy),
                  std::array{kv_strategy_kind::paged, kv_strategy_kind::bucketed},
                  "How KV pages are granted: paged (on demand; a request may be preempted when "

@@ -184,6 +184,19 @@ struct model_section {
   bool operator==(const model_section&) const = default;
 };
 
+/// `engine.kv_overflow`: the overflow supervision of an fp8_e5m2 KV cache
+/// (sched/kv_precision_controller.hpp): a request whose keys or values
+/// overflow is re-materialised in bf16 at most max_rematerializations
+/// times within window_s; the next overflow gives new requests bf16 KV for
+/// cooldown_s.
+struct kv_overflow_section {
+  int32_t max_rematerializations = 3;
+  double window_s = 60.0;
+  double cooldown_s = 300.0;
+
+  bool operator==(const kv_overflow_section&) const = default;
+};
+
 /// `engine`: continuous batching and the KV cache.
 struct engine_section {
   /// Cap on running sequences (vLLM's max_num_seqs).
@@ -208,6 +221,8 @@ struct engine_section {
   kv_strategy_kind kv_strategy = kv_strategy_kind::paged;
   int32_t kv_bucket_min_tokens = 4096;
   int32_t kv_buckets_per_size = 32;
+  /// engine.kv_overflow: the fp8_e5m2 cache's overflow supervision.
+  kv_overflow_section kv_overflow;
   scheduling_policy policy = scheduling_policy::ladb;
   /// A step running longer fails the executor (the supervisor restarts it).
   int64_t step_timeout_ms = 30000;

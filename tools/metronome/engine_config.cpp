@@ -59,6 +59,11 @@ engine_options engine_options_from(const server_config& c, const std::filesystem
   o.kv_bucket_min_tokens = s.scheduler.kv_bucket_min_tokens;
   o.kv_buckets_per_size = s.scheduler.kv_buckets_per_size;
   o.kv_cache_dtype = c.engine.kv_cache_dtype;
+  o.kv_overflow.max_rematerializations = c.engine.kv_overflow.max_rematerializations;
+  o.kv_overflow.window = std::chrono::duration_cast<sched_time>(
+    std::chrono::duration<double>(c.engine.kv_overflow.window_s));
+  o.kv_overflow.cooldown = std::chrono::duration_cast<sched_time>(
+    std::chrono::duration<double>(c.engine.kv_overflow.cooldown_s));
   o.quantize = c.model.quantize;
   o.faults = fault_injection::parse(c.engine.fault_injection).value_or(fault_injection{});
   o.predictor = s.predictor;

@@ -62,14 +62,15 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /// `env` adds environment variables (METRONOME_API_KEY); with `ca` (a PEM
 /// certificate) the server speaks TLS and /health is probed over https.
 /// `fdLimit` runs it under `ulimit -n fdLimit`. `defaultModel` starts it
-/// with neither --model nor --served-model-name: the build's default model.
+/// with neither --model nor --served-model-name: the build's default model;
+/// `model` (a folder) serves that one instead of the tiny model.
 /// The result's `exited` resolves to { code, signal } when the process ends;
 /// `log()` is stdout and stderr together (the last 100-200 kB), `stdout()`
 /// and `stderr()` each whole.
 export async function startServer(args = [],
                                   { readyTimeoutMs = 90_000, fdLimit, env = {}, ca,
-                                    defaultModel = false } = {}) {
-  const model = defaultModel ? null : tinyModel();
+                                    defaultModel = false, model: modelDir } = {}) {
+  const model = defaultModel ? null : (modelDir ?? tinyModel());
   let lastError;
   for (let attempt = 0; attempt < 3; ++attempt) {
     const port = await freePort();

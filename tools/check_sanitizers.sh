@@ -39,7 +39,7 @@ configure() { # <dir> <cmake options...>
 # metronome_test depends on.
 actor_tests=(engine_tests executor_tests scheduler_actor_tests drift_actor_tests
              request_lifecycle_tests executor_faults_tests engine_supervisor_tests
-             data_parallel_tests workers_tests)
+             data_parallel_tests workers_tests kv_precision_tests)
 unit_tests=(model_tests tokenizer_test config_tests metrics_tests sched_tests sim_tests
             workload_tests net_tests bench_serve_tests replica_router_tests)
 
@@ -121,7 +121,7 @@ for job in "${jobs_to_run[@]}"; do
       # the only suppressions that silence them match all actor code, ours
       # included.
       tsan_tests=(model_tests scheduler_actor_tests request_lifecycle_tests executor_faults_tests
-                  engine_supervisor_tests)
+                  engine_supervisor_tests kv_precision_tests)
       [ -z "${METRONOME_TSAN_ACTORS:-}" ] ||
         tsan_tests+=(net_tests engine_tests executor_tests drift_actor_tests)
       export METRONOME_THREADS=4

@@ -193,6 +193,12 @@ TEST(config_range, integers_numbers_and_bytes) {
           R"("inf" is out of range, expected a number in (0, 604800])"},
          {"batching.variance_tolerance", "-0.1",
           R"("-0.1" is out of range, expected a number in [0, 1])"},
+         {"engine.kv_overflow.window_s", "0",
+          R"("0" is out of range, expected a number in (0, 604800])"},
+         {"engine.kv_overflow.cooldown_s", "-5",
+          R"("-5" is out of range, expected a number in (0, 604800])"},
+         {"engine.kv_overflow.max_rematerializations", "-1",
+          R"("-1" is out of range, expected an integer in [0, 1000000])"},
          {"engine.page_size", "24", R"("24" is not a power of two)"},
          {"engine.page_size", "2048",
           R"("2048" is out of range, expected an integer in [1, 1024] (a power of two))"},
@@ -227,6 +233,9 @@ TEST(config_range, boundaries_are_inclusive_where_documented) {
   // No drain: SIGTERM ends running requests with an error at once.
   EXPECT_NO_THROW(load_config_string(nested_yaml("server.drain_timeout_s", "0"), "t"));
   EXPECT_NO_THROW(load_config_string(nested_yaml("server.max_connections", "0"), "t"));
+  // fp8_e5m2: no re-materialisation at all, every overflow starts a cool-down.
+  EXPECT_NO_THROW(
+    load_config_string(nested_yaml("engine.kv_overflow.max_rematerializations", "0"), "t"));
 }
 
 TEST(config_range, every_numeric_key_names_its_path) {

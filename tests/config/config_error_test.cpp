@@ -193,12 +193,6 @@ TEST(config_range, integers_numbers_and_bytes) {
           R"("inf" is out of range, expected a number in (0, 604800])"},
          {"batching.variance_tolerance", "-0.1",
           R"("-0.1" is out of range, expected a number in [0, 1])"},
-         {"engine.kv_overflow.window_s", "0",
-          R"("0" is out of range, expected a number in (0, 604800])"},
-         {"engine.kv_overflow.cooldown_s", "-5",
-          R"("-5" is out of range, expected a number in (0, 604800])"},
-         {"engine.kv_overflow.max_rematerializations", "-1",
-          R"("-1" is out of range, expected an integer in [0, 1000000])"},
          {"engine.page_size", "24", R"("24" is not a power of two)"},
          {"engine.page_size", "2048",
           R"("2048" is out of range, expected an integer in [1, 1024] (a power of two))"},
@@ -220,6 +214,26 @@ TEST(config_range, integers_numbers_and_bytes) {
     auto e = load_error(nested_yaml(b.path, b.value));
     EXPECT_EQ(e.key_path(), b.path);
     EXPECT_EQ(e.problem(), std::string(b.problem) + " (line 2)") << e.what();
+  }
+}
+
+TEST(config_range, kv_overflow_keys) {
+  struct bad {
+    const char* path;
+    const char* value;
+    const char* problem;
+  };
+  for (const auto& b : std::initializer_list<bad>{
+         {"engine.kv_overflow.window_s", "0",
+          R"("0" is out of range, expected a number in (0, 604800])"},
+         {"engine.kv_overflow.cooldown_s", "-5",
+          R"("-5" is out of range, expected a number in (0, 604800])"},
+         {"engine.kv_overflow.max_rematerializations", "-1",
+          R"("-1" is out of range, expected an integer in [0, 1000000])"},
+       }) {
+    auto e = load_error(nested_yaml(b.path, b.value));
+    EXPECT_EQ(e.key_path(), b.path);
+    EXPECT_EQ(e.problem(), std::string(b.problem) + " (line 3)") << e.what();
   }
 }
 

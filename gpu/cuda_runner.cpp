@@ -23,6 +23,9 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -471,6 +474,25 @@ std::string cuda_device_problem(int device) {
   return {};
 }
 
+namespace {
+
+/// The lock a runner holds on `device` while it starts. A replica plans its
+/// KV pool from the device memory its own start-up took (cudaMemGetInfo
+/// before and after: cuda_runner_options::device_replicas); another replica
+/// allocating on the same device at the same time would be counted as its
+/// own, and both would shrink or fail ("no memory left for the KV cache").
+std::mutex& device_start_lock(int device) {
+  static std::mutex guard;
+  static std::map<int, std::unique_ptr<std::mutex>> by_device;
+  std::lock_guard lock(guard);
+  auto& m = by_device[device];
+  if (!m)
+    m = std::make_unique<std::mutex>();
+  return *m;
+}
+
+} // namespace
+
 std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
                                                const cuda_runner_options& options) {
   if (!model)
@@ -478,6 +500,9 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
   if (const std::string p = cuda_device_problem(options.device); !p.empty())
     throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
                                 + p);
+  // Runners of one process start one at a time on a device (each start is
+  // bounded by the step timeout of its device waits).
+  std::lock_guard start(device_start_lock(options.device));
   return std::make_unique<cuda_runner>(std::move(model), options);
 }
 

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "gpu/weight_format.hpp"
 #include "model/dtype.hpp"
 #include "model/engine_limits.hpp"
 #include "model/model_runner.hpp"
@@ -83,6 +82,8 @@ std::string cuda_device_problem(int device);
 /// or std::invalid_argument for a model or option the runner cannot serve.
 /// 4-bit checkpoints (GPTQ, AWQ) are served in 4 bits where the kernels take
 /// them (gpu/weight_store.hpp), else as their exact bf16 dequantization.
+/// Calls for one device run one at a time (a replica's memory plan measures
+/// its own start-up); calls for different devices run in parallel.
 std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folder> model,
                                                const cuda_runner_options& options);
 

@@ -154,11 +154,6 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (limits.page_size <= 0 || limits.max_batch_size <= 0 || limits.max_num_batched_tokens <= 0)
     throw std::invalid_argument("engine: page_size, max_batch_size and max_num_batched_tokens "
                                 "must be positive");
-  // 4-bit weights on CUDA wait for their GPU verification (weight_format.hpp):
-  // refused here, at start, before the device is looked at.
-  if (replicas > 0 && o.device.starts_with("cuda") && !o.runner_factory)
-    if (const std::string p = cuda_weights_problem(cfg); !p.empty())
-      throw std::invalid_argument("device '" + o.device + "': " + p);
   // The KV cache's element type is checked against the model here, before
   // any executor starts: a refusal inside the executor would only show as
   // restarts and a degraded engine.

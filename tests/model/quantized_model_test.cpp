@@ -396,24 +396,6 @@ TEST(int4, half_bits_read_as_their_float) {
 
 // -- the CUDA runner and the CLI ---------------------------------------------------------
 
-TEST(int4, serve_and_generate_keep_4bit_weights_off_cuda_until_verified_on_a_gpu) {
-  // The CUDA kernels exist (make_cuda_runner takes these folders: gpu_tests)
-  // but have not yet run on a GPU; the user-facing paths refuse them there,
-  // by name, before looking at the device, with or without a GPU.
-  auto gptq = model_folder::open(goldens() / "gptq-g128-sym");
-  EXPECT_EQ(cuda_weights_problem(gptq->config),
-            "int4 weights (gptq) on CUDA are not yet verified on a GPU (docs/quantization.md); "
-            "use --device cpu");
-  EXPECT_EQ(cuda_weights_problem(model_folder::open(test::tiny_model("tiny-llama3"))->config), "");
-  auto r = test::run_command(test::shell_quote(test::env("BIN")) + " generate --model "
-                             + test::shell_quote((goldens() / "awq-g64").string())
-                             + " --prompt-ids 1,2,3 --device cuda:0");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.output, "--device cuda:0: int4 weights (awq) on CUDA are not yet "
-                                 "verified on a GPU"))
-    << r.output;
-}
-
 TEST(int4, metronome_generate_runs_a_4bit_folder_on_the_cpu) {
   for (const std::string variant : {"gptq-actorder-g32-asym", "awq-g128"}) {
     const auto ref = test::load_golden(goldens() / (variant + ".json"));

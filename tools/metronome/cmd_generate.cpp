@@ -88,8 +88,6 @@ void run(const generate_args& a) {
   auto model = model_folder::open(model_dir, {*quantize});
   const auto& cfg = model->config;
   if (a.device != "cpu") {
-    if (const std::string p = cuda_weights_problem(cfg); !p.empty())
-      throw command_error("--device " + a.device + ": " + p);
     if (const std::string p = cuda_device_problem(parse_cuda_device(a.device)); !p.empty())
       throw command_error("--device " + a.device + ": " + p);
   }

@@ -35,6 +35,13 @@ for n in 1 2; do
     > "$out/serve-$n.log" 2>&1 &
   pid=$!
   serve_up $pid $port "$out/serve-$n.log" || { status=1; continue; }
+  # /health is 200 once one replica is up; replicas of one device start one
+  # at a time, so wait for all of them (up to 120 s) before measuring.
+  for _ in $(seq 1 240); do
+    up=$(curl -s "localhost:$port/metrics" | grep -c '^metronome:replica_up{.*} 1' || true)
+    [ $n -eq 1 ] || [ "${up:-0}" -ge $n ] && break
+    sleep 0.5
+  done
   stamp "bench-serve, $n replica(s)"
   "$m" bench-serve --url "http://127.0.0.1:$port" --tokenizer "$tok" --corpus "$corpus" \
     --workload "$workload" --label "replicas-$n" --quiet --report "$out/replicas-$n.json" 2>&1 | tail -3

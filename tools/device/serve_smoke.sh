@@ -18,21 +18,33 @@ mkdir -p "$out" || exit 2
 m="$bin/metronome"
 say() { printf '\n== %s\n' "$*"; }
 
-say "generate: CPU vs cuda:0, greedy, 24 tokens"
-for spec in "tiny-llama3 llama3" "tiny-qwen2 qwen3" "tiny-mistral mistral"; do
-  set -- $spec
-  "$m" make-model --preset "$1" --seed 7 --tokenizer "$tok/$2" --out "$work/$1" >/dev/null
-  cpu=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
-        --temperature 0 --ignore-eos --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
-  gpu=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
-        --temperature 0 --ignore-eos --json --device cuda:0 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
-  same=$(python3 -c "a=$cpu; b=$gpu; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
-  echo "$1: $same"
-  gpu8=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
-        --temperature 0 --ignore-eos --json --device cuda:0 --kv-cache-dtype fp8 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
-  same=$(python3 -c "a=$cpu; b=$gpu8; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
-  echo "$1, fp8 KV cache: $same"
-done
+same_ids() { # ids-a ids-b
+  python3 -c "a=$1; b=$2; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))"
+}
+ids_of() { python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])'; }
+
+# 4-bit weights: GPTQ and AWQ checkpoints (the goldens' folders, made by
+# tools/golden from transformers) and --quantize int4, CPU against cuda:0,
+# then the 8B shape served in 4 bits. METRONOME_SMOKE=int4 runs this part alone.
+smoke_int4() {
+  say "generate, 4-bit checkpoints: the goldens' prompts, greedy, CPU and cuda:0 vs transformers"
+  tar -xJf "$here/../golden/int4_goldens.tar.xz" -C "$work"
+  for v in gptq-g128-sym gptq-actorder-g32-asym awq-g128; do
+    local g="$work/int4_goldens/$v.json"
+    local prompt n want
+    prompt=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['runs'][0]['prompt'])))" "$g")
+    want=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['runs'][0]['greedy_ids'])" "$g")
+    n=$(python3 -c "print(len($want))")
+    local args=(generate --model "$work/int4_goldens/$v" --prompt-ids "$prompt" -n "$n"
+                --temperature 0 --ignore-eos --json)
+    echo "$v, cpu: $(same_ids "$want" "$("$m" "${args[@]}" | ids_of)")"
+    echo "$v, cuda:0: $(same_ids "$want" "$("$m" "${args[@]}" --device cuda:0 | ids_of)")"
+  done
+  say "serve --device cuda:0, llama3-8b shape, --quantize int4"
+  [ -e "$work/llama3-8b/config.json" ] ||
+    "$m" make-model --preset llama3-8b --seed 1 --tokenizer "$tok/llama3" --out "$work/llama3-8b" >/dev/null
+  serve_and_probe "$work/llama3-8b" 18083 --set engine.max_batch_size=64 --quantize int4
+}
 
 serve_and_probe() { # model_dir port extra-args...
   local dir=$1 port=$2; shift 2
@@ -56,6 +68,28 @@ serve_and_probe() { # model_dir port extra-args...
   grep -E "executor ready|error|warn" "$out/serve-$port.log" | head -5
 }
 
+if [ "${METRONOME_SMOKE:-all}" = int4 ]; then
+  smoke_int4
+  rm -rf "$work"
+  exit 0
+fi
+
+say "generate: CPU vs cuda:0, greedy, 24 tokens"
+for spec in "tiny-llama3 llama3" "tiny-qwen2 qwen3" "tiny-mistral mistral"; do
+  set -- $spec
+  "$m" make-model --preset "$1" --seed 7 --tokenizer "$tok/$2" --out "$work/$1" >/dev/null
+  cpu=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
+        --temperature 0 --ignore-eos --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  gpu=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
+        --temperature 0 --ignore-eos --json --device cuda:0 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  same=$(python3 -c "a=$cpu; b=$gpu; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
+  echo "$1: $same"
+  gpu8=$("$m" generate --model "$work/$1" --prompt "The history of the city begins" -n 24 \
+        --temperature 0 --ignore-eos --json --device cuda:0 --kv-cache-dtype fp8 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  same=$(python3 -c "a=$cpu; b=$gpu8; print(sum(x==y for x,y in zip(a,b)), 'of', len(a), 'equal; first difference at', next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), None))")
+  echo "$1, fp8 KV cache: $same"
+done
+
 say "serve --device cuda:0, tiny-llama3"
 serve_and_probe "$work/tiny-llama3" 18080
 
@@ -65,4 +99,5 @@ serve_and_probe "$work/llama3-8b" 18081 --set engine.max_batch_size=64
 
 say "serve --device cuda:0, llama3-8b shape, fp8 KV cache"
 serve_and_probe "$work/llama3-8b" 18082 --set engine.max_batch_size=64 --kv-cache-dtype fp8
+smoke_int4
 rm -rf "$work"

@@ -1,7 +1,7 @@
 // metronome eval-quality: what each precision (int4 weights, fp8 and
 // fp8_e5m2 KV caches) costs a model on held-out text, measured with the CPU
 // reference engine against the model as stored (model/quality_eval.hpp;
-// docs/performance.md, "Quality of the precisions").
+// docs/quantization.md, "Quality, measured").
 
 #include <chrono>
 #include <cmath>

@@ -275,6 +275,7 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   sc.scheduler.kv = o.kv;
   sc.scheduler.kv_bucket_min_tokens = o.kv_bucket_min_tokens;
   sc.scheduler.kv_buckets_per_size = o.kv_buckets_per_size;
+  sc.scheduler.groups = o.groups;
   // Per process: clients cannot aim hash collisions at it (and every match
   // is verified token by token; a restarted executor starts with no cache).
   sc.scheduler.cache_salt = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();

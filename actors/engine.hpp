@@ -21,6 +21,7 @@
 #include "actors/interfaces.hpp"
 #include "sched/kv_precision_controller.hpp"
 #include "sched/ladb_policy.hpp"
+#include "sched/token_groups.hpp"
 #include "model/engine_limits.hpp"
 #include "model/fault_injection.hpp"
 #include "model/model_runner.hpp"
@@ -102,6 +103,9 @@ struct engine_options {
   kv_strategy kv = kv_strategy::paged;
   int32_t kv_bucket_min_tokens = 4096;
   int32_t kv_buckets_per_size = 32;
+  /// batching.token_groups: token-aware grouping (sched/token_groups.hpp);
+  /// none = off.
+  token_groups groups;
   /// Element type of the KV cache (fp8: CUDA only, spawn_engine refuses it
   /// on the CPU, whose KV cache is fp32 whatever this says; fp8_e5m2: the
   /// CPU only, as the format's reference, its cache still fp32).

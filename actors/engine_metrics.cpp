@@ -143,7 +143,8 @@ engine_metrics::engine_metrics(const std::string& model_name)
     scheduling_events_(registry_.add_counter_family(
       "metronome:scheduling_events_total",
       "Decisions of the latency-aware policies, by kind (limited_step, long_step, relaxed_step, "
-      "promotion, reclassification, timeout_dispatch).",
+      "promotion, reclassification, timeout_dispatch), and of token-aware grouping "
+      "(group_admission, group_preemption, group_decode).",
       {"kind"})),
     step_model_(registry_.add_gauge_family(
       "metronome:step_time_model_scale",

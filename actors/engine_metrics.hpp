@@ -105,7 +105,11 @@ public:
   /// prompt chunk cut to the step time limit), "long_step" (a prompt run
   /// past it on the long-step budget), "relaxed_step" (no limit: the queue
   /// waited too long), "promotion" (starvation guard), "reclassification",
-  /// "timeout_dispatch" (ladb-literal). Scheduler thread.
+  /// "timeout_dispatch" (ladb-literal), and token-aware grouping's
+  /// (batching.token_groups) "group_admission" (admitted ahead of a higher
+  /// group), "group_preemption" (a higher group preempted instead of the
+  /// latest admitted), "group_decode" (a decode left out of a step for a
+  /// lower group's). Scheduler thread.
   void on_scheduling_event(const std::string& kind, int64_t n);
 
   /// Prefix cache: prompt tokens looked up and found cached since the last

@@ -32,6 +32,7 @@ struct scheduler_actor_state {
   int64_t cancelled = 0;
   int64_t reported_preemptions = 0;
   int64_t reported_limited = 0;
+  token_group_stats reported_groups;
   int64_t reported_prefix_queries = 0, reported_prefix_hits = 0;
   int64_t reported_bucket_admissions = 0, reported_bucket_overflows = 0;
   latency_aware_stats reported_stats;
@@ -62,6 +63,13 @@ void publish(self_ptr self) {
     st.metrics->on_scheduling_event("limited_step",
                                     st.core->limited_steps() - st.reported_limited);
     st.reported_limited = st.core->limited_steps();
+    const auto& groups = st.core->group_stats();
+    st.metrics->on_scheduling_event("group_admission",
+                                    groups.admissions - st.reported_groups.admissions);
+    st.metrics->on_scheduling_event("group_preemption",
+                                    groups.preemptions - st.reported_groups.preemptions);
+    st.metrics->on_scheduling_event("group_decode", groups.decodes - st.reported_groups.decodes);
+    st.reported_groups = groups;
     st.metrics->on_prefix_cache(st.core->prefix_queries() - st.reported_prefix_queries,
                                 st.core->prefix_hits() - st.reported_prefix_hits,
                                 st.core->pages().cached_pages());

@@ -176,4 +176,45 @@ std::optional<host_port> parse_host_port(std::string_view text) {
   return host_port{std::string(host), uint16_t(*port)};
 }
 
+std::optional<std::vector<int32_t>> parse_token_bounds(std::string_view text,
+                                                       std::string* problem) {
+  // The limits of sched/token_groups.hpp (token_groups::max_bound,
+  // max_bounds): the configuration library does not link the scheduler.
+  constexpr int64_t max_bound = int64_t{1} << 20;
+  constexpr size_t max_bounds = 8;
+  auto fail = [&](std::string why) -> std::optional<std::vector<int32_t>> {
+    if (problem)
+      *problem = std::move(why);
+    return std::nullopt;
+  };
+  std::vector<int32_t> out;
+  if (text.empty())
+    return out;
+  while (true) {
+    const auto comma = text.find(',');
+    auto item = text.substr(0, comma);
+    while (!item.empty() && item.front() == ' ')
+      item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ')
+      item.remove_suffix(1);
+    const auto v = parse_integer(item);
+    if (!v)
+      return fail("expected token counts separated by commas (\"32,128\"), got \""
+                  + std::string(item) + "\"");
+    if (*v < 1 || *v > max_bound)
+      return fail("bound " + std::string(item) + " is outside [1, " + std::to_string(max_bound)
+                  + "]");
+    if (!out.empty() && *v <= out.back())
+      return fail("bounds must increase, got " + std::to_string(*v) + " after "
+                  + std::to_string(out.back()));
+    out.push_back(int32_t(*v));
+    if (out.size() > max_bounds)
+      return fail("at most " + std::to_string(max_bounds) + " bounds");
+    if (comma == std::string_view::npos)
+      break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
 } // namespace metronome

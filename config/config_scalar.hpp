@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace metronome {
 
@@ -45,6 +46,13 @@ struct host_port {
 /// HOST:PORT with a valid_host host and a decimal port in [0, 65535];
 /// nullopt otherwise.
 std::optional<host_port> parse_host_port(std::string_view text);
+
+/// batching.token_groups: "" (none) or token counts separated by commas
+/// ("32,128"), each in [1, 1048576], strictly increasing, at most 8 (the
+/// bounds sched/token_groups.hpp accepts). `problem` (when not null) says
+/// what is wrong when nullopt is returned.
+std::optional<std::vector<int32_t>> parse_token_bounds(std::string_view text,
+                                                       std::string* problem = nullptr);
 
 /// Quotes `text` as a YAML double-quoted scalar (escaping \, ", control
 /// characters).

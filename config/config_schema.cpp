@@ -352,6 +352,33 @@ config_key list_key(std::string path, Access access, std::string doc, std::strin
   return k;
 }
 
+/// batching.token_groups: parse_token_bounds's syntax, its own problem
+/// named in the message.
+template <class Access>
+config_key token_bounds_key(std::string path, Access access, std::string doc) {
+  config_key k;
+  k.path = std::move(path);
+  k.kind = value_kind::text;
+  k.metavar = "N,N,...";
+  k.allowed = "\"\" (off) or increasing token counts in [1, 1048576] separated by commas, "
+              "at most 8 (\"32,128\")";
+  k.doc = std::move(doc);
+  k.set = [access](server_config& c, std::string_view text) -> std::string {
+    std::string problem;
+    const auto bounds = parse_token_bounds(text, &problem);
+    if (!bounds)
+      return problem;
+    // Stored as written back: "32,128" whatever the spaces.
+    std::string canonical;
+    for (auto b : *bounds)
+      canonical += (canonical.empty() ? "" : ",") + std::to_string(b);
+    access(c) = canonical;
+    return {};
+  };
+  k.get = [access](const server_config& c) { return yaml_quote(access(c)); };
+  return k;
+}
+
 // -- item syntax of the access keys ---------------------------------------------------
 
 /// Visible ASCII without commas (the list separator of the command line):
@@ -593,6 +620,10 @@ std::vector<config_key> make_keys() {
                   "Shortest hold window while a cohort fills."));
   add(integer_key("batching.max_hold_ms", METRONOME_FIELD(batching.max_hold_ms), 0, 60'000,
                   "Longest hold window while a cohort fills."));
+  add(token_bounds_key("batching.token_groups", METRONOME_FIELD(batching.token_groups),
+                       "Token-aware grouping (any policy): bounds of generated tokens; requests "
+                       "of lower groups are admitted and decoded first, the highest preempted "
+                       "first. \"\" = off."));
 
   // predictor
   add(path_key("predictor.model_path", METRONOME_FIELD(predictor.model_path),

@@ -255,6 +255,9 @@ struct batching_section {
   /// The adaptive hold window's bounds.
   int64_t min_hold_ms = 50;
   int64_t max_hold_ms = 120;
+  /// Token-aware grouping's bounds of generated tokens ("32,128": groups
+  /// 0-32, 33-128, 129+; sched/token_groups.hpp); "" = off.
+  std::string token_groups;
 
   bool operator==(const batching_section&) const = default;
 };

@@ -12,7 +12,7 @@
 namespace metronome {
 
 ladb_policy::ladb_policy(ladb_options options, latency_aware_state state)
-  : latency_aware_policy(std::move(state)), options_(options) {
+  : latency_aware_policy(std::move(state), options.reclassify), options_(options) {
   // nop
 }
 

@@ -93,6 +93,9 @@ struct ladb_options {
   /// The original design read literally: hold cohorts of similar predicted
   /// decode steps, order by predicted steps alone.
   bool literal = false;
+  /// Re-classify a request that runs past max_decode_steps (replay's
+  /// ladb.reclassify; no configuration key).
+  bool reclassify = true;
 };
 
 class ladb_policy final : public latency_aware_policy {

@@ -241,6 +241,53 @@ std::vector<sched_request*> scheduler::waiting_list() {
   return out;
 }
 
+std::vector<scheduler::visit_entry> scheduler::running_order() const {
+  std::vector<visit_entry> visit;
+  visit.reserve(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i)
+    visit.push_back({running_[i], int32_t(i)});
+  if (!config_.groups.enabled())
+    return visit;
+  // Decodes (one token to compute) trade places among themselves only, so a
+  // prompt chunk takes the budget where it would without groups.
+  std::vector<size_t> places;
+  std::vector<visit_entry> decodes;
+  for (size_t i = 0; i < visit.size(); ++i) {
+    const auto& r = requests_.at(visit[i].id);
+    if (r.total_tokens() - r.num_computed == 1) {
+      places.push_back(i);
+      decodes.push_back(visit[i]);
+    }
+  }
+  std::stable_sort(decodes.begin(), decodes.end(), [&](const auto& a, const auto& b) {
+    return group_of(requests_.at(a.id)) < group_of(requests_.at(b.id));
+  });
+  for (size_t j = 0; j < places.size(); ++j)
+    visit[places[j]] = decodes[j];
+  return visit;
+}
+
+size_t scheduler::pick_victim(const std::vector<visit_entry>& visit, size_t k) {
+  size_t latest = visit.size(), chosen = visit.size();
+  int32_t chosen_group = -1;
+  for (size_t j = k + 1; j < visit.size(); ++j) {
+    const auto& r = requests_.at(visit[j].id);
+    if (r.bucket >= 0)
+      continue;
+    if (latest == visit.size() || visit[j].admitted > visit[latest].admitted)
+      latest = j;
+    const int32_t g = group_of(r);
+    if (chosen == visit.size() || g > chosen_group
+        || (g == chosen_group && visit[j].admitted > visit[chosen].admitted)) {
+      chosen = j;
+      chosen_group = g;
+    }
+  }
+  if (chosen != latest)
+    ++group_stats_.preemptions; // only with groups: otherwise both are the latest
+  return chosen;
+}
+
 std::optional<step_draft> scheduler::schedule(sched_time now) {
   if (num_pages_ == 0 || int32_t(inflight_.size()) >= config_.pipeline_depth)
     return std::nullopt;
@@ -322,14 +369,18 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     name_pages(r);
   };
 
-  // 1. Running requests, in admission order.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    auto& r = requests_.at(running_[i]);
+  // 1. Running requests, in admission order (decodes by token group when
+  // groups are on: running_order).
+  auto visit = running_order();
+  size_t k = 0;
+  int32_t last_decode = -1; // the latest admitted decode placed
+  for (; k < visit.size() && budget > 0;) {
+    auto& r = requests_.at(visit[k].id);
     const int32_t uncomputed = r.total_tokens() - r.num_computed;
     const bool samples_max = int32_t(r.output.size()) + r.pending >= r.max_output;
     // A request parked for a KV overflow waits for the supervisor.
     if (uncomputed <= 0 || samples_max || r.overflow_parked) {
-      ++i;
+      ++k;
       continue;
     }
     const bool prompt = uncomputed > 1;
@@ -338,29 +389,42 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
     if (prompt)
       n = within_limit(r, n);
     if (n <= 0) {
-      ++i;
+      ++k;
       continue;
     }
     const int32_t need = pages_for(int64_t(r.num_computed) + n) - pages_held(r.id);
-    // Make room by preempting the most recently admitted other request that
-    // holds no bucket (a bucket's pages are guaranteed for its life).
+    // Make room by preempting a request not visited yet that holds no
+    // bucket (a bucket's pages are guaranteed for its life): pick_victim.
     while (need > free_for(r)) {
-      auto victim = std::find_if(running_.rbegin(), running_.rend() - ptrdiff_t(i) - 1,
-                                 [&](uint64_t id) { return requests_.at(id).bucket < 0; });
-      if (victim == running_.rend() - ptrdiff_t(i) - 1)
+      const size_t v = pick_victim(visit, k);
+      if (v == visit.size())
         break;
-      preempt(requests_.at(*victim));
+      preempt(requests_.at(visit[v].id));
+      visit.erase(visit.begin() + ptrdiff_t(v));
       preempted = true;
     }
     if (need > free_for(r)) {
       preempt(r); // alone and still too big: wait for pages
+      visit.erase(visit.begin() + ptrdiff_t(k));
       preempted = true;
       continue;
     }
     place(r, n, need);
     if (prompt)
       prefill_left -= n;
-    ++i;
+    else
+      last_decode = std::max(last_decode, visit[k].admitted);
+    ++k;
+  }
+  // Decodes the budget left out while a decode of a lower group admitted
+  // after them ran: what the group order changed (none without groups,
+  // where decodes run in admission order).
+  for (size_t j = k; j < visit.size(); ++j) {
+    const auto& r = requests_.at(visit[j].id);
+    const bool waits = r.total_tokens() - r.num_computed == 1 && !r.overflow_parked
+                       && int32_t(r.output.size()) + r.pending < r.max_output;
+    if (waits && visit[j].admitted < last_decode)
+      ++group_stats_.decodes;
   }
 
   // 2. Waiting requests, in the policy's order (none after a preemption,
@@ -371,6 +435,21 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       && int32_t(running_.size()) < config_.limits.max_batch_size) {
     int32_t free_slots = config_.limits.max_batch_size - int32_t(running_.size());
     auto order = policy_->admission_order(waiting_list(), free_slots, now);
+    // Token groups: requests that generated less go first (new arrivals are
+    // group 0, preempted ones keep what they generated); the policy's order
+    // holds within a group. `jumped`: moved ahead of a higher group.
+    std::vector<uint64_t> jumped;
+    if (config_.groups.enabled()) {
+      int32_t highest = -1;
+      for (auto* r : order) {
+        const int32_t g = group_of(*r);
+        if (g < highest)
+          jumped.push_back(r->id);
+        highest = std::max(highest, g);
+      }
+      std::stable_sort(order.begin(), order.end(),
+                       [&](auto* a, auto* b) { return group_of(*a) < group_of(*b); });
+    }
     for (auto* r : order) {
       if (free_slots <= 0 || budget <= 0)
         break;
@@ -434,6 +513,8 @@ std::optional<step_draft> scheduler::schedule(sched_time now) {
       place(*r, n, need);
       prefill_left -= n;
       --free_slots;
+      if (std::find(jumped.begin(), jumped.end(), r->id) != jumped.end())
+        ++group_stats_.admissions;
       if (r->no_batch)
         break;
     }

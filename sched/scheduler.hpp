@@ -47,6 +47,7 @@
 #include "sched/kv_page_pool.hpp"
 #include "sched/kv_precision_controller.hpp"
 #include "sched/step_cost.hpp"
+#include "sched/token_groups.hpp"
 #include "model/engine_limits.hpp"
 #include "model/sampling.hpp"
 #include "model/step_plan.hpp"
@@ -76,6 +77,10 @@ struct scheduler_config {
   kv_strategy kv = kv_strategy::paged;
   int32_t kv_bucket_min_tokens = 4096;
   int32_t kv_buckets_per_size = 32;
+  /// Token-aware grouping (batching.token_groups; sched/token_groups.hpp):
+  /// with bounds, admission, preemption and decodes short of budget prefer
+  /// requests that generated fewer tokens. None (the default): off.
+  token_groups groups;
 };
 
 enum class request_status : uint8_t { waiting, running, finished };
@@ -364,6 +369,14 @@ public:
   int64_t limited_steps() const {
     return limited_steps_;
   }
+  /// Decisions token-aware grouping changed (zeros while it is off).
+  const token_group_stats& group_stats() const {
+    return group_stats_;
+  }
+  /// `r`'s token group (config().groups over its generated tokens).
+  int32_t group_of(const sched_request& r) const {
+    return config_.groups.group_of(int32_t(r.output.size()));
+  }
   /// Prefix cache: tokens looked up at admissions, and those found cached
   /// (vLLM's prefix_cache_queries / prefix_cache_hits).
   int64_t prefix_queries() const {
@@ -421,6 +434,21 @@ private:
   void set_precision(sched_request& r, kv_precision p, kv_fallback why);
   void collect_finished(std::vector<uint64_t>* finished);
   std::vector<sched_request*> waiting_list();
+  /// A running request as schedule() visits it: its id and its place in
+  /// admission order.
+  struct visit_entry {
+    uint64_t id;
+    int32_t admitted;
+  };
+  /// The order schedule() gives running requests their tokens: admission
+  /// order; with token groups, the decodes sorted by group (lowest first,
+  /// then admission order) within the places decodes hold.
+  std::vector<visit_entry> running_order() const;
+  /// The running request to preempt for visit[k]'s pages: among those not
+  /// visited yet (after k) and holding no bucket, the most recently
+  /// admitted, or with token groups the highest group's (counted when that
+  /// differs). visit.size() for none.
+  size_t pick_victim(const std::vector<visit_entry>& visit, size_t k);
 
   scheduler_config config_;
   std::unique_ptr<admission_policy> policy_;
@@ -446,6 +474,7 @@ private:
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
   int64_t limited_steps_ = 0;
+  token_group_stats group_stats_;
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;
   kv_buckets buckets_;

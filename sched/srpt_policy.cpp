@@ -15,7 +15,8 @@ latency_aware_state latency_aware_state::make(predictor_options options) {
 
 // -- latency_aware_policy ------------------------------------------------------------
 
-latency_aware_policy::latency_aware_policy(latency_aware_state state) : state_(std::move(state)) {
+latency_aware_policy::latency_aware_policy(latency_aware_state state, bool reclassify)
+  : state_(std::move(state)), reclassify_(reclassify) {
   if (!state_.model)
     state_.model = std::make_shared<predictor>();
   if (!state_.stats)
@@ -31,7 +32,7 @@ void latency_aware_policy::on_arrival(sched_request& r, sched_time) {
 }
 
 void latency_aware_policy::on_token(sched_request& r, sched_time) {
-  if (r.max_decode_steps <= 0 || int32_t(r.output.size()) <= r.max_decode_steps)
+  if (!reclassify_ || r.max_decode_steps <= 0 || int32_t(r.output.size()) <= r.max_decode_steps)
     return;
   // It outran its prediction: past k steps, expect about k more (lengths
   // are heavy-tailed), and stop counting it in its old cohort.
@@ -85,7 +86,7 @@ double remaining_work(const latency_aware_policy& p, const sched_request& r,
 // -- srpt -----------------------------------------------------------------------------
 
 srpt_policy::srpt_policy(srpt_options options, latency_aware_state state)
-  : latency_aware_policy(std::move(state)), options_(options) {
+  : latency_aware_policy(std::move(state), options.reclassify), options_(options) {
   // nop
 }
 

@@ -58,7 +58,9 @@ struct latency_aware_state {
 /// The common part of ladb and srpt.
 class latency_aware_policy : public admission_policy {
 public:
-  explicit latency_aware_policy(latency_aware_state state);
+  /// `reclassify` false: a request that outruns max_decode_steps keeps its
+  /// estimate (the measurement's "off"; docs/scheduling.md).
+  explicit latency_aware_policy(latency_aware_state state, bool reclassify = true);
 
   /// Predicts the request's decode steps (once; kept across preemptions and
   /// policy switches) and sets max_decode_steps.
@@ -84,6 +86,7 @@ public:
 
 protected:
   latency_aware_state state_;
+  bool reclassify_ = true;
 };
 
 /// Settings of srpt (config `router.srpt_promote_after_ms`).
@@ -96,6 +99,9 @@ struct srpt_options {
   double decode_step_weight = 16.0;
   /// Order by predicted decode steps alone (the original, prompt-blind).
   bool literal = false;
+  /// Re-classify a request that runs past max_decode_steps (replay's
+  /// srpt.reclassify; no configuration key).
+  bool reclassify = true;
 };
 
 /// The remaining work of a waiting request in prompt-token units: its

@@ -160,10 +160,15 @@ public:
     if (disabled_since_)
       res_.disabled_s += seconds(now_ - *disabled_since_);
     res_.kv_strategy = to_string(replicas_.front().sched->config().kv);
+    res_.token_groups = replicas_.front().sched->config().groups.to_string();
     for (auto& r : replicas_) {
       const auto& s = *r.sched;
       res_.steps += s.steps();
       res_.preemptions += s.preemptions();
+      res_.limited_steps += s.limited_steps();
+      res_.group_stats.admissions += s.group_stats().admissions;
+      res_.group_stats.preemptions += s.group_stats().preemptions;
+      res_.group_stats.decodes += s.group_stats().decodes;
       res_.prefix_queries += s.prefix_queries();
       res_.prefix_hits += s.prefix_hits();
       res_.bucket_admissions += s.bucket_admissions();

@@ -128,6 +128,11 @@ struct replay_result {
   latency_aware_stats policy_stats;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  /// Steps whose prompt chunks were cut to the policy's step time limit.
+  int64_t limited_steps = 0;
+  /// Token-aware grouping: its bounds ("" off) and the decisions it changed.
+  std::string token_groups;
+  token_group_stats group_stats;
   /// Prefix cache: prompt tokens looked up at admissions and found cached.
   int64_t prefix_queries = 0;
   int64_t prefix_hits = 0;

@@ -162,6 +162,17 @@ nlohmann::json make_report(const replay_result& r) {
   // The replicas' mean: each executor's busy time over the makespan.
   j["busy_fraction"] = ratio(r.busy_s, r.makespan_s * std::max(r.replicas, 1));
   j["preemptions"] = r.preemptions;
+  // metronome:scheduling_events_total{kind} as the server counts it.
+  j["scheduling_events"] = {{"limited_step", r.limited_steps},
+                            {"long_step", r.policy_stats.long_steps},
+                            {"relaxed_step", r.policy_stats.relaxed_steps},
+                            {"promotion", r.policy_stats.promotions},
+                            {"reclassification", r.policy_stats.reclassifications},
+                            {"timeout_dispatch", r.policy_stats.timeout_dispatches},
+                            {"group_admission", r.group_stats.admissions},
+                            {"group_preemption", r.group_stats.preemptions},
+                            {"group_decode", r.group_stats.decodes}};
+  j["token_groups"] = r.token_groups;
   j["prefix_cache_queries"] = r.prefix_queries;
   j["prefix_cache_hits"] = r.prefix_hits;
   j["prefix_cache_hit_rate"] = r.prefix_queries > 0 ? double(r.prefix_hits) / double(r.prefix_queries) : 0.0;

@@ -1,5 +1,7 @@
 #include "sim/settings.hpp"
 
+#include "config/config_scalar.hpp"
+
 namespace metronome::sim {
 
 namespace {
@@ -45,6 +47,9 @@ scheduling_settings settings_from_config(const server_config& cfg) {
                                                                          : kv_strategy::paged;
   s.scheduler.kv_bucket_min_tokens = cfg.engine.kv_bucket_min_tokens;
   s.scheduler.kv_buckets_per_size = cfg.engine.kv_buckets_per_size;
+  // Checked at load (parse_token_bounds); token_groups re-checks.
+  s.scheduler.groups = token_groups(parse_token_bounds(cfg.batching.token_groups).value_or(
+    std::vector<int32_t>{}));
 
   s.predictor.cold_start_slope = cfg.predictor.cold_start_slope;
   s.predictor.cold_start_intercept = cfg.predictor.cold_start_intercept;

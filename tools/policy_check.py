@@ -50,6 +50,12 @@ Usage:
       [--metronome build/metronome] [--traces DIR] [--cost-model FILE]
       [--set-opt KEY=VALUE]... [--jobs 2] [--quick] [--max-requests N]
       [--seed N] [--json OUT] [--markdown] [--no-fail] [-v]
+  tools/policy_check.py --candidate 'LABEL=POLICY[;KEY=VALUE]...' ... [...]
+      judges a named candidate: POLICY with replay --set KEY=VALUE for its own
+      replays only (fcfs keeps the shared --set-opt values). Used to measure a
+      mechanism on and off, e.g. --candidate 'ladb+groups=ladb;batching.token_groups=32,128'
+      beside --policy ladb; POLICY may be fcfs ('fcfs+groups=fcfs;...').
+      Reports carry replay's scheduling_events counters per candidate.
   tools/policy_check.py --validate-json OUT [--quick] [--set ...] [--policy ...]
       checks that OUT (written by --json) has every workload of the set, every
       load and every policy with finite numbers (used by CTest).
@@ -370,12 +376,13 @@ class Runner:
         self.count = 0
         self.seconds = 0.0
 
-    def base_cmd(self, trace, fmt, policy, scale, report):
+    def base_cmd(self, trace, fmt, label, scale, report):
+        policy, opts = self.args.candidates.get(label, (label, []))
         cmd = [self.args.metronome, "replay", "--trace", trace, "--format", fmt,
                "--policy", policy, "--rate-scale", f"{scale:.6g}", "--report", report, "--quiet"]
         if self.args.cost_model:
             cmd += ["--cost-model", self.args.cost_model]
-        for kv in self.args.set_opt:
+        for kv in self.args.set_opt + opts:
             cmd += ["--set", kv]
         return cmd
 
@@ -447,6 +454,8 @@ def metrics(doc):
         "queue_p95_ms": doc["queue_ms"]["p95"],
         "throughput_tokens_per_s": doc["throughput_tokens_per_s"],
         "busy_fraction": doc.get("busy_fraction"),
+        "preemptions": doc.get("preemptions", 0),
+        "scheduling_events": doc.get("scheduling_events", {}),
         "unloaded_ttft_p50_ms": doc["unloaded"]["ttft_ms"]["p50"],
         "unloaded_ttft_p95_ms": doc["unloaded"]["ttft_ms"]["p95"],
         "unloaded_e2e_p95_ms": doc["unloaded"]["e2e_ms"]["p95"],
@@ -627,6 +636,36 @@ def print_table(res, p, markdown):
         print()
 
 
+EVENT_KINDS = ("reclassification", "promotion", "long_step", "relaxed_step", "limited_step",
+               "timeout_dispatch", "group_admission", "group_preemption", "group_decode")
+
+
+def print_comparison(results, policies):
+    """One Markdown row per workload and candidate: P95 ratios against fcfs
+    at every load, the least throughput ratio, the verdict, and the
+    scheduling events (summed over the loads) that were not zero."""
+    loads = "/".join(f"{int(round(row['load'] * 100))}" for row in results[0]["loads"])
+    print(f"**Candidates against fcfs** (P95 ratios at {loads}% of each knee)\n")
+    print("| workload | set | candidate | P95 TTFT x | P95 e2e x | tput x (min) | preemptions "
+          "(fcfs / cand.) | no harm / win / certainty | events (sum over loads) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for res in results:
+        for p in policies:
+            rows = res["loads"]
+            t = "/".join(f"{row['policies'][p]['ratios']['ttft_p95_vs_fcfs']:.2f}" for row in rows)
+            e = "/".join(f"{row['policies'][p]['ratios']['e2e_p95_vs_fcfs']:.2f}" for row in rows)
+            tp = min(row["policies"][p]["ratios"]["throughput_vs_fcfs"] for row in rows)
+            pre_f = sum(row["fcfs"].get("preemptions", 0) for row in rows)
+            pre_c = sum(row["policies"][p].get("preemptions", 0) for row in rows)
+            ev = {k: sum(row["policies"][p].get("scheduling_events", {}).get(k, 0) for row in rows)
+                  for k in EVENT_KINDS}
+            evs = ", ".join(f"{k} {v}" for k, v in ev.items() if v) or "none"
+            v = res["verdict"][p]
+            print(f"| {res['name']} | {res['set']} | {p} | {t} | {e} | {tp:.3f} | {pre_f} / {pre_c} "
+                  f"| {pf(v['no_harm'])} / {pf(v['win'])} / {pf(v['certainty'])} | {evs} |")
+    print()
+
+
 def summary_lines(results, policies, markdown):
     lines = []
     for p in policies:
@@ -712,6 +751,9 @@ def parse_args(argv):
                     help="step-time model passed to replay (default: replay's own)")
     ap.add_argument("--set-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to replay's --set (every replay, fcfs too); repeatable")
+    ap.add_argument("--candidate", action="append", default=[], metavar="LABEL=POLICY[;K=V]...",
+                    help="a named candidate: POLICY with its own replay --set values "
+                         "(separated by ';'); repeatable; beside --policy's")
     ap.add_argument("--jobs", type=int, default=2, help="replays in parallel (default 2)")
     ap.add_argument("--quick", action="store_true",
                     help=f"loads 30/70/100%% only, traces cut to {QUICK_MAX_REQUESTS} requests, "
@@ -731,10 +773,25 @@ def parse_args(argv):
     ap.add_argument("-v", "--verbose", action="store_true", help="log every replay")
     args = ap.parse_args(argv)
     args.policies = [p for p in args.policy.split(",") if p]
-    if not args.policies:
-        raise UsageError("--policy: no policy given")
     if "fcfs" in args.policies:
         raise UsageError("--policy: fcfs is the baseline; name a candidate")
+    # label -> (policy, its own --set values); plain --policy names map to
+    # themselves with none.
+    args.candidates = {}
+    for spec in args.candidate:
+        label, eq, rest = spec.partition("=")
+        parts = [x for x in rest.split(";") if x]
+        if not eq or not label or not parts:
+            raise UsageError(f"--candidate {spec}: expected LABEL=POLICY[;KEY=VALUE]...")
+        if label == "fcfs" or label in args.policies or label in args.candidates:
+            raise UsageError(f"--candidate {spec}: label {label} is taken")
+        for kv in parts[1:]:
+            if "=" not in kv:
+                raise UsageError(f"--candidate {spec}: {kv}: expected KEY=VALUE")
+        args.candidates[label] = (parts[0], parts[1:])
+        args.policies.append(label)
+    if not args.policies:
+        raise UsageError("--policy: no policy given")
     if args.jobs < 1:
         raise UsageError("--jobs must be >= 1")
     if args.max_requests is not None and args.max_requests < 2:
@@ -758,16 +815,24 @@ def parse_args(argv):
 
 
 def preflight(args, tmp):
-    """A three-request replay of every policy with the --set-opt values:
-    a bad policy name, key or binary is a usage error, said once."""
+    """A three-request replay of every policy with the --set-opt values (and
+    of each --candidate with its own): a bad policy name, key or binary is a
+    usage error, said once."""
+    plain = ["fcfs"] + [p for p in args.policies if p not in args.candidates]
+    for label, (policy, opts) in args.candidates.items():
+        preflight_one(args, tmp, policy, opts)
+    preflight_one(args, tmp, ",".join(plain), [])
+
+
+def preflight_one(args, tmp, policies, opts):
     path = os.path.join(tmp, "preflight.csv")
     write_csv(path, [(0.0, 100, 4), (0.01, 200, 4), (0.02, 50, 4)])
     report = os.path.join(tmp, "preflight.json")
     cmd = [args.metronome, "replay", "--trace", path, "--format", "csv",
-           "--policy", ",".join(["fcfs"] + args.policies), "--report", report, "--quiet"]
+           "--policy", policies, "--report", report, "--quiet"]
     if args.cost_model:
         cmd += ["--cost-model", args.cost_model]
-    for kv in args.set_opt:
+    for kv in args.set_opt + opts:
         cmd += ["--set", kv]
     last = ""
     for attempt in range(6):
@@ -862,6 +927,8 @@ def main(argv):
             print(f"  {res['name']:22s} [{res['set']:7s}] rate scale {res['knee']['rate_scale']:<9.5g}"
                   f" unloaded P95 TTFT {fmt_ms(res['unloaded_ttft_p95_ms'])} ms,"
                   f" fcfs busy {res['loads'][-1]['fcfs']['busy_fraction']:.2f} at the knee")
+        if args.markdown and results:
+            print_comparison(results, args.policies)
         lines = summary_lines(results, args.policies, args.markdown)
         ok = not errors and all(r["verdict"][p]["pass"] for r in results for p in args.policies)
         tail = (f"[{runner.count} replays, {runner.seconds:.0f} s of replay, "
@@ -877,6 +944,8 @@ def main(argv):
                 "policies": args.policies, "baseline": "fcfs", "set": args.which,
                 "quick": args.quick, "max_requests": args.max_requests, "seed": args.seed,
                 "cost_model": args.cost_model, "set_opt": args.set_opt,
+                "candidates": {k: {"policy": v[0], "set": v[1]}
+                               for k, v in args.candidates.items()},
                 "loads": list(args.loads),
                 "thresholds": {"knee_factor": KNEE_FACTOR, "harm_ttft": HARM_TTFT,
                                "harm_e2e": HARM_E2E, "harm_throughput": HARM_TPUT,

@@ -267,6 +267,43 @@ TEST(config_range, every_numeric_key_names_its_path) {
 
 // -- cross-field rules -------------------------------------------------------------------
 
+TEST(config_range, token_group_bounds_are_refused_by_name) {
+  struct bad {
+    const char* value;
+    const char* problem;
+  };
+  for (const auto& b : std::initializer_list<bad>{
+         {"\"128,32\"", "bounds must increase, got 32 after 128"},
+         {"\"32,32\"", "bounds must increase, got 32 after 32"},
+         {"\"0,32\"", "bound 0 is outside [1, 1048576]"},
+         {"\"32,2000000\"", "bound 2000000 is outside [1, 1048576]"},
+         {"\"32,,128\"", "expected token counts separated by commas (\"32,128\"), got \"\""},
+         {"\"32;128\"", "expected token counts separated by commas (\"32,128\"), got \"32;128\""},
+         {"\"1,2,3,4,5,6,7,8,9\"", "at most 8 bounds"},
+         {"-5", "bound -5 is outside [1, 1048576]"},
+       }) {
+    auto e = load_error(nested_yaml("batching.token_groups", b.value));
+    EXPECT_EQ(e.key_path(), "batching.token_groups") << e.what();
+    EXPECT_EQ(e.problem(), std::string(b.problem) + " (line 2)") << b.value;
+  }
+  // From the command line too, naming the key and the source.
+  server_config cfg;
+  try {
+    apply_override(cfg, "batching.token_groups", "128,32");
+    ADD_FAILURE() << "accepted";
+  } catch (const config_error& e) {
+    EXPECT_EQ(e.key_path(), "batching.token_groups");
+    EXPECT_NE(std::string(e.what()).find("bounds must increase"), std::string::npos) << e.what();
+  }
+  // Spaces are allowed and dropped; "" is off.
+  EXPECT_EQ(load_config_string(nested_yaml("batching.token_groups", "\" 32, 128\""), "t")
+              .batching.token_groups,
+            "32,128");
+  EXPECT_EQ(load_config_string(nested_yaml("batching.token_groups", "\"\""), "t")
+              .batching.token_groups,
+            "");
+}
+
 TEST(config_cross_field, each_rule_names_the_key_and_the_bound) {
   struct bad {
     const char* yaml;

@@ -378,6 +378,7 @@ const std::vector<std::pair<std::string, std::string>>& changed_values() {
     {"batching.variance_tolerance", "1e-3"},
     {"batching.min_hold_ms", "0"},
     {"batching.max_hold_ms", "60000"},
+    {"batching.token_groups", "32,128"},
     {"predictor.model_path", "null"},
     {"predictor.warmup_steps", "0"},
     {"predictor.update_interval_ms", "5"},

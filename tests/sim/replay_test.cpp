@@ -90,6 +90,41 @@ TEST(replay, reports_have_the_keys_other_tools_read) {
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["predictor"]["samples"], 4);
   EXPECT_EQ(j["slowdown_by_output_decile"].size(), 4u) << "4 requests: 4 non-empty deciles";
+  // metronome:scheduling_events_total's kinds, token grouping's among them.
+  for (const char* kind : {"limited_step", "long_step", "relaxed_step", "promotion",
+                           "reclassification", "timeout_dispatch", "group_admission",
+                           "group_preemption", "group_decode"})
+    EXPECT_TRUE(j["scheduling_events"].contains(kind)) << kind;
+  EXPECT_EQ(j["token_groups"], "") << "off by default";
+}
+
+TEST(replay, token_groups_choose_preemption_victims_and_are_counted) {
+  // Sixteen requests at once, each 100 + 300 tokens, in a KV cache of 2,048:
+  // pages run out while some have generated more than others.
+  std::string rows;
+  for (int i = 0; i < 16; ++i)
+    rows += "0." + std::to_string(100 + i) + ",100,300\n";
+  const auto t = csv(rows);
+  for (bool grouped : {false, true}) {
+    auto o = options("fcfs");
+    o.settings.scheduler.limits.kv_cache_tokens = 2048;
+    o.max_tokens = 300; // a request may not need more than the cache
+    if (grouped)
+      o.settings.scheduler.groups = token_groups({32, 128});
+    const auto r = replay(t, o);
+    EXPECT_GT(r.preemptions, 0) << grouped;
+    for (const auto& q : r.requests)
+      EXPECT_EQ(q.produced, 300) << grouped;
+    const auto j = make_report(r);
+    EXPECT_EQ(j["scheduling_events"]["group_preemption"], r.group_stats.preemptions);
+    EXPECT_EQ(j["scheduling_events"]["group_admission"], r.group_stats.admissions);
+    if (grouped) {
+      EXPECT_GT(r.group_stats.preemptions, 0) << "the longest, not the latest, made room";
+      EXPECT_EQ(j["token_groups"], "32,128");
+    } else {
+      EXPECT_EQ(r.group_stats.preemptions + r.group_stats.admissions + r.group_stats.decodes, 0);
+    }
+  }
 }
 
 TEST(replay, percentiles_are_nearest_rank) {

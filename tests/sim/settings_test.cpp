@@ -117,6 +117,15 @@ TEST(settings, defaults_match_the_original_systems_values) {
   EXPECT_DOUBLE_EQ(s.drift.error_threshold, 0.3);
   EXPECT_EQ(s.drift.sustain, 300s);
   EXPECT_EQ(s.drift.disable_for, 300s);
+  EXPECT_FALSE(s.scheduler.groups.enabled()) << "token groups are off by default";
+}
+
+TEST(settings, token_groups_reach_the_scheduler) {
+  server_config cfg;
+  cfg.batching.token_groups = "32,128";
+  const auto s = settings_from_config(cfg);
+  EXPECT_EQ(s.scheduler.groups.bounds(), (std::vector<int32_t>{32, 128}));
+  EXPECT_EQ(s.scheduler.groups.group_of(33), 1);
 }
 
 } // namespace

@@ -98,6 +98,10 @@ void apply_extra(sim::scheduling_settings& s, const std::string& kv) {
     s.ladb.max_long_steps = number();
   else if (key == "ladb.max_prompt_wait_ms")
     s.ladb.max_prompt_wait = ms();
+  else if (key == "ladb.reclassify")
+    s.ladb.reclassify = flag();
+  else if (key == "srpt.reclassify")
+    s.srpt.reclassify = flag();
   else if (key == "srpt.starvation_tokens_per_s")
     s.srpt.starvation_tokens_per_s = number();
   else if (key == "srpt.decode_step_weight")
@@ -109,8 +113,9 @@ void apply_extra(sim::scheduling_settings& s, const std::string& kv) {
                              "ladb.aging_tokens_per_s, ladb.starvation_wait_ms, "
                              "ladb.starvation_tokens_per_s, ladb.step_time_factor, "
                              "ladb.max_step_ms, ladb.long_step_share, "
-                             "ladb.max_long_steps, ladb.max_prompt_wait_ms, srpt.decode_step_weight, "
-                             "srpt.starvation_tokens_per_s, "
+                             "ladb.max_long_steps, ladb.max_prompt_wait_ms, ladb.reclassify, "
+                             "srpt.decode_step_weight, srpt.starvation_tokens_per_s, "
+                             "srpt.reclassify, "
                              "drift.relative_to_baseline, or a configuration key)");
 }
 

@@ -58,6 +58,7 @@ engine_options engine_options_from(const server_config& c, const std::filesystem
   o.kv = s.scheduler.kv;
   o.kv_bucket_min_tokens = s.scheduler.kv_bucket_min_tokens;
   o.kv_buckets_per_size = s.scheduler.kv_buckets_per_size;
+  o.groups = s.scheduler.groups;
   o.kv_cache_dtype = c.engine.kv_cache_dtype;
   o.kv_overflow.max_rematerializations = c.engine.kv_overflow.max_rematerializations;
   o.kv_overflow.window = std::chrono::duration_cast<sched_time>(

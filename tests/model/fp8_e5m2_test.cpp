@@ -389,31 +389,6 @@ INSTANTIATE_TEST_SUITE_P(presets, fp8_e5m2_engine_test,
                            return s;
                          });
 
-/// Rewrites in place the values of F32 tensor `name` of `file` through
-/// `edit(values, shape)`: a test's way to give a model chosen weights.
-void edit_f32_tensor(const std::filesystem::path& file, const std::string& name,
-                     const std::function<void(float*, const std::vector<int64_t>&)>& edit) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  ASSERT_TRUE(f) << file;
-  uint64_t header_len = 0;
-  f.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, '\0');
-  f.read(header.data(), std::streamsize(header_len));
-  const auto j = nlohmann::json::parse(header);
-  ASSERT_TRUE(j.contains(name)) << name;
-  ASSERT_EQ(j[name]["dtype"], "F32") << name;
-  const auto shape = j[name]["shape"].get<std::vector<int64_t>>();
-  const auto begin = j[name]["data_offsets"][0].get<uint64_t>();
-  const auto end = j[name]["data_offsets"][1].get<uint64_t>();
-  std::vector<float> values((end - begin) / 4);
-  f.seekg(std::streamoff(8 + header_len + begin));
-  f.read(reinterpret_cast<char*>(values.data()), std::streamsize(end - begin));
-  edit(values.data(), shape);
-  f.seekp(std::streamoff(8 + header_len + begin));
-  f.write(reinterpret_cast<const char*>(values.data()), std::streamsize(end - begin));
-  ASSERT_TRUE(f) << file;
-}
-
 // A model made to overflow: token 6's embedding is all along dimension 0,
 // which the value row (head 0, dim 0) of layer 0 reads with a weight of
 // 1e5; the other tokens used have nothing there, so a window begun by token
@@ -429,17 +404,17 @@ TEST(fp8_e5m2_engine, values_beyond_a_window_range_are_counted_per_sequence) {
   o.out_dir = test::scratch_dir("e5m2-overflow");
   make_model(o);
   const auto file = o.out_dir / "model.safetensors";
-  edit_f32_tensor(file, "model.embed_tokens.weight",
-                  [](float* v, const std::vector<int64_t>& shape) {
-                    const int64_t hidden = shape[1];
-                    for (int64_t t : {5, 7, 9, 10, 11, 12})
-                      v[t * hidden] = 0.0f;
-                    for (int64_t i = 0; i < hidden; ++i)
-                      v[6 * hidden + i] = i == 0 ? 1.0f : 0.0f;
-                    v[7 * hidden + 3] = nan_f;
-                  });
-  edit_f32_tensor(file, "model.layers.0.self_attn.v_proj.weight",
-                  [](float* v, const std::vector<int64_t>&) { v[0] = 1e5f; });
+  test::overwrite_f32_tensor(file, "model.embed_tokens.weight",
+                             [](float* v, const std::vector<int64_t>& shape) {
+                               const int64_t hidden = shape[1];
+                               for (int64_t t : {5, 7, 9, 10, 11, 12})
+                                 v[t * hidden] = 0.0f;
+                               for (int64_t i = 0; i < hidden; ++i)
+                                 v[6 * hidden + i] = i == 0 ? 1.0f : 0.0f;
+                               v[7 * hidden + 3] = nan_f;
+                             });
+  test::overwrite_f32_tensor(file, "model.layers.0.self_attn.v_proj.weight",
+                             [](float* v, const std::vector<int64_t>&) { v[0] = 1e5f; });
   auto model = model_folder::open(o.out_dir);
   const auto& cfg = model->config;
   const std::vector<std::vector<int32_t>> seqs = {{5, 6, 9, 10, 11}, {5, 9, 10, 11, 12},

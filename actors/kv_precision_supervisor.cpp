@@ -11,6 +11,9 @@ namespace metronome {
 
 namespace {
 
+/// How many transitions stats_atom reports (kv_precision_status::events).
+constexpr size_t max_kept_events = 64;
+
 struct kv_precision_supervisor_state {
   std::unique_ptr<kv_precision_controller> controller;
   kv_precision_control_actor scheduler;
@@ -45,6 +48,10 @@ void record(self_ptr self, const std::string& event, uint64_t seq, int32_t in_wi
                                                                     : spdlog::level::warn);
   if (st.metrics)
     st.metrics->on_kv_precision_event(event, st.controller->cooling_down());
+  // The latest transitions only: a server runs for months, and the counters
+  // (overflows, rematerialized, kept, /metrics) keep the totals.
+  if (st.status.events.size() >= max_kept_events)
+    st.status.events.erase(st.status.events.begin());
   st.status.events.push_back({now.count(), event, seq, in_window});
   st.status.cooling_down = st.controller->cooling_down();
   st.status.cooldown_until_ns

@@ -443,6 +443,7 @@ struct kv_precision_status {
   int64_t overflows = 0;
   int64_t rematerialized = 0;
   int64_t kept = 0;
+  /// The latest 64 transitions, oldest first.
   std::vector<kv_precision_event> events;
 };
 

@@ -45,7 +45,18 @@ public:
   }
 
   executor_actor::behavior_type make_behavior() override {
-    // First code on the executor's own thread.
+    // First code on the executor's own thread. The executor holds a handle
+    // to itself until on_exit, so that it only ends by an exit or a quit,
+    // always on its own thread. Without it, the handle the runner's listener
+    // briefly holds (below) could be the last one once the supervisor and
+    // the scheduler have let theirs go: CAF would then run on_exit on the
+    // listener's thread, and destroying the runner there joins that thread.
+    keep_alive_ = ctrl();
+    // Whatever the reason its supervisor gives (a normal exit too), the
+    // executor ends with it: nothing else would end it now.
+    set_exit_handler([this](caf::exit_msg& msg) {
+      quit(std::move(msg.reason));
+    });
     // A failure ends the executor; the steps it still owed hear of it now.
     set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& ep) {
       auto err = describe(ep);
@@ -75,7 +86,8 @@ public:
     }
     // The runner says when a step ends, from its own thread: a message wakes
     // this one, which otherwise sleeps in its mailbox. The listener holds a
-    // weak handle: the runner it lives in belongs to this actor.
+    // weak handle (the runner it lives in belongs to this actor) and a
+    // strong one only for the length of a send.
     runner_->set_step_listener([addr = address()] {
       if (auto self = caf::actor_cast<executor_actor>(addr))
         caf::anon_send(self, step_done_atom::value);
@@ -129,6 +141,9 @@ public:
     if (abandon_runner_ && runner_)
       abandon(std::move(runner_));
     runner_.reset(); // device memory goes on the thread that made it
+    // Not the last reference: the thread running this exit holds one until
+    // the exit is done (CAF's private thread and its scheduler alike).
+    keep_alive_.reset();
   }
 
 private:
@@ -150,6 +165,8 @@ private:
   std::unique_ptr<model_runner> runner_;
   /// The device is lost: the runner is kept, never destroyed (abandon()).
   bool abandon_runner_ = false;
+  /// This actor, from make_behavior to on_exit (see make_behavior).
+  caf::strong_actor_ptr keep_alive_;
 };
 
 } // namespace

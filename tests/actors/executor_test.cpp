@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -402,6 +403,97 @@ TEST(executor_shutdown, an_engine_stopped_mid_step_shuts_down) {
                     [&](caf::error&) {});
     EXPECT_LT(clock_type::now() - t0, 10s);
   } // ~actor_system waits for the executor's thread: a hang fails the test
+}
+
+
+/// A runner whose listener thread calls the listener back to back, as a
+/// device finishing many short steps does, until the runner is destroyed.
+/// Destroyed on that thread (from inside a listener call), it cannot join
+/// it: it counts that in `on_listener_thread` and leaves the thread to end
+/// by itself, so the test fails where a real runner would deadlock.
+class calling_runner : public test::fake_runner {
+public:
+  struct counters {
+    std::atomic<int> destroyed{0};
+    std::atomic<int> on_listener_thread{0};
+  };
+
+  explicit calling_runner(std::shared_ptr<counters> c)
+    : fake_runner(16, 16, "calling"), counters_(std::move(c)) {
+    // nop
+  }
+
+  ~calling_runner() override {
+    if (worker_) {
+      shared_->stop = true;
+      if (std::this_thread::get_id() == worker_->get_id()) {
+        ++counters_->on_listener_thread;
+        worker_->detach(); // the thread still holds shared_: it ends by itself
+      } else {
+        worker_->join();
+      }
+    }
+    ++counters_->destroyed;
+  }
+
+  step_output execute(const step_plan& plan) override {
+    step_output out;
+    out.step = plan.step;
+    return out;
+  }
+
+  void set_step_listener(std::function<void()> on_step_done) override {
+    if (!on_step_done || worker_)
+      return;
+    shared_->listener = std::move(on_step_done);
+    worker_ = std::make_unique<std::thread>([s = shared_] {
+      while (!s->stop) {
+        s->listener();
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    });
+  }
+
+private:
+  struct shared_state {
+    std::function<void()> listener;
+    std::atomic<bool> stop{false};
+  };
+  std::shared_ptr<counters> counters_;
+  std::shared_ptr<shared_state> shared_ = std::make_shared<shared_state>();
+  std::unique_ptr<std::thread> worker_;
+};
+
+TEST(executor_lifetime, an_executor_left_by_every_handle_ends_on_its_own_thread) {
+  // The runner's listener thread briefly holds a handle to the executor in
+  // each call. When every other handle has gone (the supervisor shut down,
+  // the scheduler's handle dropped) before the executor has run its exit,
+  // that brief handle must not be the executor's last: the executor would
+  // then end on the listener's thread and destroy its runner there, which
+  // joins that same thread. Repeated, since the window is narrow.
+  test::actor_test_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto counters = std::make_shared<calling_runner::counters>();
+  constexpr int rounds = 200;
+  for (int i = 0; i < rounds; ++i) {
+    auto supervisor = spawn_engine_supervisor(
+      sys, {caf::actor_cast<scheduler_actor>(self), {}, {}},
+      [counters] { return std::make_unique<calling_runner>(counters); },
+      {{0, std::chrono::seconds(60)}, true, {}}, std::make_shared<engine_status>());
+    bool up = false;
+    self->receive([&](executor_up_msg& msg) { up = bool(msg.executor); },
+                  caf::after(10s) >> [] {});
+    ASSERT_TRUE(up) << "round " << i;
+    self->send_exit(supervisor, caf::exit_reason::user_shutdown);
+    supervisor = nullptr;
+    const auto deadline = clock_type::now() + 10s;
+    while (counters->destroyed.load() <= i && clock_type::now() < deadline)
+      std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(counters->destroyed.load(), i + 1) << "round " << i << ": the runner lives on";
+  }
+  EXPECT_EQ(counters->on_listener_thread.load(), 0)
+    << "an executor ended on its runner's listener thread";
 }
 
 } // namespace

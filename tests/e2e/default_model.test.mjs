@@ -44,7 +44,9 @@ describe('the default model', { skip: card ? false : 'no models/metronome-tiny i
   });
 
   test('the banner and /v1/models name it and say what it is', async () => {
-    assert.match(server.stdout(), new RegExp(`serving ${card.id} \\(cpu\\)`));
+    const banner = new RegExp(`serving ${card.id} \\(cpu\\)`);
+    assert.ok(await server.waitForLog(banner), server.log());
+    assert.match(server.stdout(), banner);
     assert.ok(server.stdout().includes(`${card.id}: ${card.description}`), server.stdout());
     const res = await fetch(`${server.baseURL}/models`);
     const body = await res.json();

@@ -131,7 +131,7 @@ test('a step that throws: requests fail, pages return, restart, then degraded',
     assert.equal(m.get('metronome:executor_restarts_total'), 1);
     assert.equal(m.get('metronome:engine_ready'), 1);
     await expectServing(server);
-    assert.match(server.log(), /restarting \(1 of 1 allowed within 60 s\)/);
+    assert.ok(await server.waitForLog(/restarting \(1 of 1 allowed within 60 s\)/), server.log());
 
     // The restarted executor fails the same way: past the budget.
     const s = openStream(server, LONG);
@@ -157,7 +157,7 @@ test('a step that hangs past engine.step_timeout_ms: requests fail, restart, the
     assert.ok(m, 'KV pages or requests were left behind');
     assert.equal(m.get('metronome:executor_restarts_total'), 1);
     await expectServing(server);
-    assert.match(server.log(), /engine step timed out after 1000 ms/);
+    assert.ok(await server.waitForLog(/engine step timed out after 1000 ms/), server.log());
 
     const s = openStream(server, LONG);
     const sr = await s.done;

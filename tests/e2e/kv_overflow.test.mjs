@@ -75,7 +75,7 @@ async function strategy(prompt) {
 }
 
 test('overflows are re-materialised, then a cool-down runs bf16, then fp8_e5m2 again', async () => {
-  assert.match(server.log(), /fp8_e5m2 on device 'cpu'.*saves no memory/);
+  assert.ok(await server.waitForLog(/fp8_e5m2 on device 'cpu'.*saves no memory/), server.log());
   assert.equal(await strategy([100, 200, 300, 400]), `${STRATEGY};kv=fp8_e5m2`);
   assert.equal(await strategy([100, OVERFLOW_TOKEN, 200, 300, 400]),
                `${STRATEGY};kv=bf16;kv_overflow=rematerialized`);
@@ -98,5 +98,5 @@ test('overflows are re-materialised, then a cool-down runs bf16, then fp8_e5m2 a
   assert.equal(m.get('metronome:kv_precision_events_total{event="cooldown_ended"}'), 1);
   assert.equal(await strategy([103, 200, 300, 400]), `${STRATEGY};kv=fp8_e5m2`);
   for (const event of ['rematerialized', 'kept', 'cooldown_started', 'cooldown_ended'])
-    assert.match(server.log(), new RegExp(`kv_precision event=${event}`));
+    assert.ok(await server.waitForLog(new RegExp(`kv_precision event=${event}`)), server.log());
 });

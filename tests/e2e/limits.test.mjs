@@ -57,7 +57,7 @@ test('default max_connections from ulimit -n; /health answers while full; 503 + 
       (await postJson(server, '/v1/completions', completion)).status === 200, 10_000);
     assert.equal(ok, true);
     assert.doesNotMatch(server.log(), /accept failed/);
-    assert.match(server.log(), /connection limit reached/);
+    assert.ok(await server.waitForLog(/connection limit reached/), server.log());
   } finally {
     sockets.forEach((s) => s.destroy());
     await server.stop();
@@ -69,7 +69,7 @@ test('accept failures (EMFILE) are logged at most once a second, and the server 
   const server = await startServer(['--set', 'server.max_connections=100000'], { fdLimit: 128 });
   const sockets = [];
   try {
-    assert.match(server.log(), /is not below the file descriptor limit/);
+    assert.ok(await server.waitForLog(/is not below the file descriptor limit/), server.log());
     // More connections than descriptors: the kernel completes them, accept
     // fails with EMFILE.
     for (let i = 0; i < 200; ++i)

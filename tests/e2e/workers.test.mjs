@@ -33,7 +33,7 @@ function spawnWorker(port, name, { model = tinyModel() } = {}) {
                 ...HEARTBEAT];
   const proc = spawn(BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
-  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  const exited = new Promise((resolve) => proc.on('close', (code, signal) => resolve({ code, signal })));
   const attached = new Promise((resolve, reject) => {
     proc.stdout.on('data', (chunk) => {
       out += chunk.toString();
@@ -175,7 +175,8 @@ test('a worker of another model is refused and says why', async (t) => {
   const { code } = await w.exited;
   assert.equal(code, 2, w.output());
   assert.match(w.output(), /refused this worker: .*another model/);
-  assert.match(server.log(), /worker stranger refused: the worker serves another model/);
+  assert.ok(await server.waitForLog(/worker stranger refused: the worker serves another model/),
+            server.log());
   assert.equal(await up(server, 1), 0);
 });
 
@@ -193,6 +194,7 @@ test('a front end without local replicas serves through its workers alone', asyn
     startServer(['--worker-listen', `127.0.0.1:${wport}`, '--data-parallel', '0', ...HEARTBEAT]),
     w.attached]);
   assert.equal(w.replica(), 0, w.output());
+  assert.ok(await server.waitForLog(/serving tiny \(workers\)/), server.log());
   assert.match(server.stdout(), /serving tiny \(workers\)/);
   const r = await postJson(server, '/v1/completions',
                            { model: MODEL_NAME, prompt: 'through the worker', max_tokens: 8 });

@@ -64,9 +64,12 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /// `fdLimit` runs it under `ulimit -n fdLimit`. `defaultModel` starts it
 /// with neither --model nor --served-model-name: the build's default model;
 /// `model` (a folder) serves that one instead of the tiny model.
-/// The result's `exited` resolves to { code, signal } when the process ends;
-/// `log()` is stdout and stderr together (the last 100-200 kB), `stdout()`
-/// and `stderr()` each whole.
+/// The result's `exited` resolves to { code, signal } when the process has
+/// ended and its output has all been read; `log()` is stdout and stderr
+/// together (the last 100-200 kB), `stdout()` and `stderr()` each whole;
+/// `waitForLog(re)` resolves to whether the log matches `re` within 15 s
+/// (the output comes through pipes: a line the server wrote before it
+/// answered a request may reach this process after the answer).
 export async function startServer(args = [],
                                   { readyTimeoutMs = 90_000, fdLimit, env = {}, ca,
                                     defaultModel = false, model: modelDir } = {}) {
@@ -94,7 +97,8 @@ export async function startServer(args = [],
     proc.stdout.on('data', keep('stdout'));
     proc.stderr.on('data', keep('stderr'));
     let exited = null;
-    const exitedPromise = new Promise((resolve) => proc.on('exit', (code, signal) => {
+    // 'close', not 'exit': the pipes are read to their end.
+    const exitedPromise = new Promise((resolve) => proc.on('close', (code, signal) => {
       exited = { code, signal };
       resolve(exited);
     }));
@@ -112,6 +116,8 @@ export async function startServer(args = [],
             log: () => log,
             stdout: () => streams.stdout,
             stderr: () => streams.stderr,
+            waitForLog: async (re, timeoutMs = 15_000) =>
+              Boolean(await eventually(() => re.test(log), timeoutMs)),
             async stop() { await stopProcess(proc); },
           };
         }

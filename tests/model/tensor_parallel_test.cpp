@@ -1,0 +1,201 @@
+// The shard plan of tensor parallelism (model/tensor_parallel.hpp): every
+// refusal names its config field, and the ranks' ranges cover every
+// dimension exactly once (kv heads under replication: exactly N / kv_heads
+// times, and always the ones the rank's query heads use).
+
+#include <gtest/gtest.h>
+
+#include "model/make_model.hpp"
+#include "model/model_error.hpp"
+#include "model/tensor_parallel.hpp"
+#include "tests/model/test_support.hpp"
+
+namespace metronome {
+namespace {
+
+constexpr projection all_projections[] = {projection::q,    projection::k,  projection::v,
+                                          projection::o,    projection::gate, projection::up,
+                                          projection::down};
+
+/// A llama-shaped config for refusals no preset shows.
+model_config shape(int32_t heads, int32_t kv_heads, int32_t inter, int32_t head_dim = 16) {
+  model_config c = *preset_config("tiny-llama3");
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.hidden_size = heads * head_dim;
+  c.intermediate_size = inter;
+  return c;
+}
+
+std::string refusal(const model_config& cfg, int32_t n) {
+  return test::error_of([&] { tensor_parallel_plan(cfg, n); });
+}
+
+/// out_features and in_features of `p`'s weight.
+std::pair<int64_t, int64_t> weight_shape(const model_config& c, projection p) {
+  const int64_t h = c.hidden_size;
+  switch (p) {
+    case projection::q: return {c.q_size(), h};
+    case projection::k:
+    case projection::v: return {c.kv_size(), h};
+    case projection::o: return {h, c.q_size()};
+    case projection::gate:
+    case projection::up: return {c.intermediate_size, h};
+    case projection::down: return {h, c.intermediate_size};
+  }
+  return {0, 0};
+}
+
+TEST(tensor_parallel_plan_test, refusals_name_the_field) {
+  EXPECT_EQ(refusal(shape(32, 8, 14336), 0), "--tensor-parallel: must be at least 1 (got 0)");
+  EXPECT_EQ(refusal(shape(32, 8, 14336), -2), "--tensor-parallel: must be at least 1 (got -2)");
+  EXPECT_EQ(refusal(shape(32, 8, 14336), 3),
+            "config.json: num_attention_heads: 32 is not divisible by --tensor-parallel 3");
+  // 4 kv heads over 6 ranks: neither split evenly nor replicated evenly.
+  EXPECT_EQ(refusal(shape(24, 4, 240), 6),
+            "config.json: num_key_value_heads: 4 is neither divisible by --tensor-parallel 6 "
+            "nor a divisor of it");
+  EXPECT_EQ(refusal(shape(32, 8, 100), 8),
+            "config.json: intermediate_size: 100 is not divisible by --tensor-parallel 8");
+  // The file named is the caller's.
+  EXPECT_EQ(test::error_of([] { tensor_parallel_plan(shape(32, 8, 14336), 3, "/m/config.json"); }),
+            "/m/config.json: num_attention_heads: 32 is not divisible by --tensor-parallel 3");
+}
+
+TEST(tensor_parallel_plan_test, quantized_refusals_name_the_field) {
+  quantization_config q;
+  q.method = quant_method::awq;
+  q.group_size = 128;
+  // tiny-llama3-g128: o_proj's inputs (128) split in two are half a group.
+  model_config g128 = *preset_config("tiny-llama3-g128");
+  g128.quantization = q;
+  EXPECT_EQ(refusal(g128, 2),
+            "config.json: quantization_config.group_size: 128 does not divide the per-rank "
+            "inputs of o_proj (64) and down_proj (192) with --tensor-parallel 2");
+  EXPECT_NO_THROW(tensor_parallel_plan(g128, 1));
+  // The 8B shape splits into whole groups over 8 ranks.
+  model_config big = *preset_config("llama3-8b");
+  big.quantization = q;
+  EXPECT_NO_THROW(tensor_parallel_plan(big, 8));
+
+  q.group_size = -1; // per channel: only the packing matters
+  model_config narrow = shape(4, 2, 64, 4);
+  narrow.quantization = q;
+  EXPECT_EQ(refusal(narrow, 2),
+            "config.json: head_dim: 4 gives per-rank q/k/v slices that are not whole words of "
+            "8 4-bit values with --tensor-parallel 2");
+  model_config odd = shape(4, 2, 48);
+  odd.quantization = q;
+  EXPECT_EQ(refusal(odd, 4),
+            "config.json: intermediate_size: 48 gives per-rank slices of 12, not whole words "
+            "of 8 4-bit values, with --tensor-parallel 4");
+
+  q.desc_act = true;
+  big.quantization = q;
+  EXPECT_EQ(refusal(big, 2), "config.json: quantization_config.desc_act: act-order (g_idx) "
+                             "weights are not split by --tensor-parallel 2 yet");
+}
+
+TEST(tensor_parallel_plan_test, splits_and_all_reduces) {
+  EXPECT_EQ(split_of(projection::q), split_kind::column_parallel);
+  EXPECT_EQ(split_of(projection::k), split_kind::column_parallel);
+  EXPECT_EQ(split_of(projection::v), split_kind::column_parallel);
+  EXPECT_EQ(split_of(projection::gate), split_kind::column_parallel);
+  EXPECT_EQ(split_of(projection::up), split_kind::column_parallel);
+  EXPECT_EQ(split_of(projection::o), split_kind::row_parallel);
+  EXPECT_EQ(split_of(projection::down), split_kind::row_parallel);
+  EXPECT_EQ(tensor_parallel_plan::layer_all_reduces(),
+            (std::vector{all_reduce_point::after_o_proj, all_reduce_point::after_down_proj}));
+}
+
+TEST(tensor_parallel_plan_test, rank_config_and_description) {
+  const model_config big = *preset_config("llama3-8b"); // 32 heads, 8 kv, 14336
+  tensor_parallel_plan two(big, 2);
+  EXPECT_EQ(two.kv_layout(), kv_head_layout::split);
+  EXPECT_EQ(two.rank_config().num_heads, 16);
+  EXPECT_EQ(two.rank_config().num_kv_heads, 4);
+  EXPECT_EQ(two.rank_config().intermediate_size, 7168);
+  EXPECT_EQ(two.rank_config().hidden_size, big.hidden_size);
+  EXPECT_EQ(two.rank_config().head_dim, big.head_dim);
+  EXPECT_EQ(two.rank_config().vocab_size, big.vocab_size);
+  EXPECT_EQ(two.describe(), "tensor parallel 2: 16 of 32 query heads, 4 of 8 kv heads, "
+                            "7168 of 14336 intermediate per rank");
+  tensor_parallel_plan sixteen(big, 16);
+  EXPECT_EQ(sixteen.kv_layout(), kv_head_layout::replicated);
+  EXPECT_EQ(sixteen.rank_config().num_heads, 2);
+  EXPECT_EQ(sixteen.rank_config().num_kv_heads, 1);
+  EXPECT_EQ(sixteen.rank_config().gqa_group(), 2);
+  EXPECT_EQ(sixteen.describe(), "tensor parallel 16: 2 of 32 query heads, 1 of 8 kv heads "
+                                "(replicated 2x), 896 of 14336 intermediate per rank");
+  tensor_parallel_plan one(big, 1);
+  EXPECT_EQ(one.ranks(), 1);
+  EXPECT_EQ(one.bias_rank(), 0);
+  EXPECT_EQ(one.shard(0).q_heads, (index_range{0, 32}));
+  EXPECT_EQ(one.shard(0).rows(projection::down), (index_range{0, big.hidden_size}));
+  EXPECT_EQ(one.shard(0).cols(projection::down), (index_range{0, 14336}));
+}
+
+/// Every accepted (preset, N): each dimension covered as the plan says.
+TEST(tensor_parallel_plan_test, ranges_cover_every_dimension_exactly_once) {
+  int checked = 0;
+  for (const auto& name : model_presets()) {
+    const model_config cfg = *preset_config(name);
+    for (int32_t n : {1, 2, 4, 8, 16, 32}) {
+      if (cfg.num_heads % n != 0)
+        continue;
+      SCOPED_TRACE(name + " N=" + std::to_string(n));
+      tensor_parallel_plan plan(cfg, n);
+      ASSERT_EQ(plan.ranks(), n);
+      const bool replicated = plan.kv_layout() == kv_head_layout::replicated;
+      EXPECT_EQ(replicated, n > cfg.num_kv_heads);
+      for (projection p : all_projections) {
+        const auto [out, in] = weight_shape(cfg, p);
+        const bool column = split_of(p) == split_kind::column_parallel;
+        // How many ranks hold each index of the split dimension.
+        std::vector<int> held(size_t(column ? out : in), 0);
+        for (int32_t r = 0; r < n; ++r) {
+          const rank_shard& s = plan.shard(r);
+          EXPECT_EQ(s.rank, r);
+          const index_range split = column ? s.rows(p) : s.cols(p);
+          const index_range whole = column ? s.cols(p) : s.rows(p);
+          EXPECT_EQ(whole, (index_range{0, column ? in : out}));
+          ASSERT_GE(split.begin, 0);
+          ASSERT_LE(split.end, int64_t(held.size()));
+          EXPECT_GT(split.size(), 0);
+          for (int64_t i = split.begin; i < split.end; ++i)
+            ++held[size_t(i)];
+        }
+        const bool kv = p == projection::k || p == projection::v;
+        const int times = kv && replicated ? n / cfg.num_kv_heads : 1;
+        for (size_t i = 0; i < held.size(); ++i)
+          ASSERT_EQ(held[i], times) << "index " << i << " of projection " << int(p);
+      }
+      // o_proj's columns are exactly q's rows; down's exactly gate's and up's.
+      for (int32_t r = 0; r < n; ++r) {
+        const rank_shard& s = plan.shard(r);
+        EXPECT_EQ(s.cols(projection::o), s.rows(projection::q));
+        EXPECT_EQ(s.cols(projection::down), s.rows(projection::gate));
+        EXPECT_EQ(s.rows(projection::up), s.rows(projection::gate));
+        EXPECT_EQ(s.rows(projection::k), s.rows(projection::v));
+        EXPECT_EQ(s.q_heads.size(), plan.rank_config().num_heads);
+        EXPECT_EQ(s.kv_heads.size(), plan.rank_config().num_kv_heads);
+        EXPECT_EQ(s.intermediate.size(), plan.rank_config().intermediate_size);
+        // Every query head finds its kv head on its own rank, at the local
+        // index the rank's own GQA grouping gives it.
+        for (int64_t h = s.q_heads.begin; h < s.q_heads.end; ++h) {
+          const int64_t kv_head = h / cfg.gqa_group();
+          EXPECT_GE(kv_head, s.kv_heads.begin);
+          EXPECT_LT(kv_head, s.kv_heads.end);
+          EXPECT_EQ(kv_head - s.kv_heads.begin,
+                    (h - s.q_heads.begin) / plan.rank_config().gqa_group());
+        }
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 20);
+}
+
+} // namespace
+} // namespace metronome

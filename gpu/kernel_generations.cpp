@@ -31,6 +31,7 @@ kernel_generations parse_kernel_generations(const std::string& s,
       {"decode", &kernel_generations::decode_attention},
       {"prefill", &kernel_generations::prefill_attention},
       {"rope", &kernel_generations::decode_rope},
+      {"int4", &kernel_generations::gemv_int4},
       {"splits", &kernel_generations::gemm_splits},
       {"awarps", &kernel_generations::attention_warps}};
     int kernel_generations::*field = nullptr;
@@ -39,7 +40,8 @@ kernel_generations parse_kernel_generations(const std::string& s,
         field = member;
     const bool known_value = key == "awarps"
                                ? value == "2" || value == "4"
-                               : value == "1" || value == "2" || (key == "splits" && value == "3");
+                               : value == "1" || value == "2"
+                                   || (key == "splits" && value == "3");
     if (field && known_value)
       g.*field = value[0] - '0';
     else if (!item.empty() && ignored_items)

@@ -212,6 +212,11 @@ bool gemv_int4_takes(gemv_epilogue epilogue, int32_t m, int32_t k);
 void launch_gemv_int4(gemv_epilogue epilogue, const gemv_args& args, const int4_weights& w,
                       cudaStream_t stream);
 
+/// Whether launch_gemv_int4 runs `w` (k inputs) on the tensor-core
+/// generation (gemv_int4.cu's note): the active generation is 2 and k and
+/// the group size are multiples of 128; otherwise the fp32 one. Any thread.
+bool gemv_int4_tensor_cores(const int4_weights& w, int32_t k);
+
 /// out [n][k] = bf16 of the dequantized weights, in the inputs' own order:
 /// what the cuBLAS and tensor-core paths read in place of a bf16 matrix.
 void launch_dequantize_int4(const int4_weights& w, int32_t n, int32_t k, bf16* out,
@@ -393,6 +398,9 @@ struct kernel_generations {
   int decode_attention = 2;
   int prefill_attention = 2;
   int decode_rope = 2; // 1: RoPE as its own kernel before the decode attention
+  /// The 4-bit GEMV: 2 on tensor cores where the groups allow, 1 in fp32 on
+  /// the CUDA cores always (gemv_int4.cu).
+  int gemv_int4 = 2;
   /// The cuBLAS decode path's split-K projections (cuda_engine::splits_of):
   /// 1 never, 2 where timing favours them, 3 always (2 splits where k allows;
   /// tests).
@@ -407,7 +415,7 @@ struct kernel_generations {
 kernel_generations& active_kernels();
 
 /// The benchmark switch METRONOME_KERNELS's syntax (e.g. "gemv=1,decode=2,
-/// prefill=2,rope=1", any subset): comma-separated key=value items; items it does
+/// prefill=2,rope=1,int4=1", any subset): comma-separated key=value items; items it does
 /// not understand are left out of the result and appended to ignored_items
 /// (if given), in order. Any thread.
 kernel_generations parse_kernel_generations(const std::string& spec,

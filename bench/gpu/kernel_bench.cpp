@@ -117,7 +117,71 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
     fill_random(norm_w.get(), norm_w.bytes(), 17);
   }
 
+  // METRONOME_KBENCH_ONLY=int4: the 4-bit GEMV rows alone.
+  const char* only_env = std::getenv("METRONOME_KBENCH_ONLY");
+  const bool int4_only = only_env && std::string(only_env) == "int4";
   for (const auto& s : shapes) {
+    // The 4-bit GEMV (group 128, random nibbles, zeros and fp16 scales) of
+    // each projection, every generation; the floor is its bytes, scales
+    // included. The LM head stays bf16 in 4-bit models.
+    if (s.k % 128 == 0 && std::string(s.name) != "lm_head") {
+      const int32_t groups = int32_t(s.k / 128);
+      const size_t q_bytes = size_t(s.n) * size_t(s.k) / 2;
+      const size_t sz_bytes = size_t(s.n) * size_t(groups) * 4;
+      const int copies = int(std::max<size_t>(1, std::min<size_t>(8, (512u << 20) / q_bytes)));
+      device_buffer q(q_bytes * size_t(copies)), sz(sz_bytes * size_t(copies));
+      {
+        std::mt19937_64 rng(23);
+        std::vector<uint32_t> host(q_bytes / 4);
+        for (auto& v : host)
+          v = uint32_t(rng());
+        for (int i = 0; i < copies; ++i)
+          METRONOME_CUDA(cudaMemcpy(q.get<unsigned char>() + q_bytes * size_t(i), host.data(),
+                                    q_bytes, cudaMemcpyHostToDevice));
+        std::vector<uint32_t> szh(sz_bytes / 4);
+        for (auto& v : szh)
+          v = 0x2000u + uint32_t(rng() % 0x800) | uint32_t(rng() % 16) << 16; // fp16 ~0.008-0.016
+        for (int i = 0; i < copies; ++i)
+          METRONOME_CUDA(cudaMemcpy(sz.get<unsigned char>() + sz_bytes * size_t(i), szh.data(),
+                                    sz_bytes, cudaMemcpyHostToDevice));
+      }
+      device_buffer y(size_t(8) * size_t(s.n) * 4);
+      const double floor_us = double(q_bytes + sz_bytes) / bw * 1e6;
+      for (int gen : {2, 1}) {
+        gpu::active_kernels().gemv_int4 = gen;
+        for (int m : {1, 2, 4, 8}) {
+          gpu::gemv_args a;
+          a.n = int32_t(s.n);
+          a.k = int32_t(s.k);
+          a.m = m;
+          a.x = x.get<bf16>();
+          a.out_f32 = y.get<float>();
+          if (!gpu::gemv_int4_takes(gpu::gemv_epilogue::store_f32, m, a.k))
+            continue;
+          // Ten launches back to back a timing, over the rotated copies:
+          // these kernels are shorter than a launch's host time, which a
+          // single timed launch would count.
+          constexpr int burst = 10;
+          const double us = time_us([&](int i) {
+            for (int j = 0; j < burst; ++j) {
+              const size_t c = size_t(i * burst + j) % size_t(copies);
+              gpu::int4_weights w;
+              w.q = reinterpret_cast<const uint32_t*>(q.get<unsigned char>() + q_bytes * c);
+              w.sz = reinterpret_cast<const uint32_t*>(sz.get<unsigned char>() + sz_bytes * c);
+              w.group_size = 128;
+              w.groups = groups;
+              gpu::launch_gemv_int4(gpu::gemv_epilogue::store_f32, a, w, nullptr);
+            }
+          }) / burst;
+          row(std::string("gemv_int4_g") + std::to_string(gen) + "_" + s.name + "_m"
+                + std::to_string(m),
+              us, floor_us);
+        }
+      }
+      gpu::active_kernels().gemv_int4 = saved.gemv_int4;
+    }
+    if (int4_only)
+      continue;
     const size_t bytes = size_t(s.n) * size_t(s.k) * 2;
     // Enough copies that a rotation exceeds the 60 MB L2 several times.
     const int copies = int(std::max<size_t>(1, std::min<size_t>(8, (512u << 20) / bytes)));
@@ -208,6 +272,8 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
     }
   }
   cublasDestroy(handle);
+  if (int4_only)
+    return;
 
   // Attention on random pages (layer 0's shape).
   gpu::attention_shape sh;

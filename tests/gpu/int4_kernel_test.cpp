@@ -80,22 +80,31 @@ TEST(gpu_int4, gemv_matches_the_exactly_dequantized_product) {
   auto rng = test::fresh_rng("gemv_int4");
   // Every padded batch (1, 2, 4, 8), every group size, odd row counts, k
   // from one lane's run to the 8B shape's down projection, act-order.
+  // Groups of 128 and more run on tensor cores (generation 2), the rest in
+  // fp32 (generation 1, which also runs every case).
   std::vector<int4_case> cases = {
     {64, 64, 1, 32, false},        {130, 96, 3, 32, true},        {4096, 4096, 1, 128, false},
     {6144, 4096, 2, -1, false},    {1000, 14336, 4, 128, true},   {512, 1024, 8, 64, true},
     {4096, 14336, 1, 128, false},  {257, 2048, 5, 64, false},     {28672, 4096, 1, 128, false},
-    {512, 14336, 8, 128, false},   {300, 14336, 6, 128, true}};
+    {512, 14336, 8, 128, false},   {300, 14336, 6, 128, true},    {257, 2048, 3, 128, false},
+    {130, 1024, 7, -1, true},      {1000, 4096, 8, 128, false},   {72, 384, 5, 128, true},
+    {96, 256, 2, 256, false}};
   if (test::quick_mode())
     cases.resize(3);
+  const gpu::kernel_generations saved = gpu::active_kernels();
+  for (const int gen : {2, 1})
   for (const auto& c : cases) {
-    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
-                 + std::to_string(c.m) + " group " + std::to_string(c.group)
-                 + (c.perm ? " act-order" : ""));
+    gpu::active_kernels().gemv_int4 = gen;
+    SCOPED_TRACE("generation " + std::to_string(gen) + " n " + std::to_string(c.n) + " k "
+                 + std::to_string(c.k) + " m " + std::to_string(c.m) + " group "
+                 + std::to_string(c.group) + (c.perm ? " act-order" : ""));
     ASSERT_TRUE(gpu::gemv_int4_takes(gpu::gemv_epilogue::residual_add, c.m, c.k));
     const gpu::int4_layout m = random_int4(rng, c);
     std::vector<float> w(size_t(c.n) * c.k);
     gpu::dequantize(m, w.data());
     const device_int4 d(m);
+    EXPECT_EQ(gpu::gemv_int4_tensor_cores(d.view, c.k),
+              gen >= 2 && c.k % 128 == 0 && m.group_size % 128 == 0);
     // Plain bf16 inputs.
     const auto x = test::from_bf16(test::to_bf16(test::random_floats(rng, size_t(c.m) * c.k, -1, 1)));
     const auto want = product(w, x, c.n, c.k, c.m);
@@ -147,6 +156,7 @@ TEST(gpu_int4, gemv_matches_the_exactly_dequantized_product) {
     // The fp32 residual's inverse RMS is summed in another order: 1e-4.
     EXPECT_LT(test::relative_error(d_out.download(), out_want), 1e-4);
   }
+  gpu::active_kernels() = saved;
 }
 
 TEST(gpu_int4, swiglu_rows_split_over_launches_match_the_host) {
@@ -154,9 +164,12 @@ TEST(gpu_int4, swiglu_rows_split_over_launches_match_the_host) {
   auto rng = test::fresh_rng("gemv_int4_swiglu");
   // k = 14,336 at 8 tokens runs as two launches of 4 (gemv_int4_takes); at
   // 3 tokens as one.
+  const gpu::kernel_generations saved = gpu::active_kernels();
+  for (const int gen : {2, 1})
   for (const int4_case& c : {int4_case{256, 14336, 8, 128, false},
                              int4_case{256, 14336, 3, 128, true}}) {
-    SCOPED_TRACE("m " + std::to_string(c.m));
+    gpu::active_kernels().gemv_int4 = gen;
+    SCOPED_TRACE("generation " + std::to_string(gen) + " m " + std::to_string(c.m));
     const gpu::int4_layout m = random_int4(rng, c);
     std::vector<float> w(size_t(c.n) * c.k);
     gpu::dequantize(m, w.data());
@@ -182,6 +195,7 @@ TEST(gpu_int4, swiglu_rows_split_over_launches_match_the_host) {
     test::sync_check();
     EXPECT_LT(test::relative_error(test::download_bf16(d_act), want), 5e-3);
   }
+  gpu::active_kernels() = saved;
 }
 
 TEST(gpu_int4, dequantization_gives_the_exact_weights_rounded_to_bf16) {

@@ -610,7 +610,14 @@ TEST(gpu_launch, environment_switches_parse_and_name_what_they_ignore) {
   EXPECT_EQ(g.decode_rope, 2);
   EXPECT_EQ(g.gemm_splits, 2);
   EXPECT_EQ(g.attention_warps, 0);
+  EXPECT_EQ(g.gemv_int4, 2);
   EXPECT_TRUE(bad.empty());
+  g = gpu::parse_kernel_generations("int4=1", &bad);
+  EXPECT_EQ(g.gemv_int4, 1);
+  g = gpu::parse_kernel_generations("int4=2,int4=3", &bad);
+  EXPECT_EQ(g.gemv_int4, 2);
+  EXPECT_EQ(bad, (std::vector<std::string>{"int4=3"}));
+  bad.clear();
   g = gpu::parse_kernel_generations("awarps=2", &bad);
   EXPECT_EQ(g.attention_warps, 2);
   g = gpu::parse_kernel_generations("awarps=4,awarps=1,awarps=3,rope=4", &bad);

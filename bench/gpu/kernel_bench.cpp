@@ -121,6 +121,16 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
   const char* only_env = std::getenv("METRONOME_KBENCH_ONLY");
   const bool int4_only = only_env && std::string(only_env) == "int4";
   for (const auto& s : shapes) {
+    // Arguments of one plain-input launch of `m` tokens into `out`.
+    auto plain_args = [&](int m, float* out) {
+      gpu::gemv_args a;
+      a.n = int32_t(s.n);
+      a.k = int32_t(s.k);
+      a.m = m;
+      a.x = x.get<bf16>();
+      a.out_f32 = out;
+      return a;
+    };
     // The 4-bit GEMV (group 128, random nibbles, zeros and fp16 scales) of
     // each projection, every generation; the floor is its bytes, scales
     // included. The LM head stays bf16 in 4-bit models.
@@ -140,7 +150,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
                                     q_bytes, cudaMemcpyHostToDevice));
         std::vector<uint32_t> szh(sz_bytes / 4);
         for (auto& v : szh)
-          v = 0x2000u + uint32_t(rng() % 0x800) | uint32_t(rng() % 16) << 16; // fp16 ~0.008-0.016
+          v = (0x2000u + uint32_t(rng() % 0x800)) | (uint32_t(rng() % 16) << 16); // fp16 0.008-0.016
         for (int i = 0; i < copies; ++i)
           METRONOME_CUDA(cudaMemcpy(sz.get<unsigned char>() + sz_bytes * size_t(i), szh.data(),
                                     sz_bytes, cudaMemcpyHostToDevice));
@@ -150,12 +160,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       for (int gen : {2, 1}) {
         gpu::active_kernels().gemv_int4 = gen;
         for (int m : {1, 2, 4, 8}) {
-          gpu::gemv_args a;
-          a.n = int32_t(s.n);
-          a.k = int32_t(s.k);
-          a.m = m;
-          a.x = x.get<bf16>();
-          a.out_f32 = y.get<float>();
+          const gpu::gemv_args a = plain_args(m, y.get<float>());
           if (!gpu::gemv_int4_takes(gpu::gemv_epilogue::store_f32, m, a.k))
             continue;
           // Ten launches back to back a timing, over the rotated copies:
@@ -235,12 +240,7 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
       gpu::skinny_gemm_scratch sc{partials.get<float>(), need.partial_bytes,
                                   counters.get<int32_t>(), need.counters};
       for (int m : {4, 8, 16, 32, 64}) {
-        gpu::gemv_args a;
-        a.n = int32_t(s.n);
-        a.k = int32_t(s.k);
-        a.m = m;
-        a.x = x.get<bf16>();
-        a.out_f32 = y.get<float>();
+        gpu::gemv_args a = plain_args(m, y.get<float>());
         const double us = time_us([&](int i) {
           a.w = wp(i);
           gpu::launch_skinny_gemm(gpu::gemv_epilogue::store_f32, a, sc, nullptr);

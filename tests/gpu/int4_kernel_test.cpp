@@ -1,4 +1,4 @@
-// The 4-bit GEMV and dequantization kernels (gpu/gemv_int4.cu) against the
+// The 4-bit GEMV and dequantization kernels (gpu/gemv_int4*.cu) against the
 // host: random 4-bit matrices in int4_layout's form, dequantized exactly on
 // the host (gpu/int4_layout.cpp, itself checked against the checkpoints'
 // published formulas in tests/model), multiplied in double.

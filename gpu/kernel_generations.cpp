@@ -40,8 +40,7 @@ kernel_generations parse_kernel_generations(const std::string& s,
         field = member;
     const bool known_value = key == "awarps"
                                ? value == "2" || value == "4"
-                               : value == "1" || value == "2"
-                                   || (key == "splits" && value == "3");
+                               : value == "1" || value == "2" || (key == "splits" && value == "3");
     if (field && known_value)
       g.*field = value[0] - '0';
     else if (!item.empty() && ignored_items)

@@ -213,7 +213,7 @@ void launch_gemv_int4(gemv_epilogue epilogue, const gemv_args& args, const int4_
                       cudaStream_t stream);
 
 /// Whether launch_gemv_int4 runs `w` (k inputs) on the tensor-core
-/// generation (gemv_int4.cu's note): the active generation is 2 and k and
+/// generation (gemv_int4_tc.cu's note): the active generation is 2 and k and
 /// the group size are multiples of 128; otherwise the fp32 one. Any thread.
 bool gemv_int4_tensor_cores(const int4_weights& w, int32_t k);
 
@@ -399,7 +399,7 @@ struct kernel_generations {
   int prefill_attention = 2;
   int decode_rope = 2; // 1: RoPE as its own kernel before the decode attention
   /// The 4-bit GEMV: 2 on tensor cores where the groups allow, 1 in fp32 on
-  /// the CUDA cores always (gemv_int4.cu).
+  /// the CUDA cores always (gemv_int4_tc.cu, gemv_int4.cu).
   int gemv_int4 = 2;
   /// The cuBLAS decode path's split-K projections (cuda_engine::splits_of):
   /// 1 never, 2 where timing favours them, 3 always (2 splits where k allows;

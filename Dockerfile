@@ -25,7 +25,7 @@ RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       cmake ninja-build g++ pkg-config git \
       libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev \
-      nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl \
+      nlohmann-json3-dev libsimdjson-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl \
       python3 python3-prometheus-client \
  && rm -rf /var/lib/apt/lists/*
 

@@ -1,5 +1,7 @@
 #include "net/openai_request.hpp"
 
+#include "net/json_reader.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -480,11 +482,11 @@ std::expected<json, api_error> parse_json(std::string_view text, int max_depth) 
   if (nesting_depth(text, max_depth) > max_depth)
     return std::unexpected(api_error::bad_request(
       fmt::format("request body nests deeper than {} levels", max_depth), "", "invalid_json"));
-  auto result = json::parse(text, nullptr, false);
-  if (result.is_discarded())
+  auto result = read_json(text);
+  if (!result)
     return std::unexpected(
       api_error::bad_request("request body is not valid JSON", "", "invalid_json"));
-  return result;
+  return std::move(*result);
 }
 
 std::expected<openai_request, api_error> parse_openai_request(api_kind kind, const json& body,
@@ -580,6 +582,7 @@ std::expected<tokenize_request, api_error> parse_tokenize_body(std::string_view 
   auto j = parse_json(body);
   if (!j)
     return std::unexpected(std::move(j.error()));
+  json_disposer dispose{*j};
   try {
     if (!j->is_object())
       return std::unexpected(api_error::bad_request("request body must be a JSON object", "",
@@ -619,6 +622,7 @@ parse_detokenize_body(std::string_view body, const parse_defaults& defaults) {
   auto j = parse_json(body);
   if (!j)
     return std::unexpected(std::move(j.error()));
+  json_disposer dispose{*j};
   try {
     if (!j->is_object())
       return std::unexpected(api_error::bad_request("request body must be a JSON object", "",
@@ -644,6 +648,7 @@ parse_openai_body(api_kind kind, std::string_view body, const parse_defaults& de
   auto j = parse_json(body);
   if (!j)
     return std::unexpected(std::move(j.error()));
+  json_disposer dispose{*j};
   return parse_openai_request(kind, *j, defaults);
 }
 

@@ -1,5 +1,7 @@
 #include "net/ws_protocol.hpp"
 
+#include "net/json_reader.hpp"
+
 #include <fmt/format.h>
 
 #include "net/openai_response.hpp"
@@ -35,6 +37,7 @@ ws_message parse_ws_message(std::string_view text, const parse_defaults& default
   auto parsed = parse_json(text);
   if (!parsed)
     return ws_bad{std::nullopt, std::move(parsed.error())};
+  json_disposer dispose{*parsed};
   const auto& msg = *parsed;
   if (!msg.is_object())
     return ws_bad{std::nullopt,

@@ -11,7 +11,7 @@ build=${METRONOME_BUILD_DIR:-$root/build}
 packages=(
   cmake ninja-build g++ pkg-config git
   libcaf-dev libboost1.81-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
-  nlohmann-json3-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl
+  nlohmann-json3-dev libsimdjson-dev libcli11-dev libpcre2-dev libgtest-dev libgmock-dev libssl-dev openssl
   python3 python3-prometheus-client
   chromium prometheus
 )

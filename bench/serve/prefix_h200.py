@@ -25,6 +25,7 @@ import argparse
 import http.client
 import json
 import random
+import socket
 import statistics
 import threading
 import time
@@ -38,15 +39,25 @@ def ids(rng, n):
 
 
 def stream(url, prompt, max_tokens):
-    """(ttft_s, e2e_s, cached_tokens, output_tokens) of one streamed completion."""
+    """(ttft_s, e2e_s, cached_tokens, output_tokens) of one streamed completion.
+
+    The request is built and its connection opened first; the clock starts
+    at its one send (headers and body in one write, as a client with its
+    body ready sends it) and TTFT ends at the first chunk with a choice.
+    """
     u = urllib.parse.urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({"model": "default", "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}})
+                       "stream_options": {"include_usage": True}}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    sock = socket.create_connection((u.hostname, u.port), timeout=600)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    res = conn.getresponse()
+    sock.sendall(head + body)
+    res = http.client.HTTPResponse(sock)
+    res.begin()
     if res.status != 200:
         raise RuntimeError(f"HTTP {res.status}: {res.read()[:300]!r}")
     ttft = None
@@ -70,7 +81,8 @@ def stream(url, prompt, max_tokens):
                     cached = j["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
                     out = j["usage"]["completion_tokens"]
     e2e = time.perf_counter() - t0
-    conn.close()
+    res.close()
+    sock.close()
     return ttft, e2e, cached, out
 
 

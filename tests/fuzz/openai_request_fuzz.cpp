@@ -3,7 +3,8 @@
 // WebSocket `chat` message. Input: one byte choosing the endpoint and source,
 // then the body. Properties: it never throws; an accepted request carries
 // sampling parameters the engine accepts; a refusal is a 4xx/5xx with a JSON
-// body.
+// body; the body reader (net/json_reader.hpp, simdjson) accepts what
+// nlohmann's parser accepts and builds the same document.
 
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "net/json_reader.hpp"
 #include "net/openai_request.hpp"
 #include "tests/fuzz/fuzz_check.hpp"
 
@@ -26,6 +28,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto kind = (mode & 1) ? net::api_kind::completion : net::api_kind::chat;
   const auto source = (mode & 2) ? net::request_source::websocket : net::request_source::http;
 
+  {
+    const auto reference = nlohmann::json::parse(body, nullptr, false);
+    const auto fast = net::read_json(body);
+    FUZZ_CHECK(fast.has_value() == !reference.is_discarded(), "read_json and nlohmann disagree");
+    // == compares numbers by value: "-0" is the one type difference.
+    FUZZ_CHECK(!fast || *fast == reference, "read_json built another document");
+  }
   auto json = net::parse_json(body);
   std::expected<net::openai_request, net::api_error> r;
   if (json)

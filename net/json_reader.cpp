@@ -1,0 +1,128 @@
+#include "net/json_reader.hpp"
+
+#include <cstdint>
+#include <string>
+
+#include <simdjson.h>
+
+namespace metronome::net {
+
+namespace {
+
+using json = nlohmann::json;
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+json convert(element e);
+
+/// Appends `e` to `items` (numbers and literals constructed in place: a
+/// token-id prompt is thousands of them).
+void append(json::array_t& items, element e) {
+  switch (e.type()) {
+    case element_type::INT64: {
+      const int64_t v = e.get_int64().value_unsafe();
+      if (v >= 0)
+        items.emplace_back(uint64_t(v));
+      else
+        items.emplace_back(v);
+      return;
+    }
+    case element_type::UINT64: {
+      items.emplace_back(e.get_uint64().value_unsafe());
+      return;
+    }
+    case element_type::DOUBLE: {
+      items.emplace_back(e.get_double().value_unsafe());
+      return;
+    }
+    case element_type::BOOL: {
+      items.emplace_back(e.get_bool().value_unsafe());
+      return;
+    }
+    case element_type::NULL_VALUE:
+      items.emplace_back(nullptr);
+      return;
+    default:
+      items.push_back(convert(e));
+  }
+}
+
+json convert(element e) {
+  switch (e.type()) {
+    case element_type::ARRAY: {
+      json out = json::array();
+      auto& items = out.get_ref<json::array_t&>();
+      const simdjson::dom::array arr = e.get_array().value_unsafe();
+      items.reserve(arr.size());
+      for (element item : arr)
+        append(items, item);
+      return out;
+    }
+    case element_type::OBJECT: {
+      json out = json::object();
+      auto& fields = out.get_ref<json::object_t&>();
+      const simdjson::dom::object obj = e.get_object().value_unsafe();
+      for (auto field : obj)
+        fields.insert_or_assign(std::string(field.key), convert(field.value));
+      return out;
+    }
+    case element_type::STRING: {
+      return json(std::string(e.get_string().value_unsafe()));
+    }
+    default: {
+      json::array_t one;
+      append(one, e);
+      return std::move(one.front());
+    }
+  }
+}
+
+} // namespace
+
+/// What a thread's parser keeps between bodies; one that grew past it for a
+/// large body gives its buffers back, so an io thread does not hold several
+/// times the largest body ever sent for the rest of its life.
+constexpr size_t kept_capacity = size_t(1) << 20;
+
+std::optional<json> read_json(std::string_view text) {
+  thread_local simdjson::dom::parser parser;
+  std::optional<json> out;
+  // simdjson reads up to SIMDJSON_PADDING bytes past the text: it copies the
+  // text into a padded buffer of its own when asked to (realloc_if_needed).
+  simdjson::dom::element root;
+  if (parser.parse(text.data(), text.size(), true).get(root) == simdjson::SUCCESS) {
+    try {
+      out = convert(root);
+    } catch (const std::exception&) {
+      // Allocation failure: let nlohmann try (and report) below.
+    }
+  }
+  if (parser.capacity() > kept_capacity)
+    parser = simdjson::dom::parser();
+  if (out)
+    return out;
+  json fallback = json::parse(text, nullptr, false);
+  if (fallback.is_discarded())
+    return std::nullopt;
+  return fallback;
+}
+
+void dispose_json(json& doc) noexcept {
+  if (doc.is_array()) {
+    json::array_t items;
+    items.swap(doc.get_ref<json::array_t&>());
+    for (auto& item : items)
+      if (item.is_structured())
+        dispose_json(item);
+    // `items` now holds scalars and empty containers: each dies in place.
+  } else if (doc.is_object()) {
+    json::object_t fields;
+    fields.swap(doc.get_ref<json::object_t&>());
+    for (auto& [key, value] : fields)
+      if (value.is_structured())
+        dispose_json(value);
+  }
+  doc = nullptr;
+}
+
+} // namespace metronome::net

@@ -48,11 +48,17 @@ size_t allowed_distance(std::string_view name) {
   return name.size() <= 4 ? 1 : name.size() <= 8 ? 2 : 3;
 }
 
-/// The closest of `candidates` within the allowed distance, or "".
+/// The closest of `candidates` within the allowed distance, or "". A
+/// candidate whose length differs by the allowed distance or more cannot be
+/// within it, and is not compared: a key of thousands of characters costs
+/// nothing (the distance's table is the product of both lengths).
 std::string closest(std::string_view name, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_d = allowed_distance(name) + 1;
   for (const auto& c : candidates) {
+    const size_t gap = name.size() > c.size() ? name.size() - c.size() : c.size() - name.size();
+    if (gap >= best_d)
+      continue;
     auto d = edit_distance(name, c);
     if (d < best_d) {
       best_d = d;

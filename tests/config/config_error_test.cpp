@@ -48,6 +48,24 @@ TEST(config_unknown_key, suggests_the_sibling_it_resembles) {
   EXPECT_EQ(e.key_path(), "engine.max_batch_sise");
 }
 
+TEST(config_unknown_key, suggests_a_key_with_letters_missing_or_added) {
+  auto e = load_error("engine:\n  max_batch_siz: 32\n");
+  EXPECT_NE(e.problem().find("did you mean max_batch_size?"), std::string::npos) << e.what();
+  e = load_error("engine:\n  max_batch_sizzee: 32\n");
+  EXPECT_NE(e.problem().find("did you mean max_batch_size?"), std::string::npos) << e.what();
+}
+
+TEST(config_unknown_key, a_key_of_thousands_of_characters_gets_no_suggestion) {
+  // Found by the config_yaml fuzz target: each hint compared the key with
+  // every known key through a table of both lengths.
+  const std::string key = "max_batch_size" + std::string(20000, 'x');
+  // An explicit key ("? "): YAML caps implicit keys at 1,024 characters.
+  auto e = load_error("engine:\n  ? " + key + "\n  : 32\n");
+  EXPECT_EQ(e.key_path(), "engine." + key);
+  EXPECT_EQ(e.problem().find("did you mean"), std::string::npos) << e.problem().substr(0, 200);
+  EXPECT_NE(e.problem().find("unknown key"), std::string::npos);
+}
+
 TEST(config_unknown_key, suggests_the_same_key_in_another_section) {
   auto e = load_error("engine:\n  min_batch_size: 2\n");
   EXPECT_EQ(e.key_path(), "engine.min_batch_size");

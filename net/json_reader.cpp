@@ -13,40 +13,8 @@ using json = nlohmann::json;
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
-json convert(element e);
-
-/// Appends `e` to `items` (numbers and literals constructed in place: a
-/// token-id prompt is thousands of them).
-void append(json::array_t& items, element e) {
-  switch (e.type()) {
-    case element_type::INT64: {
-      const int64_t v = e.get_int64().value_unsafe();
-      if (v >= 0)
-        items.emplace_back(uint64_t(v));
-      else
-        items.emplace_back(v);
-      return;
-    }
-    case element_type::UINT64: {
-      items.emplace_back(e.get_uint64().value_unsafe());
-      return;
-    }
-    case element_type::DOUBLE: {
-      items.emplace_back(e.get_double().value_unsafe());
-      return;
-    }
-    case element_type::BOOL: {
-      items.emplace_back(e.get_bool().value_unsafe());
-      return;
-    }
-    case element_type::NULL_VALUE:
-      items.emplace_back(nullptr);
-      return;
-    default:
-      items.push_back(convert(e));
-  }
-}
-
+/// The nlohmann value of `e`, as nlohmann's parser types it: non-negative
+/// integers unsigned, negative ones signed.
 json convert(element e) {
   switch (e.type()) {
     case element_type::ARRAY: {
@@ -55,7 +23,7 @@ json convert(element e) {
       const simdjson::dom::array arr = e.get_array().value_unsafe();
       items.reserve(arr.size());
       for (element item : arr)
-        append(items, item);
+        items.push_back(convert(item));
       return out;
     }
     case element_type::OBJECT: {
@@ -66,14 +34,21 @@ json convert(element e) {
         fields.insert_or_assign(std::string(field.key), convert(field.value));
       return out;
     }
-    case element_type::STRING: {
+    case element_type::STRING:
       return json(std::string(e.get_string().value_unsafe()));
+    case element_type::INT64: {
+      const int64_t v = e.get_int64().value_unsafe();
+      return v >= 0 ? json(uint64_t(v)) : json(v);
     }
-    default: {
-      json::array_t one;
-      append(one, e);
-      return std::move(one.front());
-    }
+    case element_type::UINT64:
+      return json(e.get_uint64().value_unsafe());
+    case element_type::DOUBLE:
+      return json(e.get_double().value_unsafe());
+    case element_type::BOOL:
+      return json(e.get_bool().value_unsafe());
+    case element_type::NULL_VALUE:
+    default:
+      return json(nullptr);
   }
 }
 

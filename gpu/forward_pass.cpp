@@ -267,13 +267,16 @@ bool forward_pass::gemv_ok(int32_t n) const {
 
 // -- the passes ----------------------------------------------------------------------------
 
-void forward_pass::skinny(gemv_epilogue ep, const gemv_args& a) {
+void forward_pass::skinny(gemv_epilogue ep, const gemv_args& a, const int4_weights* w4) {
   skinny_gemm_scratch sc;
   sc.partials = buf_.skinny_partials.get<float>();
   sc.partial_bytes = buf_.skinny_partials.bytes();
   sc.counter_data = buf_.skinny_counters.get<int32_t>();
   sc.counters = int32_t(buf_.skinny_counters.bytes() / 4);
-  launch_skinny_gemm(ep, a, sc, stream_);
+  if (w4)
+    launch_skinny_gemm_int4(ep, a, *w4, sc, stream_);
+  else
+    launch_skinny_gemm(ep, a, sc, stream_);
 }
 
 void forward_pass::attend(const attention_shape& sh, const kv_view& kv, const batch_view& batch,
@@ -334,13 +337,16 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       a.x = xn;
     }
   };
-  // 4-bit projections: the 4-bit GEMV reads them as they are; the skinny
-  // GEMM reads their bf16 form (dense()).
+  // 4-bit projections: the 4-bit GEMV and the skinny GEMM's 4-bit form
+  // read them as they are; act-order ones reach the skinny GEMM as their
+  // bf16 form (dense()).
   auto project = [&](gemv_epilogue ep, gemv_args a, const int4_weights& w4) {
     if (gemv && w4) {
       launch_gemv_int4(ep, a, w4, stream_);
     } else if (gemv) {
       launch_gemv(ep, a, stream_);
+    } else if (w4 && skinny_gemm_int4_takes(w4, a.k)) {
+      skinny(ep, a, &w4);
     } else {
       a.w = dense(a.w, w4, a.n, a.k);
       skinny(ep, a);

@@ -219,7 +219,7 @@ private:
   step_views views(const step_layout& l) const;
   void enqueue_sampling(const step_layout& l, int32_t rows, int32_t penalties);
   /// One projection of the skinny path.
-  void skinny(gemv_epilogue ep, const gemv_args& a);
+  void skinny(gemv_epilogue ep, const gemv_args& a, const int4_weights* w4 = nullptr);
   /// Decode attention of `seqs` one-token sequences into attn. raw_qkv: qkv
   /// holds the projection before bias and RoPE (the cuBLAS path), which the
   /// fused kernel applies where it can (qkv_splits > 0: split_partials holds

@@ -261,6 +261,20 @@ int32_t skinny_gemm_splits(gemv_epilogue epilogue, int32_t n, int32_t k, int32_t
 void launch_skinny_gemm(gemv_epilogue epilogue, const gemv_args& args,
                         const skinny_gemm_scratch& scratch, cudaStream_t stream);
 
+/// Whether launch_skinny_gemm_int4 takes `w` with k inputs: k and the group
+/// size multiples of 32, no act-order permutation (those run dequantized).
+/// Any thread.
+bool skinny_gemm_int4_takes(const int4_weights& w, int32_t k);
+
+/// launch_skinny_gemm on 4-bit weights (args.w unused): the nibbles turned
+/// into bf16 (q - zero) in registers, exactly, and each group's fp16 scale
+/// applied to its fp32 sums. Deterministic; the same split-k scratch as the
+/// bf16 form (skinny_gemm_workspace). Throws cuda_error where
+/// skinny_gemm_int4_takes is false or launch_skinny_gemm would throw.
+void launch_skinny_gemm_int4(gemv_epilogue epilogue, const gemv_args& args,
+                             const int4_weights& w, const skinny_gemm_scratch& scratch,
+                             cudaStream_t stream);
+
 // -- attention ---------------------------------------------------------------------------
 
 /// Blocks of the decode attention for `shape` that one SM holds at once (the

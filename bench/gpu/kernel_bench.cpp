@@ -184,6 +184,35 @@ void kernel_bench(const model_config& c, const std::string& model, double bw, do
         }
       }
       gpu::active_kernels().gemv_int4 = saved.gemv_int4;
+      // The skinny GEMM's 4-bit form (decode batches of 9 to 64), split-k
+      // scratch as the engine sizes it; the floor is the larger of its bytes
+      // and its flops.
+      if (gpu::skinny_gemm_supports(gpu::gemv_epilogue::store_f32, int32_t(s.n), int32_t(s.k), 0)) {
+        const auto need = gpu::skinny_gemm_workspace(gpu::gemv_epilogue::store_f32,
+                                                     int32_t(s.n), int32_t(s.k),
+                                                     gpu::skinny_gemm_max_m);
+        device_buffer partials(std::max<size_t>(need.partial_bytes, 4));
+        device_buffer counters(size_t(std::max(need.counters, 1)) * 4);
+        METRONOME_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+        gpu::skinny_gemm_scratch sc{partials.get<float>(), need.partial_bytes,
+                                    counters.get<int32_t>(), need.counters};
+        device_buffer y64(size_t(64) * size_t(s.n) * 4);
+        for (int m : {16, 32, 64}) {
+          const gpu::gemv_args a = plain_args(m, y64.get<float>());
+          const double us = time_us([&](int i) {
+            const size_t c = size_t(i) % size_t(copies);
+            gpu::int4_weights w;
+            w.q = reinterpret_cast<const uint32_t*>(q.get<unsigned char>() + q_bytes * c);
+            w.sz = reinterpret_cast<const uint32_t*>(sz.get<unsigned char>() + sz_bytes * c);
+            w.group_size = 128;
+            w.groups = groups;
+            gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::store_f32, a, w, sc, nullptr);
+          });
+          const double fl =
+            std::max(floor_us, 2.0 * m * double(s.n) * double(s.k) / flops * 1e6);
+          row(std::string("skinny_int4_") + s.name + "_m" + std::to_string(m), us, fl);
+        }
+      }
     }
     if (int4_only)
       continue;

@@ -1,16 +1,20 @@
-// The 4-bit GEMV and dequantization kernels (gpu/gemv_int4*.cu) against the
-// host: random 4-bit matrices in int4_layout's form, dequantized exactly on
+// The 4-bit GEMV, the skinny GEMM's 4-bit form and the dequantization
+// kernels (gpu/gemv_int4*.cu, gpu/skinny_gemm.cu) against the host: random 4-bit matrices in int4_layout's form, dequantized exactly on
 // the host (gpu/int4_layout.cpp, itself checked against the checkpoints'
 // published formulas in tests/model), multiplied in double.
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <random>
 
 #include <gtest/gtest.h>
 
 #include "gpu/int4_layout.hpp"
 #include "model/cpu_ops.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/kernel_reference.hpp"
+#include "tests/gpu/paged_kv.hpp"
 
 namespace metronome {
 namespace {
@@ -216,6 +220,209 @@ TEST(gpu_int4, dequantization_gives_the_exact_weights_rounded_to_bf16) {
     for (size_t i = 0; i < w.size(); ++i)
       wrong += got[i] != test::round_bf16(w[i]);
     EXPECT_EQ(wrong, 0u);
+  }
+}
+
+/// Split-k scratch sized as the engine sizes it (skinny_gemm_workspace).
+struct skinny_scratch {
+  dev_array<float> partials;
+  dev_array<int32_t> counters;
+  gpu::skinny_gemm_scratch view;
+
+  skinny_scratch(gpu::gemv_epilogue ep, int32_t n, int32_t k, int32_t m)
+    : skinny_scratch(gpu::skinny_gemm_workspace(ep, n, k, m)) {
+  }
+
+  explicit skinny_scratch(gpu::skinny_gemm_workspace_size ws)
+    : partials(std::max<size_t>(ws.partial_bytes / 4, 1)),
+      counters(std::vector<int32_t>(size_t(std::max(ws.counters, 1)), 0)) {
+    view.partials = partials.get();
+    view.partial_bytes = ws.partial_bytes;
+    view.counter_data = counters.get();
+    view.counters = ws.counters;
+  }
+
+  bool counters_zero() {
+    const auto c = counters.download();
+    return std::all_of(c.begin(), c.end(), [](int32_t v) { return v == 0; });
+  }
+};
+
+TEST(gpu_int4, skinny_gemm_matches_the_exactly_dequantized_product) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("skinny_int4");
+  // Token counts on and off the 8-token tiles (9 to 64), every group size,
+  // one group a row, k from one chunk's part to the 8B down projection, odd
+  // row counts, shapes that split k and that do not.
+  std::vector<int4_case> cases = {
+    {4096, 4096, 64, 128, false}, {6144, 4096, 24, 128, false}, {512, 14336, 16, 128, false},
+    {257, 2048, 9, 64, false},    {130, 1056, 33, 32, false},   {512, 4096, 40, -1, false},
+    {2048, 4096, 64, 256, false}, {96, 96, 12, 32, false},      {1000, 14336, 64, 128, false},
+    {300, 512, 3, 128, false}};
+  if (test::quick_mode())
+    cases.resize(3);
+  for (const auto& c : cases) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m "
+                 + std::to_string(c.m) + " group " + std::to_string(c.group) + " splits "
+                 + std::to_string(gpu::skinny_gemm_splits(gpu::gemv_epilogue::store_f32, c.n,
+                                                          c.k, c.m)));
+    const gpu::int4_layout m = random_int4(rng, c);
+    std::vector<float> w(size_t(c.n) * c.k);
+    gpu::dequantize(m, w.data());
+    const device_int4 d(m);
+    ASSERT_TRUE(gpu::skinny_gemm_int4_takes(d.view, c.k));
+    const auto x = test::from_bf16(test::to_bf16(test::random_floats(rng, size_t(c.m) * c.k, -1, 1)));
+    const auto want = product(w, x, c.n, c.k, c.m);
+    auto d_x = test::upload_bf16(x);
+    skinny_scratch sc(gpu::gemv_epilogue::store_f32, c.n, c.k, c.m);
+    dev_array<float> d_y(size_t(c.m) * c.n);
+    gpu::gemv_args a;
+    a.n = c.n;
+    a.k = c.k;
+    a.m = c.m;
+    a.x = d_x.get();
+    a.out_f32 = d_y.get();
+    d_y.poison();
+    gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::store_f32, a, d.view, sc.view, nullptr);
+    test::sync_check();
+    const auto first = d_y.download();
+    EXPECT_LT(test::relative_error(first, want), 1e-5);
+    EXPECT_TRUE(sc.counters_zero());
+    // Split or not, the same bits from launch to launch.
+    d_y.poison();
+    gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::store_f32, a, d.view, sc.view, nullptr);
+    test::sync_check();
+    EXPECT_TRUE(d_y.download() == first);
+    // Without scratch: one block along k, the same sums within rounding.
+    gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::store_f32, a, d.view, {}, nullptr);
+    test::sync_check();
+    EXPECT_LT(test::relative_error(d_y.download(), want), 1e-5);
+
+    // Added into a residual, with a bias.
+    auto bias = test::random_floats(rng, size_t(c.n), -1, 1);
+    const auto bias_b = test::from_bf16(test::to_bf16(bias));
+    auto out = test::random_floats(rng, size_t(c.m) * c.n, -1, 1);
+    auto out_want = out;
+    for (int32_t t = 0; t < c.m; ++t)
+      for (int32_t r = 0; r < c.n; ++r)
+        out_want[size_t(t) * c.n + r] += want[size_t(t) * c.n + r] + bias_b[size_t(r)];
+    dev_array<float> d_out(out);
+    auto d_bias = test::upload_bf16(bias);
+    gpu::gemv_args r = a;
+    r.out_f32 = d_out.get();
+    r.bias = d_bias.get();
+    skinny_scratch sr(gpu::gemv_epilogue::residual_add, c.n, c.k, c.m);
+    gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::residual_add, r, d.view, sr.view, nullptr);
+    test::sync_check();
+    EXPECT_LT(test::relative_error(d_out.download(), out_want), 1e-5);
+
+    // SwiGLU over rows (j, n/2 + j), rounded to bf16.
+    if (c.n % 2 == 0) {
+      const int32_t inter = c.n / 2;
+      std::vector<float> act_want(size_t(c.m) * inter);
+      for (int32_t t = 0; t < c.m; ++t)
+        ref::silu_mul(want.data() + size_t(t) * c.n, want.data() + size_t(t) * c.n + inter, inter,
+                      act_want.data() + size_t(t) * inter);
+      for (auto& v : act_want)
+        v = test::round_bf16(v);
+      dev_array<bf16> d_act(size_t(c.m) * inter);
+      gpu::gemv_args g = a;
+      g.out_f32 = nullptr;
+      g.out_bf16 = d_act.get();
+      skinny_scratch sg(gpu::gemv_epilogue::swiglu, c.n, c.k, c.m);
+      gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::swiglu, g, d.view, sg.view, nullptr);
+      test::sync_check();
+      EXPECT_LT(test::relative_error(test::download_bf16(d_act), act_want), 5e-3);
+      EXPECT_TRUE(sg.counters_zero());
+    }
+  }
+}
+
+TEST(gpu_int4, skinny_gemm_qkv_rope_writes_what_the_dequantized_product_gives) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("skinny_int4_qkv");
+  auto seqs = [&](int n, int32_t max_pos) {
+    std::vector<std::pair<int32_t, int32_t>> s;
+    std::uniform_int_distribution<int32_t> pos(0, max_pos);
+    for (int i = 0; i < n; ++i)
+      s.push_back({pos(rng), 1});
+    return s;
+  };
+  // (heads, kv heads, head dim, page size, sequences, bias), group size.
+  const std::vector<std::pair<test::rope_case, int32_t>> cases = {
+    {{32, 8, 128, 16, seqs(64, 600), true}, 128},
+    {{28, 4, 128, 16, seqs(17, 100), false}, 64},
+    {{8, 2, 64, 16, seqs(33, 300), true}, -1}};
+  for (const auto& [c, group] : cases) {
+    SCOPED_TRACE("heads " + std::to_string(c.heads) + " d " + std::to_string(c.head_dim)
+                 + " seqs " + std::to_string(c.seqs.size()) + " group "
+                 + std::to_string(group));
+    test::paged_kv kv(rng, c.kv_heads, c.head_dim, c.page_size, c.seqs, 1, false);
+    const int32_t m = kv.num_tokens();
+    const int32_t width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    const int32_t hidden = c.heads * c.head_dim;
+    const gpu::int4_layout q4 = random_int4(rng, {width, hidden, m, group, false});
+    std::vector<float> w(size_t(width) * hidden);
+    gpu::dequantize(q4, w.data());
+    const device_int4 d(q4);
+    const auto x = test::from_bf16(test::to_bf16(test::random_floats(rng, size_t(m) * hidden, -2, 2)));
+    auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
+    auto biasb = test::from_bf16(test::to_bf16(bias));
+    std::vector<float> inv(size_t(c.head_dim / 2));
+    for (size_t i = 0; i < inv.size(); ++i)
+      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+    auto d_x = test::upload_bf16(x);
+    auto d_bias = test::upload_bf16(bias);
+    dev_array<float> d_inv(inv);
+    dev_array<bf16> d_q(size_t(m) * hidden);
+    d_q.poison();
+    skinny_scratch sc(gpu::gemv_epilogue::qkv_rope, width, hidden, m);
+    gpu::gemv_args a;
+    a.n = width;
+    a.k = hidden;
+    a.m = m;
+    a.bias = c.bias ? d_bias.get() : nullptr;
+    a.x = d_x.get();
+    a.out_bf16 = d_q.get();
+    a.inv_freq = d_inv.get();
+    a.batch = kv.batch();
+    a.kv = kv.view();
+    a.num_heads = c.heads;
+    gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::qkv_rope, a, d.view, sc.view, nullptr);
+    test::sync_check();
+    auto got_q = test::download_bf16(d_q);
+    kv.download();
+    const auto y = product(w, x, width, hidden, m);
+    test::expect_qkv_written(y, width, c.bias ? &biasb : nullptr, inv, c, got_q, kv);
+    EXPECT_TRUE(sc.counters_zero());
+  }
+}
+
+TEST(gpu_int4, skinny_gemm_refuses_act_order_and_odd_k_by_name) {
+  METRONOME_REQUIRE_GPU();
+  auto rng = test::fresh_rng("skinny_int4_refuse");
+  const gpu::int4_layout perm = random_int4(rng, {64, 256, 16, 128, true});
+  const device_int4 d(perm);
+  EXPECT_FALSE(gpu::skinny_gemm_int4_takes(d.view, 256));
+  const gpu::int4_layout plain = random_int4(rng, {64, 256, 16, 128, false});
+  const device_int4 p(plain);
+  EXPECT_TRUE(gpu::skinny_gemm_int4_takes(p.view, 256));
+  EXPECT_FALSE(gpu::skinny_gemm_int4_takes(p.view, 272));
+  EXPECT_FALSE(gpu::skinny_gemm_int4_takes(gpu::int4_weights{}, 256));
+  auto d_x = test::upload_bf16(std::vector<float>(16 * 256, 0.5f));
+  dev_array<float> d_y(16 * 64);
+  gpu::gemv_args a;
+  a.n = 64;
+  a.k = 256;
+  a.m = 16;
+  a.x = d_x.get();
+  a.out_f32 = d_y.get();
+  try {
+    gpu::launch_skinny_gemm_int4(gpu::gemv_epilogue::store_f32, a, d.view, {}, nullptr);
+    ADD_FAILURE() << "launch_skinny_gemm_int4 took an act-order matrix";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("launch_skinny_gemm_int4"), std::string::npos)
+      << e.what();
   }
 }
 

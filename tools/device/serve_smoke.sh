@@ -25,7 +25,8 @@ ids_of() { python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])'; }
 
 # 4-bit weights: GPTQ and AWQ checkpoints (the goldens' folders, made by
 # tools/golden from transformers) and --quantize int4, CPU against cuda:0,
-# then the 8B shape served in 4 bits. METRONOME_SMOKE=int4 runs this part alone.
+# then the 8B shape served in 4 bits. METRONOME_SMOKE=int4 runs this part alone;
+# METRONOME_SMOKE_8B names an 8B-shape folder made earlier (else made here).
 smoke_int4() {
   say "generate, 4-bit checkpoints: the goldens' prompts, greedy, CPU and cuda:0 vs transformers"
   tar -xJf "$here/../golden/int4_goldens.tar.xz" -C "$work"
@@ -41,9 +42,10 @@ smoke_int4() {
     echo "$v, cuda:0: $(same_ids "$want" "$("$m" "${args[@]}" --device cuda:0 | ids_of)")"
   done
   say "serve --device cuda:0, llama3-8b shape, --quantize int4"
-  [ -e "$work/llama3-8b/config.json" ] ||
-    "$m" make-model --preset llama3-8b --seed 1 --tokenizer "$tok/llama3" --out "$work/llama3-8b" >/dev/null
-  serve_and_probe "$work/llama3-8b" 18083 --set engine.max_batch_size=64 --quantize int4
+  local m8=${METRONOME_SMOKE_8B:-$work/llama3-8b}
+  [ -e "$m8/config.json" ] ||
+    "$m" make-model --preset llama3-8b --seed 1 --tokenizer "$tok/llama3" --out "$m8" >/dev/null
+  serve_and_probe "$m8" 18083 --set engine.max_batch_size=64 --quantize int4
 }
 
 serve_and_probe() { # model_dir port extra-args...

@@ -223,30 +223,7 @@ TEST(gpu_int4, dequantization_gives_the_exact_weights_rounded_to_bf16) {
   }
 }
 
-/// Split-k scratch sized as the engine sizes it (skinny_gemm_workspace).
-struct skinny_scratch {
-  dev_array<float> partials;
-  dev_array<int32_t> counters;
-  gpu::skinny_gemm_scratch view;
-
-  skinny_scratch(gpu::gemv_epilogue ep, int32_t n, int32_t k, int32_t m)
-    : skinny_scratch(gpu::skinny_gemm_workspace(ep, n, k, m)) {
-  }
-
-  explicit skinny_scratch(gpu::skinny_gemm_workspace_size ws)
-    : partials(std::max<size_t>(ws.partial_bytes / 4, 1)),
-      counters(std::vector<int32_t>(size_t(std::max(ws.counters, 1)), 0)) {
-    view.partials = partials.get();
-    view.partial_bytes = ws.partial_bytes;
-    view.counter_data = counters.get();
-    view.counters = ws.counters;
-  }
-
-  bool counters_zero() {
-    const auto c = counters.download();
-    return std::all_of(c.begin(), c.end(), [](int32_t v) { return v == 0; });
-  }
-};
+using test::skinny_scratch;
 
 TEST(gpu_int4, skinny_gemm_matches_the_exactly_dequantized_product) {
   METRONOME_REQUIRE_GPU();
@@ -341,13 +318,7 @@ TEST(gpu_int4, skinny_gemm_matches_the_exactly_dequantized_product) {
 TEST(gpu_int4, skinny_gemm_qkv_rope_writes_what_the_dequantized_product_gives) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("skinny_int4_qkv");
-  auto seqs = [&](int n, int32_t max_pos) {
-    std::vector<std::pair<int32_t, int32_t>> s;
-    std::uniform_int_distribution<int32_t> pos(0, max_pos);
-    for (int i = 0; i < n; ++i)
-      s.push_back({pos(rng), 1});
-    return s;
-  };
+  auto seqs = [&](int n, int32_t max_pos) { return test::one_token_seqs(rng, n, max_pos); };
   // (heads, kv heads, head dim, page size, sequences, bias), group size.
   const std::vector<std::pair<test::rope_case, int32_t>> cases = {
     {{32, 8, 128, 16, seqs(64, 600), true}, 128},
@@ -368,9 +339,7 @@ TEST(gpu_int4, skinny_gemm_qkv_rope_writes_what_the_dequantized_product_gives) {
     const auto x = test::from_bf16(test::to_bf16(test::random_floats(rng, size_t(m) * hidden, -2, 2)));
     auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
     auto biasb = test::from_bf16(test::to_bf16(bias));
-    std::vector<float> inv(size_t(c.head_dim / 2));
-    for (size_t i = 0; i < inv.size(); ++i)
-      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+    const auto inv = test::rope_inv_freq(c.head_dim);
     auto d_x = test::upload_bf16(x);
     auto d_bias = test::upload_bf16(bias);
     dev_array<float> d_inv(inv);

@@ -1,9 +1,13 @@
 #pragma once
 // Reference helpers shared by the GPU kernel tests: a tensor_view over host
-// bf16 bits, a random linear problem with its reference output, and the
-// expected q, k, v of the fused qkv + RoPE epilogues.
+// bf16 bits, a random linear problem with its reference output, the skinny
+// GEMM's split-k scratch, and the expected q, k, v of the fused qkv + RoPE
+// epilogues.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -76,11 +80,57 @@ inline std::vector<float> reference_swiglu(const std::vector<uint16_t>& wb, int3
   return act;
 }
 
+/// The skinny GEMM's split-k scratch sized for a shape as the engine sizes
+/// it (skinny_gemm_workspace), counters at zero.
+struct skinny_scratch {
+  gpu::skinny_gemm_workspace_size ws;
+  dev_array<float> partials;
+  dev_array<int32_t> counters;
+  gpu::skinny_gemm_scratch view;
+
+  skinny_scratch(gpu::gemv_epilogue ep, int32_t n, int32_t k, int32_t m)
+    : skinny_scratch(gpu::skinny_gemm_workspace(ep, n, k, m)) {
+  }
+
+  explicit skinny_scratch(gpu::skinny_gemm_workspace_size w)
+    : ws(w), partials(std::max<size_t>(ws.partial_bytes / 4, 1)),
+      counters(std::vector<int32_t>(size_t(std::max(ws.counters, 1)), 0)) {
+    view.partials = partials.get();
+    view.partial_bytes = ws.partial_bytes;
+    view.counter_data = counters.get();
+    view.counters = ws.counters;
+  }
+
+  /// Whether every launch left the counters at zero, as they must.
+  bool counters_zero() {
+    const auto c = counters.download();
+    return std::all_of(c.begin(), c.end(), [](int32_t v) { return v == 0; });
+  }
+};
+
 struct rope_case {
   int32_t heads, kv_heads, head_dim, page_size;
   std::vector<std::pair<int32_t, int32_t>> seqs; // (start_pos, tokens)
   bool bias;
 };
+
+/// n sequences of one token each at random positions in [0, max_pos].
+inline std::vector<std::pair<int32_t, int32_t>> one_token_seqs(std::mt19937_64& rng, int n,
+                                                                int32_t max_pos) {
+  std::vector<std::pair<int32_t, int32_t>> s;
+  std::uniform_int_distribution<int32_t> pos(0, max_pos);
+  for (int i = 0; i < n; ++i)
+    s.push_back({pos(rng), 1});
+  return s;
+}
+
+/// RoPE's inverse frequencies for head_dim, Llama 3's base (500,000).
+inline std::vector<float> rope_inv_freq(int32_t head_dim) {
+  std::vector<float> inv(size_t(head_dim / 2));
+  for (size_t i = 0; i < inv.size(); ++i)
+    inv[i] = float(std::pow(500000.0, -2.0 * double(i) / head_dim));
+  return inv;
+}
 
 /// The expected q, k, v of one token: bias, then RoPE on q and k, then bf16.
 inline void reference_qkv(const std::vector<float>& row, const std::vector<float>* bias,

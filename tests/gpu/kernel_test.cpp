@@ -684,9 +684,7 @@ TEST(gpu_kernels, gemv_qkv_rope_epilogue_matches_norm_linear_rope_and_cache_writ
       auto gb = test::to_bf16(g);
       auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
       auto biasb = test::from_bf16(test::to_bf16(bias));
-      std::vector<float> inv(size_t(c.head_dim / 2));
-      for (size_t i = 0; i < inv.size(); ++i)
-        inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+      const auto inv = test::rope_inv_freq(c.head_dim);
       auto d_w = test::upload_bf16(w);
       auto d_g = test::upload_bf16(g);
       auto d_bias = test::upload_bf16(bias);

@@ -21,31 +21,7 @@ using gpu::bf16;
 using test::bf16_view;
 using test::dev_array;
 
-/// Scratch sized for a shape, as the engine sizes it.
-struct scratch {
-  gpu::skinny_gemm_workspace_size ws;
-  dev_array<float> partials;
-  dev_array<int32_t> counters;
-  gpu::skinny_gemm_scratch view;
-
-  scratch(gpu::gemv_epilogue ep, int32_t n, int32_t k, int32_t m)
-    : scratch(gpu::skinny_gemm_workspace(ep, n, k, m)) {
-  }
-
-  explicit scratch(gpu::skinny_gemm_workspace_size w)
-    : ws(w), partials(std::max<size_t>(ws.partial_bytes / 4, 1)),
-      counters(std::vector<int32_t>(size_t(std::max(ws.counters, 1)), 0)) {
-    view.partials = partials.get();
-    view.partial_bytes = ws.partial_bytes;
-    view.counter_data = counters.get();
-    view.counters = ws.counters;
-  }
-
-  bool counters_zero() {
-    const auto c = counters.download();
-    return std::all_of(c.begin(), c.end(), [](int32_t v) { return v == 0; });
-  }
-};
+using scratch = test::skinny_scratch;
 
 struct shape {
   int32_t n, k, m;
@@ -141,13 +117,7 @@ TEST(gpu_skinny_gemm, qkv_rope_epilogue_matches_linear_rope_and_cache_write) {
   METRONOME_REQUIRE_GPU();
   auto rng = test::fresh_rng("skinny_qkv");
   // (heads, kv heads, head dim, page size, sequences, bias); one token each.
-  auto seqs = [&](int n, int32_t max_pos) {
-    std::vector<std::pair<int32_t, int32_t>> s;
-    std::uniform_int_distribution<int32_t> pos(0, max_pos);
-    for (int i = 0; i < n; ++i)
-      s.push_back({pos(rng), 1});
-    return s;
-  };
+  auto seqs = [&](int n, int32_t max_pos) { return test::one_token_seqs(rng, n, max_pos); };
   const std::vector<test::rope_case> cases = {
     {4, 2, 16, 16, seqs(3, 40), true},      {32, 8, 64, 16, seqs(9, 300), false},
     {32, 8, 128, 16, seqs(64, 600), true}, {4, 1, 16, 8, seqs(17, 20), false},
@@ -166,9 +136,7 @@ TEST(gpu_skinny_gemm, qkv_rope_epilogue_matches_linear_rope_and_cache_write) {
     auto xb = test::from_bf16(test::to_bf16(x));
     auto bias = test::random_floats(rng, size_t(width), -0.5f, 0.5f);
     auto biasb = test::from_bf16(test::to_bf16(bias));
-    std::vector<float> inv(size_t(c.head_dim / 2));
-    for (size_t i = 0; i < inv.size(); ++i)
-      inv[i] = float(std::pow(500000.0, -2.0 * double(i) / c.head_dim));
+    const auto inv = test::rope_inv_freq(c.head_dim);
     auto d_w = test::upload_bf16(w);
     auto d_x = test::upload_bf16(x);
     auto d_bias = test::upload_bf16(bias);

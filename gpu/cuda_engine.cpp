@@ -67,7 +67,16 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
   METRONOME_CUDA(cudaMemGetInfo(&free_at_start_, &device_total));
   METRONOME_CUDA(
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
-  METRONOME_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (options_.sm_count > 0) {
+    partition_ =
+      std::make_unique<sm_partition>(options_.device, options_.sm_count, options_.sm_rest);
+    stream_ = partition_->stream();
+    num_sms_ = partition_->sms();
+  } else {
+    METRONOME_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  // One-wave grids launched from this (the engine's) thread fit its share.
+  set_launch_sms(partition_ ? num_sms_ : 0);
   METRONOME_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   // Timed (not DisableTiming): a step's device time is step_done_ - step_start_.
   for (auto& e : step_done_)
@@ -76,6 +85,8 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
     METRONOME_CUDA(cudaEventCreate(&e));
   METRONOME_CUBLAS(cublasCreate(&cublas_));
   METRONOME_CUBLAS(cublasSetStream(cublas_, stream_));
+  if (partition_)
+    METRONOME_CUBLAS(cublasSetSmCountTarget(cublas_, num_sms_));
   graphs_enabled_ = options_.cuda_graphs;
 
   weights_ = std::make_unique<weight_store>(*model_, stream_, done_);
@@ -108,8 +119,10 @@ cuda_engine::~cuda_engine() {
   for (auto e : step_start_)
     if (e)
       cudaEventDestroy(e);
-  if (stream_)
+  if (stream_ && !partition_)
     cudaStreamDestroy(stream_);
+  // partition_ (its stream, then its green context) goes after the members
+  // declared below it: the graphs and buffers made in its context.
 }
 
 void cuda_engine::allocate_activations() {

@@ -39,6 +39,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/kv_pool.hpp"
 #include "gpu/memory_planner.hpp"
+#include "gpu/sm_partition.hpp"
 #include "gpu/step_inputs.hpp"
 #include "gpu/step_packer.hpp"
 #include "gpu/weight_store.hpp"
@@ -178,6 +179,11 @@ public:
   /// How a decode step computes its projections (forward_pass.hpp).
   using decode_path = gpu::decode_path;
 
+  /// The SM share the runner runs on ("all 132 SMs", "first 64 of 132 SMs").
+  std::string sm_share() const {
+    return partition_ ? partition_->describe() : "all " + std::to_string(num_sms_) + " SMs";
+  }
+
   /// Which path each captured decode batch size takes ("1:gemv,16:skinny,...").
   std::string small_batch_choice() const {
     return graphs_->small_batch_choice();
@@ -212,6 +218,9 @@ private:
   size_t free_at_start_ = 0;
   // kv_cache_dtype "fp8" (kv_pool, forward_pass).
   bool kv_fp8_ = false;
+  // With options_.sm_count: the green context whose stream stream_ is
+  // (destroyed with it, after everything that enqueues on it).
+  std::unique_ptr<sm_partition> partition_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   cudaEvent_t step_done_[2] = {nullptr, nullptr}; // per staging slot

@@ -511,7 +511,7 @@ std::string describe_cuda_runner(const model_runner& runner) {
   if (!r)
     return {};
   const auto& e = r->engine_view();
-  return "weights " + e.weights_choice() + "; small-batch decode path "
+  return "weights " + e.weights_choice() + "; " + e.sm_share() + "; small-batch decode path "
          + e.small_batch_choice() + "; " + std::to_string(e.mixed_graph_count())
          + " mixed-step graphs";
 }

@@ -58,6 +58,15 @@ struct cuda_runner_options {
   /// at start-up and keeps the fastest; "gemv", "skinny" or "cublas" force
   /// one where it applies (cuBLAS beyond).
   std::string small_batch_path = "auto";
+  /// Spatial sharing (gpu/sm_partition.hpp): 0 runs on every SM of the
+  /// device. Otherwise the runner's stream lives in a green context of the
+  /// device's first sm_count SMs (rounded up to its granularity, 8 on
+  /// sm_90), or with sm_rest of the SMs left after them, and its one-wave
+  /// kernels, split choices and cuBLAS size themselves to that share; two
+  /// runners given complementary shares do not take SMs from each other.
+  /// Used by `gpu_bench --overlap`; the server does not set it yet.
+  int32_t sm_count = 0;
+  bool sm_rest = false;
   /// Benchmarks only: a decode batch size whose captured step is replayed
   /// once more inside a profiler range at start-up (for `ncu
   /// --profile-from-start off`, tools/ncu_step_profile.py); 0 = none.

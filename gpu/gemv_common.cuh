@@ -18,6 +18,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
+#include "gpu/sm_partition.hpp"
 
 namespace metronome::gpu::gemv_detail {
 
@@ -367,14 +368,14 @@ gemv_launch_info gemv_occupancy(void (*kernel)(P...), size_t smem, int32_t smem_
   if (it == cache.end()) {
     METRONOME_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(smem_limit)));
-    int device = 0, sms = 0, blocks = 0;
-    METRONOME_CUDA(cudaGetDevice(&device));
-    METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int blocks = 0;
     METRONOME_CUDA(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, smem));
-    it = cache.emplace(key, gemv_launch_info{std::max(blocks, 1), sms}).first;
+    it = cache.emplace(key, gemv_launch_info{std::max(blocks, 1), 0}).first;
   }
-  return it->second;
+  // The SMs of this thread's share (an engine in an sm_partition), not the
+  // device's: a grid of one wave must fit the share.
+  return gemv_launch_info{it->second.blocks_per_sm, launch_sms()};
 }
 
 /// How a split GEMV cuts its rows: KS warps a row pair, the tiles of

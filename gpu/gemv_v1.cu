@@ -164,15 +164,14 @@ void launch(const gemv_args& a, cudaStream_t stream) {
       METRONOME_CUDA(cudaFuncSetAttribute(gemv_kernel<M, Ep>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(smem_budget)));
-      int device = 0, sms = 0, blocks = 0;
-      METRONOME_CUDA(cudaGetDevice(&device));
-      METRONOME_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      int blocks = 0;
       METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks, gemv_kernel<M, Ep>, threads_per_block, smem));
-      it = cache.emplace(smem, launch_info{std::max(blocks, 1), sms}).first;
+      it = cache.emplace(smem, launch_info{std::max(blocks, 1), 0}).first;
     }
     info = it->second;
   }
+  info.num_sms = launch_sms(); // this thread's share of the device
   const int32_t pairs = num_pairs<Ep>(a);
   const int32_t wanted = (pairs + warps_per_block - 1) / warps_per_block;
   const int32_t grid = std::max(1, std::min(wanted, info.blocks_per_sm * info.num_sms));

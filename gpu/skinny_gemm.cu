@@ -56,6 +56,7 @@
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
 #include "gpu/launch.cuh"
+#include "gpu/sm_partition.hpp"
 
 namespace metronome::gpu {
 
@@ -491,19 +492,12 @@ int32_t blocks_per_sm() {
   return blocks;
 }
 
-// Occupancy, SM count and the shared-memory attribute are set up once per
-// process, on the first device that launches (one engine per process runs on
-// one GPU; several GPUs would need them per device).
+// Occupancy and the shared-memory attribute are set up once per process, on
+// the first device that launches (one engine per process runs on one GPU;
+// several GPUs would need them per device). The SM count is this thread's
+// share (launch_sms: an engine in an sm_partition sizes grids to its SMs).
 int32_t device_sms() {
-  static std::once_flag once;
-  static int32_t sms = 1;
-  std::call_once(once, [] {
-    int device = 0, n = 0;
-    METRONOME_CUDA(cudaGetDevice(&device));
-    METRONOME_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    sms = std::max(n, 1);
-  });
-  return sms;
+  return launch_sms();
 }
 
 bool paired(gemv_epilogue ep) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -677,6 +678,75 @@ TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
   expect_every_decode_path_follows_the_cpu_engine(model, GetParam());
+}
+
+// Spatial sharing (cuda_runner_options::sm_count): two runners on
+// complementary shares of the SMs (green contexts), each on its own thread,
+// decode 20 sequences at the same time; each follows the CPU engine with
+// grids sized to its own share.
+TEST(gpu_runner_partition, two_runners_on_complementary_sm_shares_follow_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model("tiny-llama3", 11));
+  auto base = test_prompts(model->config.vocab_size);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 20; ++i) {
+    auto p = base[size_t(i) % base.size()];
+    p.push_back((i * 7919 + 13) % model->config.vocab_size);
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> got[2];
+  std::string share[2];
+  std::exception_ptr failed[2];
+  auto run = [&](int i) {
+    try {
+      auto o = test::small_runner_options();
+      o.limits.max_batch_size = 24;
+      o.limits.kv_cache_tokens = 8192;
+      o.limits.max_num_batched_tokens = 512;
+      o.sm_count = 16;
+      o.sm_rest = i == 1;
+      o.small_batch_path = i == 0 ? "skinny" : "auto";
+      auto gpu = make_cuda_runner(model, o);
+      share[i] = describe_cuda_runner(*gpu);
+      got[i] = generate(*gpu, prompts, 12, 1 << 20, false);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  };
+  std::thread first(run, 0), rest(run, 1);
+  first.join();
+  rest.join();
+  for (int i = 0; i < 2; ++i) {
+    if (failed[i])
+      std::rethrow_exception(failed[i]);
+  }
+  EXPECT_NE(share[0].find("first 16 of "), std::string::npos) << share[0];
+  EXPECT_NE(share[1].find("last "), std::string::npos) << share[1];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(got[i].size(), prompts.size());
+    int32_t exact = 0, steps = 0;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      EXPECT_EQ(got[i][p].size(), 12u);
+      exact += expect_greedy_matches_cpu(model, prompts[p], got[i][p],
+                                         share[i] + " prompt " + std::to_string(p));
+      steps += int32_t(got[i][p].size());
+    }
+    EXPECT_GE(exact, steps * 8 / 10) << share[i];
+  }
+}
+
+TEST(gpu_runner_partition, a_share_the_device_does_not_have_is_refused_by_name) {
+  METRONOME_REQUIRE_GPU();
+  auto model = model_folder::open(test::tiny_model("tiny-llama3", 11));
+  auto o = test::small_runner_options();
+  o.sm_count = 100000;
+  try {
+    make_cuda_runner(model, o);
+    ADD_FAILURE() << "a share of 100000 SMs was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("100000 SMs: expected 1 to "), std::string::npos)
+      << e.what();
+  }
 }
 
 /// tiny-llama3 with its config changed by `edit` (a shape no preset has),

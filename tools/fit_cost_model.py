@@ -308,6 +308,8 @@ def main():
     ap.add_argument("--kv-cache-tokens", type=int, default=0,
                     help="KV capacity in tokens (default: from the H200's memory)")
     ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
+    ap.add_argument("--device", default="NVIDIA H200",
+                    help="the card the steps were measured on (written into the model)")
     ap.add_argument("--model", default="llama3-8b",
                     help="keep grid rows of this model (rows without 'model' are always kept)")
     ap.add_argument("--steps", help="benchmark results whose step figures join the grid")
@@ -376,7 +378,7 @@ def main():
            "provisional": bool(args.provisional),
            "note": note,
            "model": "llama3-8b shape (Llama-3.1-8B), bf16",
-           "device": "NVIDIA H200",
+           "device": args.device,
            "step_ms": {k: c for k, c in zip(FEATURES, coef)},
            "kv_cache_tokens": kv_tokens,
            "max_model_len": args.max_model_len}

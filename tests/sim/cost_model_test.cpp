@@ -78,38 +78,42 @@ TEST(cost_model, the_shipped_h200_model_loads_and_says_whether_it_is_measured) {
   EXPECT_LT(m.step_ms(s), 200.0);
 }
 
+/// A committed model, by file name under sim/cost_models.
+cost_model committed_model(const std::string& file) {
+  return cost_model::load(test::env("SOURCE_DIR") + "/sim/cost_models/" + file);
+}
+
+/// Its decode step of 64 sequences at 1,024 keys.
+double decode_64_at_1024(const cost_model& m) {
+  step_shape s;
+  for (int i = 0; i < 64; ++i)
+    s.add_chunk(1023, 1, true);
+  return m.step_ms(s);
+}
+
 // The H100's live fit (bench/results/h100-2026-12-06-live-long-prompts.md)
 // names its card and puts the same decode step near what the H100 measured
 // (64 sequences at 1,024-1,232 keys: 9.0 ms, h100-2026-12-06-overlap.md),
 // above the H200's, whose memory is 1.4x faster.
 TEST(cost_model, the_live_fitted_h100_model_loads_and_predicts_a_slower_card) {
-  auto h100 =
-    cost_model::load(test::env("SOURCE_DIR") + "/sim/cost_models/h100-llama3-8b-live.json");
-  auto h200 =
-    cost_model::load(test::env("SOURCE_DIR") + "/sim/cost_models/h200-llama3-8b-live.json");
+  const auto h100 = committed_model("h100-llama3-8b-live.json");
   EXPECT_EQ(h100.name, "h100-llama3-8b-live");
   EXPECT_FALSE(h100.provisional);
-  step_shape s;
-  for (int i = 0; i < 64; ++i)
-    s.add_chunk(1023, 1, true);
-  EXPECT_GT(h100.step_ms(s), 8.0);
-  EXPECT_LT(h100.step_ms(s), 11.0);
-  EXPECT_GT(h100.step_ms(s), 1.2 * h200.step_ms(s));
+  EXPECT_GT(decode_64_at_1024(h100), 8.0);
+  EXPECT_LT(decode_64_at_1024(h100), 11.0);
+  EXPECT_GT(decode_64_at_1024(h100),
+            1.2 * decode_64_at_1024(committed_model("h200-llama3-8b-live.json")));
 }
 
 // The model fitted to live steps (tools/fit_cost_model.py --trace) predicts
 // the same 8B shape within the bounds the grid's does: a decode step of 64
 // sequences at 1,024 keys within 5-9 ms (the H200 measured 6.8).
 TEST(cost_model, the_live_fitted_h200_model_loads_and_predicts_the_same_shape) {
-  auto live =
-    cost_model::load(test::env("SOURCE_DIR") + "/sim/cost_models/h200-llama3-8b-live.json");
+  const auto live = committed_model("h200-llama3-8b-live.json");
   EXPECT_EQ(live.name, "h200-llama3-8b-live");
   EXPECT_FALSE(live.provisional);
-  step_shape s;
-  for (int i = 0; i < 64; ++i)
-    s.add_chunk(1023, 1, true);
-  EXPECT_GT(live.step_ms(s), 5.0);
-  EXPECT_LT(live.step_ms(s), 9.0);
+  EXPECT_GT(decode_64_at_1024(live), 5.0);
+  EXPECT_LT(decode_64_at_1024(live), 9.0);
 }
 
 TEST(cost_model, bad_documents_name_the_field) {

@@ -167,9 +167,18 @@ weight_store::weight_store(const model_folder& model, cudaStream_t stream, cudaE
   auto* base = weights_.get<unsigned char>();
 
   // Non-bf16 weights go through a device staging buffer and a conversion.
-  for (const auto& [_, t] : model.store->tensors())
-    if (t.type != dtype::bf16 && is_float(t.type))
-      staging_bytes = std::max(staging_bytes, t.nbytes);
+  // (The bound views, not the folder's store: a tensor-parallel rank's
+  // folder holds slices that no store lists.)
+  auto stage_for = [&](const tensor_view* t) {
+    if (t && t->type != dtype::bf16 && is_float(t->type))
+      staging_bytes = std::max(staging_bytes, t->nbytes);
+  };
+  for (const tensor_view* t : {w.embed, w.final_norm, w.lm_head})
+    stage_for(t);
+  for (const auto& lw : w.layers)
+    for (const tensor_view* t : {lw.attn_norm, lw.q, lw.k, lw.v, lw.q_bias, lw.k_bias, lw.v_bias,
+                                 lw.o, lw.o_bias, lw.mlp_norm, lw.gate, lw.up, lw.down})
+      stage_for(t);
   device_buffer staging(staging_bytes);
 
   auto upload = [&](const tensor_view* t, size_t dst_off) {

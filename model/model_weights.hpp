@@ -91,6 +91,9 @@ struct model_folder {
   /// The projections quantized at load (--quantize int4), which
   /// weights.layers[l].quantized point into; empty otherwise.
   std::vector<std::shared_ptr<const packed_linear>> owned_projections;
+  /// What else `weights` points into: a tensor-parallel rank's slices and
+  /// the whole folder they were cut from (shard_model); empty otherwise.
+  std::vector<std::shared_ptr<const void>> held;
   /// Whether config.quantization and the 4-bit projections were made at
   /// load from a float checkpoint (false: stored so, or none).
   bool quantized_at_load = false;

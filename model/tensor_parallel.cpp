@@ -1,5 +1,9 @@
 #include "model/tensor_parallel.hpp"
 
+#include <cstring>
+#include <deque>
+
+#include "model/dtype.hpp"
 #include "model/model_error.hpp"
 
 namespace metronome {
@@ -137,6 +141,96 @@ std::string tensor_parallel_plan::describe() const {
   out += ", " + str(rank_config_.intermediate_size) + " of " + str(cfg_.intermediate_size)
          + " intermediate per rank";
   return out;
+}
+
+namespace {
+
+/// The slices of one rank and their views (stable addresses: deques).
+struct shard_storage {
+  std::deque<std::vector<std::byte>> data;
+  std::deque<tensor_view> views;
+
+  const tensor_view* add(const tensor_view& like, std::vector<int64_t> shape,
+                         std::vector<std::byte> bytes) {
+    tensor_view& v = views.emplace_back();
+    v.name = like.name;
+    v.type = like.type;
+    v.shape = std::move(shape);
+    v.file = like.file;
+    auto& d = data.emplace_back(std::move(bytes));
+    v.data = d.data();
+    v.nbytes = d.size();
+    return &v;
+  }
+
+  /// Rows x cols of the row-major 2-D `w`, in its own type.
+  const tensor_view* slice(const tensor_view& w, index_range rows, index_range cols) {
+    const size_t es = dtype_size(w.type), in = size_t(w.shape.at(1));
+    std::vector<std::byte> out(size_t(rows.size()) * size_t(cols.size()) * es);
+    std::byte* at = out.data();
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      std::memcpy(at, w.data + (size_t(r) * in + size_t(cols.begin)) * es,
+                  size_t(cols.size()) * es);
+      at += size_t(cols.size()) * es;
+    }
+    return add(w, {rows.size(), cols.size()}, std::move(out));
+  }
+
+  /// Elements `range` of the 1-D `b`; null for a null `b`.
+  const tensor_view* slice(const tensor_view* b, index_range range) {
+    if (!b)
+      return nullptr;
+    const size_t es = dtype_size(b->type);
+    std::vector<std::byte> out(size_t(range.size()) * es);
+    std::memcpy(out.data(), b->data + size_t(range.begin) * es, out.size());
+    return add(*b, {range.size()}, std::move(out));
+  }
+
+  /// A zero tensor shaped as `b` (null for a null `b`).
+  const tensor_view* zeros(const tensor_view* b) {
+    if (!b)
+      return nullptr;
+    return add(*b, b->shape, std::vector<std::byte>(b->nbytes));
+  }
+};
+
+} // namespace
+
+std::shared_ptr<const model_folder> shard_model(std::shared_ptr<const model_folder> full,
+                                                const tensor_parallel_plan& plan, int32_t rank) {
+  if (!full)
+    throw std::invalid_argument("shard_model: no model");
+  if (rank < 0 || rank >= plan.ranks())
+    throw std::invalid_argument("shard_model: rank " + str(rank) + " of "
+                                + str(plan.ranks()));
+  if (full->weights.quantized || full->config.quantization)
+    throw model_error((full->dir / "config.json").string(), "quantization_config",
+                      "4-bit weights are not split by --tensor-parallel yet (serve them on "
+                      "one GPU, or split a bf16 checkpoint)");
+  auto shard = std::make_shared<model_folder>();
+  auto storage = std::make_shared<shard_storage>();
+  shard->dir = full->dir;
+  shard->config = plan.rank_config();
+  shard->weights.type = full->weights.type;
+  shard->weights.embed = full->weights.embed;
+  shard->weights.final_norm = full->weights.final_norm;
+  shard->weights.lm_head = full->weights.lm_head;
+  const rank_shard& s = plan.shard(rank);
+  for (const layer_weights& w : full->weights.layers) {
+    layer_weights& mine = shard->weights.layers.emplace_back();
+    mine.attn_norm = w.attn_norm;
+    mine.mlp_norm = w.mlp_norm;
+    for (projection p : {projection::q, projection::k, projection::v, projection::o,
+                         projection::gate, projection::up, projection::down})
+      mine.weight(p) = storage->slice(*w.weight(p), s.rows(p), s.cols(p));
+    mine.q_bias = storage->slice(w.q_bias, s.rows(projection::q));
+    mine.k_bias = storage->slice(w.k_bias, s.rows(projection::k));
+    mine.v_bias = storage->slice(w.v_bias, s.rows(projection::v));
+    mine.o_bias = rank == plan.bias_rank() ? w.o_bias : storage->zeros(w.o_bias);
+  }
+  shard->held.push_back(full);
+  shard->held.push_back(storage);
+  return shard;
 }
 
 } // namespace metronome

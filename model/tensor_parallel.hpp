@@ -29,6 +29,7 @@
 // Any other N is refused.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -172,5 +173,19 @@ private:
   kv_head_layout kv_layout_ = kv_head_layout::split;
   std::vector<rank_shard> shards_;
 };
+
+/// Rank `rank`'s share of `full` as a model folder of its own, for an
+/// engine that serves one rank: its config is plan.rank_config(); q, k, v,
+/// gate and up hold the rank's rows, o and down its columns, copied in the
+/// checkpoint's own float type; q/k/v biases are sliced with their rows; o's
+/// bias is the checkpoint's on plan.bias_rank() and zeros on the others (so
+/// the all-reduce adds it once). Embeddings, norms and the LM head are the
+/// full folder's own views: the result holds `full` alive. Built on the
+/// host at start-up, once per rank, before its weights go to its device.
+/// A folder with 4-bit projections (stored or quantized at load) is refused
+/// with a model_error naming quantization_config: their slices are not cut
+/// yet.
+std::shared_ptr<const model_folder> shard_model(std::shared_ptr<const model_folder> full,
+                                                const tensor_parallel_plan& plan, int32_t rank);
 
 } // namespace metronome

@@ -1,6 +1,6 @@
 // A CPU reference of tensor-parallel execution, checked against the
 // unsharded CPU engine: the weights of a tiny model are sliced per rank by
-// tensor_parallel_plan, each rank runs attention on its own heads (with a KV
+// shard_model (the folders the GPU ranks upload), each rank runs attention on its own heads (with a KV
 // cache of its own kv heads) and the MLP on its slice of the intermediate
 // features, and the ranks' partial o_proj and down_proj outputs are summed
 // (the all-reduce). Greedy ids must equal the engine's and the logits agree
@@ -31,54 +31,15 @@
 namespace metronome {
 namespace {
 
-/// fp32 copies of weight slices, and views of them (stable addresses).
-class slice_store {
-public:
-  /// rows x cols of the 2-D `w` (row-major [out, in]), as an f32 tensor.
-  const tensor_view* slice(const tensor_view& w, index_range rows, index_range cols) {
-    const int64_t in = w.shape.at(1);
-    std::vector<float> row(static_cast<size_t>(in));
-    auto& data = data_.emplace_back();
-    data.reserve(size_t(rows.size() * cols.size()));
-    const size_t row_bytes = size_t(in) * dtype_size(w.type);
-    for (int64_t r = rows.begin; r < rows.end; ++r) {
-      to_f32(w.type, w.data + size_t(r) * row_bytes, row.data(), size_t(in));
-      data.insert(data.end(), row.begin() + cols.begin, row.begin() + cols.end);
-    }
-    return view(w.name, {rows.size(), cols.size()}, data);
-  }
-
-  /// Elements `range` of the 1-D `b` (a bias); null for a null `b`.
-  const tensor_view* slice(const tensor_view* b, index_range range) {
-    if (!b)
-      return nullptr;
-    std::vector<float> all(size_t(b->shape.at(0)));
-    to_f32(b->type, b->data, all.data(), all.size());
-    auto& data = data_.emplace_back(all.begin() + range.begin, all.begin() + range.end);
-    return view(b->name, {range.size()}, data);
-  }
-
-private:
-  const tensor_view* view(const std::string& name, std::vector<int64_t> shape,
-                          const std::vector<float>& data) {
-    tensor_view& v = views_.emplace_back();
-    v.name = name + " (rank slice)";
-    v.type = dtype::f32;
-    v.shape = std::move(shape);
-    v.data = reinterpret_cast<const std::byte*>(data.data());
-    v.nbytes = data.size() * sizeof(float);
-    return &v;
-  }
-
-  std::deque<std::vector<float>> data_;
-  std::deque<tensor_view> views_;
-};
-
 /// One rank: its slices of every layer and its KV cache, contiguous by
 /// position: keys[layer][pos * local kv size + ...].
 struct rank_state {
   rank_shard shard;
-  std::vector<layer_weights> layers; // q ... down and biases: this rank's slices
+  /// The rank's folder (shard_model): q ... down and biases are its slices.
+  std::shared_ptr<const model_folder> folder;
+  const std::vector<layer_weights>& layers() const {
+    return folder->weights.layers;
+  }
   std::vector<std::vector<float>> keys, values;
 };
 
@@ -92,20 +53,11 @@ public:
     for (int32_t r = 0; r < ranks; ++r) {
       rank_state& rs = ranks_.emplace_back();
       rs.shard = plan_.shard(r);
+      // The slices a GPU rank uploads: column-parallel biases cut with
+      // their rows, o's bias on one rank only (zeros on the others).
+      rs.folder = shard_model(model_, plan_, r);
       rs.keys.resize(w.layers.size());
       rs.values.resize(w.layers.size());
-      for (const layer_weights& full : w.layers) {
-        layer_weights& mine = rs.layers.emplace_back();
-        for (projection p : {projection::q, projection::k, projection::v, projection::o,
-                             projection::gate, projection::up, projection::down})
-          mine.weight(p) = store_.slice(*full.weight(p), rs.shard.rows(p), rs.shard.cols(p));
-        // Column-parallel biases are sliced with their rows; the
-        // row-parallel one (o) is added by one rank only.
-        mine.q_bias = store_.slice(full.q_bias, rs.shard.rows(projection::q));
-        mine.k_bias = store_.slice(full.k_bias, rs.shard.rows(projection::k));
-        mine.v_bias = store_.slice(full.v_bias, rs.shard.rows(projection::v));
-        mine.o_bias = r == plan_.bias_rank() ? full.o_bias : nullptr;
-      }
     }
   }
 
@@ -140,7 +92,7 @@ public:
                       rows, hidden, xn.data());
         std::fill(sum.begin(), sum.end(), 0.0f);
         for (rank_state& rs : ranks_) {
-          const layer_weights& lw = rs.layers[size_t(l)];
+          const layer_weights& lw = rs.layers()[size_t(l)];
           if (attention) {
             ref::linear(*lw.q, lw.q_bias, xn.data(), rows, q.data());
             ref::linear(*lw.k, lw.k_bias, xn.data(), rows, k.data());
@@ -212,7 +164,6 @@ private:
   std::shared_ptr<const model_folder> model_;
   tensor_parallel_plan plan_;
   std::vector<float> inv_freq_;
-  slice_store store_;
   std::deque<rank_state> ranks_;
   int64_t length_ = 0;
   int64_t all_reduces_ = 0;

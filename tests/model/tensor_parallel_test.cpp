@@ -3,6 +3,8 @@
 // dimension exactly once (kv heads under replication: exactly N / kv_heads
 // times, and always the ones the rank's query heads use).
 
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "model/make_model.hpp"
@@ -195,6 +197,134 @@ TEST(tensor_parallel_plan_test, ranges_cover_every_dimension_exactly_once) {
     }
   }
   EXPECT_GE(checked, 20);
+}
+
+
+// -- shard_model: the folder one GPU rank uploads ----------------------------------------
+
+/// Whether `part` holds exactly rows x cols of the 2-D `whole`.
+void expect_slice(const tensor_view& whole, const tensor_view& part, index_range rows,
+                  index_range cols) {
+  ASSERT_EQ(part.type, whole.type) << part.name;
+  ASSERT_EQ(part.shape, (std::vector<int64_t>{rows.size(), cols.size()})) << part.name;
+  const size_t es = dtype_size(whole.type), in = size_t(whole.shape.at(1));
+  for (int64_t r = 0; r < rows.size(); ++r)
+    ASSERT_EQ(std::memcmp(part.data + size_t(r * cols.size()) * es,
+                          whole.data + (size_t(rows.begin + r) * in + size_t(cols.begin)) * es,
+                          size_t(cols.size()) * es),
+              0)
+      << part.name << " row " << r;
+}
+
+TEST(shard_model_test, each_rank_holds_its_rows_and_columns_in_the_checkpoint_type) {
+  for (const char* preset : {"tiny-llama3", "tiny-qwen2", "tiny-mistral"}) {
+    auto model = model_folder::open(test::tiny_model(preset));
+    for (int32_t n : {1, 2}) {
+      const tensor_parallel_plan plan(model->config, n);
+      for (int32_t r = 0; r < n; ++r) {
+        SCOPED_TRACE(std::string(preset) + " rank " + std::to_string(r) + " of "
+                     + std::to_string(n));
+        auto shard = shard_model(model, plan, r);
+        const auto& c = shard->config;
+        EXPECT_EQ(c.num_heads, plan.rank_config().num_heads);
+        EXPECT_EQ(c.num_kv_heads, plan.rank_config().num_kv_heads);
+        EXPECT_EQ(c.intermediate_size, plan.rank_config().intermediate_size);
+        EXPECT_EQ(c.hidden_size, model->config.hidden_size);
+        // Replicated: the whole folder's own views.
+        EXPECT_EQ(shard->weights.embed, model->weights.embed);
+        EXPECT_EQ(shard->weights.final_norm, model->weights.final_norm);
+        EXPECT_EQ(shard->weights.lm_head, model->weights.lm_head);
+        const rank_shard& s = plan.shard(r);
+        ASSERT_EQ(shard->weights.layers.size(), model->weights.layers.size());
+        for (size_t l = 0; l < model->weights.layers.size(); ++l) {
+          const auto& whole = model->weights.layers[l];
+          const auto& mine = shard->weights.layers[l];
+          EXPECT_EQ(mine.attn_norm, whole.attn_norm);
+          EXPECT_EQ(mine.mlp_norm, whole.mlp_norm);
+          for (projection p : all_projections)
+            expect_slice(*whole.weight(p), *mine.weight(p), s.rows(p), s.cols(p));
+          const std::pair<const tensor_view*, const tensor_view*> biases[] = {
+            {whole.q_bias, mine.q_bias}, {whole.k_bias, mine.k_bias}, {whole.v_bias, mine.v_bias}};
+          const projection of[] = {projection::q, projection::k, projection::v};
+          for (int i = 0; i < 3; ++i) {
+            auto [w, m] = biases[i];
+            ASSERT_EQ(w == nullptr, m == nullptr);
+            if (!w)
+              continue;
+            const index_range rows = s.rows(of[i]);
+            const size_t es = dtype_size(w->type);
+            ASSERT_EQ(m->shape, std::vector<int64_t>{rows.size()});
+            EXPECT_EQ(std::memcmp(m->data, w->data + size_t(rows.begin) * es,
+                                  size_t(rows.size()) * es),
+                      0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(shard_model_test, o_bias_is_added_by_one_rank_only) {
+  auto whole = model_folder::open(test::tiny_model("tiny-llama3"));
+  // tiny-llama3 with an o_proj bias of 1, 2, 3, ... (no preset has one).
+  auto model = std::make_shared<model_folder>();
+  model->dir = whole->dir;
+  model->config = whole->config;
+  model->config.o_bias = true;
+  model->weights = whole->weights;
+  auto values = std::make_shared<std::vector<float>>(size_t(whole->config.hidden_size));
+  for (size_t i = 0; i < values->size(); ++i)
+    (*values)[i] = float(i + 1);
+  auto view = std::make_shared<tensor_view>();
+  view->name = "o_proj.bias";
+  view->type = dtype::f32;
+  view->shape = {whole->config.hidden_size};
+  view->data = reinterpret_cast<const std::byte*>(values->data());
+  view->nbytes = values->size() * 4;
+  for (auto& l : model->weights.layers)
+    l.o_bias = view.get();
+  model->held = {whole, values, view};
+
+  const tensor_parallel_plan plan(model->config, 2);
+  auto first = shard_model(model, plan, plan.bias_rank());
+  auto second = shard_model(model, plan, 1 - plan.bias_rank());
+  for (size_t l = 0; l < model->weights.layers.size(); ++l) {
+    EXPECT_EQ(first->weights.layers[l].o_bias, view.get());
+    const tensor_view* zero = second->weights.layers[l].o_bias;
+    ASSERT_NE(zero, nullptr);
+    EXPECT_EQ(zero->shape, view->shape);
+    EXPECT_EQ(zero->type, dtype::f32);
+    for (size_t i = 0; i < zero->nbytes; ++i)
+      ASSERT_EQ(zero->data[i], std::byte{0}) << "layer " << l << " byte " << i;
+  }
+}
+
+TEST(shard_model_test, the_shard_keeps_the_whole_folder_alive) {
+  auto model = model_folder::open(test::tiny_model("tiny-llama3"));
+  const tensor_parallel_plan plan(model->config, 2);
+  auto shard = shard_model(model, plan, 1);
+  std::vector<std::byte> embed(shard->weights.embed->data,
+                               shard->weights.embed->data + shard->weights.embed->nbytes);
+  model.reset(); // the shard's reference is the last
+  auto again = model_folder::open(test::tiny_model("tiny-llama3"));
+  ASSERT_EQ(embed.size(), again->weights.embed->nbytes);
+  EXPECT_EQ(std::memcmp(shard->weights.embed->data, again->weights.embed->data, embed.size()), 0);
+  const tensor_view& down = *shard->weights.layers.back().down;
+  expect_slice(*again->weights.layers.back().down, down, plan.shard(1).rows(projection::down),
+               plan.shard(1).cols(projection::down));
+}
+
+TEST(shard_model_test, four_bit_weights_are_refused_by_name) {
+  // A GPTQ or AWQ checkpoint as published (the goldens' tiny ones).
+  auto model = model_folder::open(test::int4_goldens() / test::int4_golden_variants().front());
+  ASSERT_TRUE(model->weights.quantized);
+  // The plan of the same shapes in float: the refusal is the shard's own.
+  model_config as_float = model->config;
+  as_float.quantization.reset();
+  const tensor_parallel_plan plan(as_float, 2);
+  const std::string e = test::error_of([&] { shard_model(model, plan, 0); });
+  EXPECT_TRUE(test::contains(e, "quantization_config")) << e;
+  EXPECT_TRUE(test::contains(e, "not split")) << e;
 }
 
 } // namespace

@@ -17,297 +17,20 @@
 #include "model/make_model.hpp"
 #include "model/model_weights.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/runner_support.hpp"
 #include "tests/model/test_support.hpp"
 
 namespace metronome {
 namespace {
 
+using namespace ::metronome::test;
+
 using nlohmann::json;
-
-/// bf16 activations and KV against HF's fp32: logits within 3% of the
-/// largest logit (measured: see the printed errors).
-constexpr double logit_tolerance = 3e-2;
-/// The same with the fp8 KV cache, whose keys and values keep 3 mantissa
-/// bits: about twice the bf16 cache's error is expected.
-constexpr double fp8_logit_tolerance = 6e-2;
-
-/// A greedy choice that differs from the fp32 reference's argmax is accepted
-/// only where the reference itself has a near-tie: the chosen token's logit
-/// within this share of the largest |logit| of the argmax's. Random tiny
-/// models have top-2 margins of 1e-4 of that scale at some steps, where bf16
-/// activations (about 5e-3 logit error) may legitimately pick the other one.
-constexpr double tie_tolerance = 2e-2;
-/// The same for the fp8 KV cache against the CPU engine with its cache
-/// rounded the same way: the GPU's bf16 activations and the CPU's fp32 ones
-/// put a few keys and values on either side of an e4m3 rounding boundary,
-/// and a neighbouring code is 6-12% away. Largest gap seen on the H200 over
-/// the presets and head dim 128, every path: 0.031 (2026-12-02).
-constexpr double fp8_tie_tolerance = 5e-2;
-
-/// The CPU engine's (fp32) last-position logits for `tokens`; with kv_fp8,
-/// its cache rounded as the fp8 KV cache stores it (cpu_engine::set_kv_fp8).
-std::vector<float> cpu_logits(const std::shared_ptr<const model_folder>& model,
-                              const std::vector<int32_t>& tokens, bool kv_fp8 = false) {
-  const int32_t page = 16;
-  const int32_t pages = int32_t((tokens.size() + page - 1) / page);
-  cpu_engine engine(model, pages, page);
-  engine.set_kv_fp8(kv_fp8);
-  std::vector<int32_t> table(static_cast<size_t>(pages));
-  for (int32_t i = 0; i < pages; ++i)
-    table[size_t(i)] = i;
-  forward_input in{tokens, 0, table};
-  std::vector<float> logits(static_cast<size_t>(model->config.vocab_size));
-  engine.forward(std::span<const forward_input>(&in, 1), logits);
-  return logits;
-}
-
-/// How far (share of max |logit|) `token` is below the argmax of `logits`.
-double shortfall(const std::vector<float>& logits, int32_t token) {
-  float best = -INFINITY, scale = 0;
-  for (float l : logits) {
-    best = std::max(best, l);
-    scale = std::max(scale, std::abs(l));
-  }
-  return double(best - logits[size_t(token)]) / double(scale);
-}
-
-/// Every greedy id the GPU chose, replayed on the CPU engine along the GPU's
-/// own sequence: the CPU's argmax, or within tie_tolerance of it. Returns the
-/// number of steps where it is exactly the CPU's argmax. kv_fp8: the GPU ran
-/// the fp8 KV cache, the CPU rounds its cache the same way.
-int32_t expect_greedy_matches_cpu(const std::shared_ptr<const model_folder>& model,
-                                  const std::vector<int32_t>& prompt,
-                                  const std::vector<int32_t>& ids, const std::string& what,
-                                  bool kv_fp8 = false) {
-  std::vector<int32_t> seq = prompt;
-  int32_t exact = 0;
-  for (size_t s = 0; s < ids.size(); ++s) {
-    auto logits = cpu_logits(model, seq, kv_fp8);
-    const double gap = shortfall(logits, ids[s]);
-    exact += gap == 0.0;
-    EXPECT_LE(gap, kv_fp8 ? fp8_tie_tolerance : tie_tolerance) << what << ": step " << s << " chose " << ids[s]
-                                  << ", not a near-tie of the CPU's argmax";
-    seq.push_back(ids[s]);
-  }
-  return exact;
-}
-
-/// a and b agree up to their first difference, and that difference is a
-/// near-tie for the CPU engine on the common prefix.
-void expect_same_or_near_tie(const std::shared_ptr<const model_folder>& model,
-                             const std::vector<int32_t>& prompt, const std::vector<int32_t>& a,
-                             const std::vector<int32_t>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t d = 0;
-  while (d < a.size() && a[d] == b[d])
-    ++d;
-  if (d == a.size())
-    return;
-  std::vector<int32_t> seq = prompt;
-  seq.insert(seq.end(), a.begin(), a.begin() + int64_t(d));
-  auto logits = cpu_logits(model, seq);
-  EXPECT_LE(std::abs(shortfall(logits, a[d]) - shortfall(logits, b[d])), tie_tolerance)
-    << what << ": first difference at step " << d << " (" << a[d] << " vs " << b[d]
-    << ") is not a near-tie";
-  std::printf("[ note     ] %s: identical for %zu of %zu steps, then a near-tie\n", what.c_str(),
-              d, a.size());
-}
 
 json load_golden(const std::string& preset) {
   std::ifstream in(test::env("SOURCE_DIR") + "/tools/golden/" + preset + ".json");
   EXPECT_TRUE(in) << "no golden file for " << preset;
   return json::parse(in);
-}
-
-/// Drives a runner with the plans a simple scheduler would make: prompts in
-/// chunks of at most `chunk` tokens, then one token per step; pages handed
-/// out from a counter in a scattered order.
-class driver {
-public:
-  driver(model_runner& r, int32_t chunk) : runner_(r), chunk_(chunk) {
-  }
-
-  /// num_output: the last tokens of `prompt` are earlier output (a
-  /// re-admitted sequence).
-  void add(uint64_t id, std::vector<int32_t> prompt, sampling_params p, uint64_t seed,
-           int32_t num_output = 0) {
-    pending_.push_back({id, std::move(prompt), p, seed, num_output});
-  }
-
-  /// A sequence that starts on the first `pages` pages of sequence `from`
-  /// (prefix caching: their tokens must be `prompt`'s first ones).
-  void add_shared(uint64_t id, std::vector<int32_t> prompt, sampling_params p, uint64_t seed,
-                  uint64_t from, int32_t pages) {
-    new_sequence n{id, std::move(prompt), p, seed, 0};
-    const auto& f = seqs_.at(from).page_ids;
-    n.cached_pages.assign(f.begin(), f.begin() + pages);
-    n.num_cached = pages * runner_.page_size();
-    pending_.push_back(std::move(n));
-  }
-
-  /// One step; returns the ids sampled, by sequence.
-  std::map<uint64_t, int32_t> step() {
-    step_plan plan;
-    plan.step = step_++;
-    for (auto& n : pending_) {
-      seqs_[n.id] = {int32_t(n.prompt.size()), n.num_cached, int32_t(n.cached_pages.size())};
-      seqs_[n.id].page_ids = n.cached_pages;
-      plan.added.push_back(std::move(n));
-    }
-    pending_.clear();
-    for (auto& [id, s] : seqs_) {
-      if (s.done)
-        continue;
-      const int32_t n = s.computed < s.known ? std::min(chunk_, s.known - s.computed) : 1;
-      scheduled_chunk c{id, n, {}};
-      while (s.pages * runner_.page_size() < s.computed + n) {
-        c.new_pages.push_back(next_page());
-        s.page_ids.push_back(c.new_pages.back());
-        ++s.pages;
-      }
-      plan.chunks.push_back(c);
-    }
-    auto out = runner_.execute(plan);
-    std::map<uint64_t, int32_t> got;
-    for (auto& c : plan.chunks) {
-      auto& s = seqs_[c.id];
-      s.computed += c.num_tokens;
-    }
-    last_seconds = out.seconds;
-    last_device_seconds = out.device_seconds;
-    last_logprobs.clear();
-    for (const auto& t : out.tokens) {
-      got[t.id] = t.token;
-      last_logprobs[t.id] = t.logprobs;
-      ++seqs_[t.id].known;
-    }
-    return got;
-  }
-
-  void finish(uint64_t id) {
-    seqs_[id].done = true;
-  }
-
-  /// sampled_token::logprobs of the last step, by sequence.
-  std::map<uint64_t, std::vector<token_logprob>> last_logprobs;
-  /// step_output::seconds and device_seconds of the last step.
-  double last_seconds = 0, last_device_seconds = 0;
-
-  /// Releases every sequence (so ids can be reused on the same runner).
-  void release_all() {
-    step_plan plan;
-    plan.step = step_++;
-    for (const auto& [id, _] : seqs_)
-      plan.released.push_back(id);
-    runner_.execute(plan);
-    seqs_.clear();
-  }
-
-private:
-  int32_t next_page() {
-    // 0, 7, 14, ... mod a prime: scattered, all distinct below the pool size.
-    return int32_t((uint64_t(issued_++) * 7919u) % 251u);
-  }
-
-  struct seq {
-    int32_t known, computed, pages;
-    bool done = false;
-    std::vector<int32_t> page_ids;
-  };
-  model_runner& runner_;
-  int32_t chunk_;
-  uint64_t step_ = 0;
-  int32_t issued_ = 0;
-  std::vector<new_sequence> pending_;
-  std::map<uint64_t, seq> seqs_;
-};
-
-sampling_params greedy() {
-  sampling_params p;
-  p.temperature = 0;
-  return p;
-}
-
-/// Greedy generation of `steps` tokens for each prompt, all in one batch
-/// (optionally staggered: prompt i joins at step 2 i).
-/// `between` (optional) runs after every step.
-std::vector<std::vector<int32_t>> generate(model_runner& r, const std::vector<std::vector<int32_t>>& prompts,
-                                           int32_t steps, int32_t chunk, bool staggered,
-                                           sampling_params p = greedy(), uint64_t seed = 0,
-                                           const std::function<void()>& between = {}) {
-  driver d(r, chunk);
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  size_t joined = 0;
-  for (int32_t step = 0; step < 4 * steps + 64; ++step) {
-    while (joined < prompts.size() && (!staggered || int32_t(joined) * 2 <= step)) {
-      d.add(joined, prompts[joined], p, seed + joined);
-      ++joined;
-    }
-    auto got = d.step();
-    if (between)
-      between();
-    bool all_done = joined == prompts.size();
-    for (auto [id, t] : got) {
-      out[id].push_back(t);
-      if (int32_t(out[id].size()) == steps)
-        d.finish(id);
-    }
-    for (const auto& o : out)
-      all_done = all_done && int32_t(o.size()) >= steps;
-    if (all_done)
-      break;
-  }
-  d.release_all();
-  return out;
-}
-
-/// Greedy generation of `steps` tokens for `system` + each tail, every one
-/// starting on the system prompt's full pages as another sequence computed
-/// them (prefix caching): that sequence runs first and stays, so its pages
-/// are shared while it lives.
-std::vector<std::vector<int32_t>> generate_on_shared_prefix(
-  model_runner& r, const std::vector<int32_t>& system,
-  const std::vector<std::vector<int32_t>>& tails, int32_t steps) {
-  const int32_t pages = int32_t(system.size()) / r.page_size();
-  driver d(r, 1 << 20);
-  const uint64_t owner = 1000;
-  d.add(owner, system, greedy(), 0);
-  d.step();
-  d.finish(owner);
-  std::vector<std::vector<int32_t>> out(tails.size());
-  for (size_t i = 0; i < tails.size(); ++i) {
-    std::vector<int32_t> p(system.begin(), system.begin() + pages * r.page_size());
-    p.insert(p.end(), tails[i].begin(), tails[i].end());
-    d.add_shared(i, p, greedy(), 0, owner, pages);
-  }
-  for (int32_t step = 0; step < 2 * steps + 8; ++step) {
-    for (auto [id, t] : d.step()) {
-      if (id == owner)
-        continue;
-      out[id].push_back(t);
-      if (int32_t(out[id].size()) == steps)
-        d.finish(id);
-    }
-    bool all = true;
-    for (const auto& o : out)
-      all = all && int32_t(o.size()) >= steps;
-    if (all)
-      break;
-  }
-  d.release_all();
-  return out;
-}
-
-std::vector<std::vector<int32_t>> test_prompts(int32_t vocab) {
-  std::mt19937_64 rng(12345);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t len : {1, 7, 16, 17, 40}) {
-    std::vector<int32_t> p;
-    for (int32_t i = 0; i < len; ++i)
-      p.push_back(int32_t(rng() % uint64_t(vocab)));
-    prompts.push_back(p);
-  }
-  return prompts;
 }
 
 class gpu_runner : public ::testing::TestWithParam<std::string> {};
@@ -609,13 +332,7 @@ void expect_every_decode_path_follows_the_cpu_engine(
   kv_cache_dtype_kind kv_dtype = kv_cache_dtype_kind::bf16) {
   // 20 sequences decoding together: the skinny GEMM runs with several token
   // tiles (eager: 20 rows; captured: the graph of 24, padding rows included).
-  auto base = test_prompts(model->config.vocab_size);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 20; ++i) {
-    auto p = base[size_t(i) % base.size()];
-    p.push_back((i * 7919 + 13) % model->config.vocab_size);
-    prompts.push_back(p);
-  }
+  const auto prompts = twenty_prompts(model->config.vocab_size);
   // cuBLAS twice: the o and down projections added into the residual by
   // cuBLAS's epilogue (gemm_splits 1), and as split-K partials reduced by the
   // fused residual + norm kernel (3, forced whatever the timing says).
@@ -687,13 +404,7 @@ TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
 TEST(gpu_runner_partition, two_runners_on_complementary_sm_shares_follow_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model("tiny-llama3", 11));
-  auto base = test_prompts(model->config.vocab_size);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < 20; ++i) {
-    auto p = base[size_t(i) % base.size()];
-    p.push_back((i * 7919 + 13) % model->config.vocab_size);
-    prompts.push_back(p);
-  }
+  const auto prompts = twenty_prompts(model->config.vocab_size);
   std::vector<std::vector<int32_t>> got[2];
   std::string share[2];
   std::exception_ptr failed[2];
@@ -749,18 +460,6 @@ TEST(gpu_runner_partition, a_share_the_device_does_not_have_is_refused_by_name) 
   }
 }
 
-/// tiny-llama3 with its config changed by `edit` (a shape no preset has),
-/// made with `seed` into the scratch folder `name`.
-std::shared_ptr<const model_folder> tiny_llama3_with(const std::string& name, uint64_t seed,
-                                                     const std::function<void(model_config&)>& edit) {
-  make_model_options mo;
-  mo.config = *preset_config("tiny-llama3");
-  edit(mo.config);
-  mo.seed = seed;
-  mo.out_dir = test::scratch_dir(name);
-  make_model(mo);
-  return model_folder::open(mo.out_dir);
-}
 
 // Llama's attention_bias: biases on q, k, v and o, the o bias on each path
 // (the GEMV's residual epilogue, a bias launch after cuBLAS's epilogue, the

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/collective.hpp"
 #include "gpu/startup_tuner.hpp"
 #include "model/model_error.hpp"
 
@@ -93,6 +94,14 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
   planner_.record("weights", int64_t(weights_->bytes()));
   allocate_activations();
   plan_kv_and_capture();
+  // Tensor parallelism: start-up timed and captured without the
+  // collectives (the ranks do not start in step); from here every step
+  // runs them, graphs included.
+  if (options_.collective) {
+    options_.collective->set_live(true);
+    graphs_->recapture();
+    METRONOME_CUDA(cudaStreamSynchronize(stream_));
+  }
 }
 
 cuda_engine::~cuda_engine() {

@@ -36,6 +36,7 @@
 #include "gpu/cuda_runner.hpp"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/step_notifier.hpp"
+#include "gpu/tensor_parallel_runner.hpp"
 #include "model/model_weights.hpp"
 
 namespace metronome {
@@ -497,6 +498,11 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
                                                const cuda_runner_options& options) {
   if (!model)
     throw std::invalid_argument("make_cuda_runner: no model");
+  if (options.tensor_parallel > 1)
+    return std::make_unique<tensor_parallel_runner>(std::move(model), options);
+  if (options.tensor_parallel < 1)
+    throw std::invalid_argument("make_cuda_runner: tensor_parallel must be at least 1 (got "
+                                + std::to_string(options.tensor_parallel) + ")");
   if (const std::string p = cuda_device_problem(options.device); !p.empty())
     throw std::invalid_argument("make_cuda_runner: cuda:" + std::to_string(options.device) + ": "
                                 + p);
@@ -506,7 +512,21 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
   return std::make_unique<cuda_runner>(std::move(model), options);
 }
 
+namespace {
+
+/// Rank 0 of a tensor-parallel runner, else `runner` itself.
+template <class R>
+R& first_rank(R& runner) {
+  if (auto* tp = dynamic_cast<const tensor_parallel_runner*>(&runner))
+    return const_cast<tensor_parallel_runner*>(tp)->rank(0);
+  return runner;
+}
+
+} // namespace
+
 std::string describe_cuda_runner(const model_runner& runner) {
+  if (auto* tp = dynamic_cast<const tensor_parallel_runner*>(&runner))
+    return tp->describe() + "; rank 0: " + describe_cuda_runner(first_rank(runner));
   auto* r = dynamic_cast<const cuda_runner*>(&runner);
   if (!r)
     return {};
@@ -517,13 +537,17 @@ std::string describe_cuda_runner(const model_runner& runner) {
 }
 
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows) {
-  auto* r = dynamic_cast<cuda_runner*>(&runner);
+  auto* r = dynamic_cast<cuda_runner*>(&first_rank(runner));
   if (!r)
     return {};
   return r->engine().logits(rows);
 }
 
 bool set_cuda_graphs(model_runner& runner, bool enabled) {
+  if (auto* tp = dynamic_cast<tensor_parallel_runner*>(&runner)) {
+    tp->for_each_rank([&](model_runner& rank) { set_cuda_graphs(rank, enabled); });
+    return true;
+  }
   auto* r = dynamic_cast<cuda_runner*>(&runner);
   if (!r)
     return false;
@@ -532,11 +556,15 @@ bool set_cuda_graphs(model_runner& runner, bool enabled) {
 }
 
 int64_t cuda_mixed_graph_launches(const model_runner& runner) {
-  auto* r = dynamic_cast<const cuda_runner*>(&runner);
+  auto* r = dynamic_cast<const cuda_runner*>(&first_rank(runner));
   return r ? int64_t(r->engine_view().mixed_launches()) : -1;
 }
 
 bool set_mixed_graphs(model_runner& runner, bool enabled) {
+  if (auto* tp = dynamic_cast<tensor_parallel_runner*>(&runner)) {
+    tp->for_each_rank([&](model_runner& rank) { set_mixed_graphs(rank, enabled); });
+    return true;
+  }
   auto* r = dynamic_cast<cuda_runner*>(&runner);
   if (!r)
     return false;

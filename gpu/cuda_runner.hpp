@@ -17,6 +17,10 @@ namespace metronome {
 
 struct model_folder;
 
+namespace gpu {
+class collective;
+}
+
 /// Settings of one CUDA runner.
 struct cuda_runner_options {
   /// CUDA device ordinal ("cuda:N").
@@ -67,6 +71,19 @@ struct cuda_runner_options {
   /// Used by `gpu_bench --overlap`; the server does not set it yet.
   int32_t sm_count = 0;
   bool sm_rest = false;
+  /// Tensor parallelism (model/tensor_parallel.hpp, gpu/collective.hpp):
+  /// with N > 1, make_cuda_runner starts one runner per rank, rank r on
+  /// tensor_parallel_devices[r] (empty: device + r; a device listed k times
+  /// holds k ranks, each with gpu_memory_fraction / k), each serving its
+  /// shard of the model, and returns a runner that drives them in step.
+  int32_t tensor_parallel = 1;
+  std::vector<int> tensor_parallel_devices;
+  /// "auto" (peer when every rank is on one device, else nccl), "nccl" or
+  /// "peer".
+  std::string tensor_parallel_collective = "auto";
+  /// Set by make_cuda_runner on each rank's own options: its endpoint of the
+  /// group (null: no tensor parallelism, the engine runs alone).
+  std::shared_ptr<gpu::collective> collective;
   /// Benchmarks only: a decode batch size whose captured step is replayed
   /// once more inside a profiler range at start-up (for `ncu
   /// --profile-from-start off`, tools/ncu_step_profile.py); 0 = none.

@@ -82,6 +82,21 @@ size_t decode_graph_cache::capture(const step_layout& l, int32_t slot, graph_exe
   return nodes;
 }
 
+void decode_graph_cache::recapture() {
+  for (decode_graph& dg : graphs_) {
+    if (!dg.captured())
+      continue;
+    const pdl_scope same_pdl(dg.pdl);
+    const late_trigger_scope same_late(dg.late);
+    for (int32_t slot = 0; slot < 2; ++slot)
+      capture_one(dg.size, dg.path, dg.exec[slot], slot);
+  }
+  for (mixed_graph& m : mixed_graphs_)
+    for (int32_t slot = 0; slot < 2; ++slot)
+      if (m.exec[slot])
+        capture_mixed(m, m.exec[slot], slot);
+}
+
 int32_t decode_graph_cache::graph_index(int32_t batch) const {
   for (size_t i = 0; i < graphs_.size(); ++i)
     if (graphs_[i].size >= batch && graphs_[i].captured())

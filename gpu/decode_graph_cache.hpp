@@ -85,6 +85,12 @@ public:
   /// staging block `slot` and its ids to result block `slot`.
   size_t capture_one(int32_t batch, decode_path path, graph_exec& out, int32_t slot = 0);
 
+  /// Captures every graph captured so far again, each with the choices it
+  /// was captured with (path, PDL, late triggers; both slots): under tensor
+  /// parallelism, once the collectives are live, so that the graphs hold
+  /// them (collective.hpp). Capture only: nothing runs on the device.
+  void recapture();
+
   /// Captures the mixed step of graph `m` through slot `slot`.
   size_t capture_mixed(const mixed_graph& m, graph_exec& out, int32_t slot);
 

@@ -15,7 +15,7 @@ forward_pass::forward_pass(const model_config& config, const cuda_runner_options
                            const weight_store& weights, const kv_pool& kv, cudaStream_t stream,
                            cublasHandle_t cublas, int32_t num_sms, bool kv_fp8)
   : config_(config), weights_(weights), kv_(kv), stream_(stream), num_sms_(num_sms),
-    kv_fp8_(kv_fp8) {
+    kv_fp8_(kv_fp8), comm_(options.collective.get()) {
   const auto& c = config_;
   max_batch_ = options.limits.max_batch_size;
   max_tokens_ = std::max(options.limits.max_num_batched_tokens, max_batch_);
@@ -223,6 +223,12 @@ split_choice forward_pass::splits_of(int32_t m) const {
   // kernels may have turned off since the choice (METRONOME_KERNELS, tests).
   if (!decode_attention_fuses_rope(attention_of(0)))
     r.qkv = 0;
+  // Under tensor parallelism o's and down's outputs are partial sums, which
+  // must be all-reduced before the norm that would reduce their splits.
+  if (comm_) {
+    r.o = 0;
+    r.down = 0;
+  }
   return r;
 }
 
@@ -402,7 +408,9 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       a.bias = L.o_bias;
       a.x = buf_.attn.get<bf16>();
       a.out_f32 = x;
+      clear_partial(batch);
       project(gemv_epilogue::residual_add, a, L.o4);
+      reduce_residual(batch);
       gemv_args g;
       g.w = L.gate_up;
       g.n = 2 * f;
@@ -418,7 +426,9 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       d.m = batch;
       d.x = buf_.act.get<bf16>();
       d.out_f32 = x;
+      clear_partial(batch);
       project(gemv_epilogue::residual_add, d, L.down4);
+      reduce_residual(batch);
     } else {
       project_residual(buf_.attn.get<bf16>(), batch, dense(L.o, L.o4, h, q), q, L.o_bias, rc.o,
                        L.mlp_norm);
@@ -445,12 +455,37 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
   enqueue_sampling(l, batch, penalties);
 }
 
+void forward_pass::clear_partial(int32_t rows) {
+  if (comm_ && comm_->rank() != 0 && comm_->live())
+    METRONOME_CUDA(cudaMemsetAsync(buf_.x.get(), 0,
+                                   size_t(rows) * size_t(config_.hidden_size) * 4, stream_));
+}
+
+void forward_pass::reduce_residual(int32_t rows) {
+  if (comm_)
+    comm_->all_reduce_sum(buf_.x.get<float>(), size_t(rows) * size_t(config_.hidden_size),
+                          stream_);
+}
+
 void forward_pass::project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
                                     const bf16* bias, int32_t splits, const bf16* norm) {
   const auto& c = config_;
   const int32_t h = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   float* x = buf_.x.get<float>();
+  if (comm_) {
+    if (splits > 0)
+      throw cuda_error("cuda_engine: split-K projections under tensor parallelism");
+    // Rank 0 adds into the residual; the others into a cleared x (beta
+    // stays 1: the algorithm the tuner chose for this shape).
+    clear_partial(m);
+    gemm(in_x, m, w, h, k, x, true, 1.0f);
+    if (bias)
+      launch_add_bias(x, bias, m, h, stream_);
+    reduce_residual(m);
+    launch_rms_norm(x, nullptr, norm, eps, m, h, buf_.xn.get<bf16>(), stream_);
+    return;
+  }
   if (splits > 0) {
     float* partials = buf_.split_partials.get<float>();
     tuner_->run_split(in_x, m, w, h, k, partials, splits, stream_);
@@ -514,8 +549,11 @@ void forward_pass::enqueue_general(const step_layout& l, int32_t sampled, bool a
     if (i + 1 < c.num_layers)
       project_residual(buf_.act.get<bf16>(), t, dense(L.down, L.down4, h, f), f, nullptr,
                        rc.down, layers[size_t(i) + 1].attn_norm);
-    else
+    else {
+      clear_partial(t);
       gemm(buf_.act.get<bf16>(), t, dense(L.down, L.down4, h, f), h, f, x, true, 1.0f);
+      reduce_residual(t);
+    }
   }
   if (sampled > 0) {
     // LM head on the last position of each sampled sequence only.
@@ -538,6 +576,11 @@ void forward_pass::enqueue_sampling(const step_layout& l, int32_t rows, int32_t 
                 reinterpret_cast<int32_t*>(out),
                 reinterpret_cast<float*>(out + size_t(max_batch_) * 4), buf_.sample_ws.get(),
                 stream_, enqueue_logprobs_ ? &sv.logprobs : nullptr);
+  // Tensor parallelism: every rank's logits are the same up to the rounding
+  // of its own kernel choices, so rank 0's ids are the group's; the others
+  // feed them to their next step and report them.
+  if (comm_)
+    comm_->broadcast_from_first(reinterpret_cast<int32_t*>(out), size_t(rows), stream_);
 }
 
 } // namespace metronome::gpu

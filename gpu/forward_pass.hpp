@@ -24,6 +24,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "gpu/collective.hpp"
 #include "gpu/cuda_runner.hpp"
 #include "gpu/device_memory.hpp"
 #include "gpu/gemm_tuner.hpp"
@@ -240,8 +241,17 @@ private:
   /// buf_.dequant, enqueued now (so call it right before the product that
   /// reads it: the next 4-bit projection overwrites it).
   const bf16* dense(const bf16* w, const int4_weights& w4, int32_t n, int32_t k);
+  /// Tensor parallelism: before a projection into the residual x of `rows`
+  /// rows, ranks other than 0 clear x, so that what they add is their
+  /// partial sum alone (rank 0 adds the residual, and the all-reduce then
+  /// gives every rank residual + every partial).
+  void clear_partial(int32_t rows);
+  /// Tensor parallelism: sums x's first `rows` rows over the ranks.
+  void reduce_residual(int32_t rows);
   /// Ends a projection of the cuBLAS paths whose input is in_x (k
-  /// wide): x += in_x W^T (+ bias), then xn = RMSNorm(x) * norm.
+  /// wide): x += in_x W^T (+ bias), then xn = RMSNorm(x) * norm. Under
+  /// tensor parallelism the rank's partial is all-reduced before the norm
+  /// (and splits must be 0: their reduction is fused into the norm).
   void project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
                         const bf16* bias, int32_t splits, const bf16* norm);
 
@@ -260,6 +270,8 @@ private:
   int32_t split_rows_ = 0;
   bool skinny_ok_ = false;
   bool enqueue_logprobs_ = true;
+  // Tensor parallelism: this rank's endpoint (null: the engine runs alone).
+  collective* comm_ = nullptr;
   forward_buffers buf_;
   std::unique_ptr<gemm_tuner> tuner_;
   std::map<int32_t, split_choice> splits_;

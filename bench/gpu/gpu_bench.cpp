@@ -169,6 +169,8 @@ struct options {
   std::string overlap;            // decode SMs a split, "0,64,88": --overlap, then exit
   std::string overlap_chunks = "512,2048";
   int32_t overlap_batch = 64, overlap_context = 1024;
+  std::string tp_devices;            // "0,1": tensor parallel, rank r on cuda:N_r
+  std::string tp_collective = "auto"; // cuda_runner_options::tensor_parallel_collective
 };
 
 /// One B:N spec of --profile-mixed; `profile`: its step inside the profiler range.
@@ -399,6 +401,11 @@ int run(const options& o) {
   ro.limits.page_size = o.page_size;
   ro.kv_cache_dtype = parse_kv_cache_dtype(o.kv_dtype).value(); // checked with the arguments
   ro.profile_batch = profile_batch;
+  if (!o.tp_devices.empty()) {
+    ro.tensor_parallel_devices = bench::parse_int_list(o.tp_devices);
+    ro.tensor_parallel = int32_t(ro.tensor_parallel_devices.size());
+    ro.tensor_parallel_collective = o.tp_collective;
+  }
   const auto t_load = std::chrono::steady_clock::now();
   auto runner = make_cuda_runner(model, ro);
   const double load_s =
@@ -638,7 +645,7 @@ constexpr const char* usage =
   "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
   "       [--profile-prefix P:N] [--decode-spread] [--quantize none|int4]\n"
   "       [--overlap SMS[,SMS...] [--overlap-chunks N[,N...]] [--overlap-batch N]\n"
-  "        [--overlap-context N]]\n"
+  "        [--overlap-context N]] [--tp-devices N,N[,...] [--tp-collective auto|nccl|peer]]\n"
   "       gpu_bench --make-preset NAME --make-out DIR [--make-quantize awq|gptq]";
 
 /// The command line into `o`; empty, or what to print before exiting with 2
@@ -661,6 +668,8 @@ std::string parse_args(int argc, char** argv, options& o) {
                         : a == "--profile-prefix"           ? &o.profile_prefix
                         : a == "--overlap"                  ? &o.overlap
                         : a == "--overlap-chunks"           ? &o.overlap_chunks
+                        : a == "--tp-devices"               ? &o.tp_devices
+                        : a == "--tp-collective"            ? &o.tp_collective
                                                             : nullptr;
     int32_t* number = a == "--max-batch"   ? &o.max_batch
                       : a == "--page-size" ? &o.page_size
@@ -692,6 +701,11 @@ std::string parse_args(int argc, char** argv, options& o) {
       if ((text == &o.overlap || text == &o.overlap_chunks) && bench::parse_int_list(v).empty())
         return "gpu_bench: " + a + ": expected whole numbers separated by commas, not '" + v
                + "'";
+      if (text == &o.tp_devices && bench::parse_int_list(v).size() < 2)
+        return "gpu_bench: " + a + ": expected two or more device ordinals separated by "
+               "commas, not '" + v + "'";
+      if (text == &o.tp_collective && v != "auto" && v != "nccl" && v != "peer")
+        return "gpu_bench: " + a + ": expected auto, nccl or peer, not '" + v + "'";
       if (text == &o.overlap_chunks) {
         for (int32_t c : bench::parse_int_list(v)) {
           if (c < 1)

@@ -18,6 +18,7 @@
 #include "model/model_card.hpp"
 #include "model/model_error.hpp"
 #include "model/model_weights.hpp"
+#include "model/tensor_parallel.hpp"
 #include "model/tokenizer/chat_template.hpp"
 #include "model/tokenizer/tokenizer.hpp"
 #include "gpu/cuda_runner.hpp"
@@ -82,6 +83,17 @@ runner_factory device_runner(const engine_options& o, std::shared_ptr<const mode
     // Sequences the runner may hold: the running ones, plus as many finished
     // ones waiting to be released with the next plan.
     g.max_seqs = 2 * limits.max_batch_size;
+    g.tensor_parallel = o.tensor_parallel;
+    g.tensor_parallel_collective = o.tensor_parallel_collective;
+    for (const auto& d : o.tensor_parallel_devices) {
+      const int n = parse_cuda_device(d);
+      if (n < 0)
+        throw std::invalid_argument("model.tensor_parallel_devices: '" + d
+                                    + "': expected cuda:N");
+      if (const std::string p = cuda_device_problem(n); !p.empty())
+        throw std::invalid_argument("model.tensor_parallel_devices: '" + d + "': " + p);
+      g.tensor_parallel_devices.push_back(n);
+    }
     return [=] { return make_cuda_runner(model, g); };
   }
   throw std::invalid_argument("device '" + o.device + "': expected cpu or cuda:N");
@@ -173,6 +185,27 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (!e5m2_on_cpu)
     if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
       throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
+
+  // Tensor parallelism: a model that does not split, or 4-bit weights
+  // (whose slices are not cut yet), refused here naming the field.
+  if (replicas > 0 && o.tensor_parallel > 1) {
+    if (!o.devices.empty())
+      throw std::invalid_argument(
+        "model.tensor_parallel is " + std::to_string(o.tensor_parallel)
+        + " with data parallel replicas (model.data_parallel, model.devices): one replica "
+          "split over ranks is supported, not several yet");
+    if (o.device == "cpu")
+      throw std::invalid_argument("model.tensor_parallel is " + std::to_string(o.tensor_parallel)
+                                  + " but model.device is cpu: tensor parallelism splits the "
+                                    "model over CUDA devices");
+    const tensor_parallel_plan plan(cfg, o.tensor_parallel,
+                                    (o.model_dir / "config.json").string());
+    if (model->weights.quantized || cfg.quantization)
+      throw model_error((o.model_dir / "config.json").string(), "quantization_config",
+                        "4-bit weights are not split by model.tensor_parallel yet (serve them "
+                        "on one GPU, or split a bf16 checkpoint)");
+    spdlog::info("{}", plan.describe());
+  }
 
   // A context longer than the model's: positions it was never trained on
   // (and RoPE tables it does not have). Refused here, naming both numbers.

@@ -58,6 +58,13 @@ struct engine_options {
   /// replicas, each planning gpu_memory_fraction / k of it. Empty: one
   /// replica on `device`.
   std::vector<std::string> devices;
+  /// Tensor parallel (model.tensor_parallel ...): the one replica split
+  /// over this many ranks, on tensor_parallel_devices (empty: consecutive
+  /// devices from `device`), summing over the collective named
+  /// (cuda_runner_options). 1: not split.
+  int32_t tensor_parallel = 1;
+  std::vector<std::string> tensor_parallel_devices;
+  std::string tensor_parallel_collective = "auto";
   /// Name reported by /v1/models and checked against requests; defaults to
   /// the id in the folder's metronome.json (model/model_card.hpp), else the
   /// folder's name.

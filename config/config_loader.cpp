@@ -170,12 +170,13 @@ std::string read_file(const std::filesystem::path& path) {
 
 // -- shorthand flags -------------------------------------------------------------
 
-constexpr std::array<config_flag, 22> flags = {{
+constexpr std::array<config_flag, 23> flags = {{
   {"--host", "server.host", "Address to listen on"},
   {"--port", "server.port", "TCP port (0 = any free port)"},
   {"--model", "model.path", "Hugging Face model folder (unset: the shipped metronome-tiny)"},
   {"--device", "model.device", "Where the model runs"},
   {"--data-parallel", "model.data_parallel", "Replicas of the model behind one router"},
+  {"--tensor-parallel", "model.tensor_parallel", "CUDA devices one model is split over"},
   {"--worker-listen", "workers.listen",
    "HOST:PORT where `metronome worker` processes attach as more replicas"},
   {"--served-model-name", "model.served_model_name",

@@ -58,6 +58,11 @@ bool is_device(std::string_view text) {
   return device_spec::parse(text).has_value();
 }
 
+bool is_cuda_device(std::string_view text) {
+  const auto d = device_spec::parse(text);
+  return d && d->kind == device_kind::cuda;
+}
+
 bool is_listen_address(std::string_view text) {
   return text.empty() || parse_host_port(text).has_value();
 }
@@ -529,6 +534,22 @@ std::vector<config_key> make_keys() {
     "whose format Metronome recognises; empty = the template in tokenizer_config.json."));
   add(integer_key("model.max_model_len", METRONOME_FIELD(model.max_model_len), 0, 1 << 24,
                   "Longest prompt + output in tokens; 0 = the model's context length."));
+  add(integer_key("model.tensor_parallel", METRONOME_FIELD(model.tensor_parallel), 1, 8,
+                  "Tensor parallel: CUDA devices one model is split over (attention heads and "
+                  "MLP features), from model.device on, or model.tensor_parallel_devices."));
+  add(list_key("model.tensor_parallel_devices", METRONOME_FIELD(model.tensor_parallel_devices),
+               "Tensor parallel: the ranks' devices, one per rank (a device listed k times "
+               "holds k ranks, each with 1/k of engine.gpu_memory_fraction; peer collective "
+               "only); empty: consecutive devices from model.device.",
+               "CUDA devices (cuda:N)", &is_cuda_device, "DEVICE"));
+  add(text_key("model.tensor_parallel_collective",
+               METRONOME_FIELD(model.tensor_parallel_collective),
+               "Tensor parallel: how the ranks sum their partial outputs: auto (peer when "
+               "every rank is on one device, else nccl), nccl, or peer (direct reads between "
+               "devices with peer access).",
+               "one of auto, nccl, peer",
+               [](std::string_view t) { return t == "auto" || t == "nccl" || t == "peer"; },
+               "{auto,nccl,peer}"));
   add(choice_key("model.quantize", METRONOME_FIELD(model.quantize),
                  std::array{weight_quantization::none, weight_quantization::int4},
                  "Quantize a float checkpoint at load: none, or int4 (every q/k/v/o/gate/up/"

@@ -133,6 +133,14 @@ void validate(const server_config& cfg, const std::string& source) {
              "replicas run all on the CPU or all on CUDA devices, got both " + m.devices.front()
                + " and " + d);
   }
+  // (With data parallel, on the CPU or with 4-bit weights, tensor
+  // parallelism is refused where the engine starts: spawn_engine.)
+  if (!m.tensor_parallel_devices.empty()
+      && int32_t(m.tensor_parallel_devices.size()) != m.tensor_parallel)
+    fail(source, "model.tensor_parallel_devices",
+         "lists " + num(int64_t(m.tensor_parallel_devices.size()))
+           + " devices but model.tensor_parallel is " + num(m.tensor_parallel)
+           + ": one device per rank");
   const auto& w = cfg.workers;
   if (m.data_parallel == 0 && w.listen.empty())
     fail(source, "model.data_parallel",

@@ -180,6 +180,18 @@ struct model_section {
   /// int4: quantize a float checkpoint's projections when it is loaded
   /// (round to nearest, AWQ layout, group 128; model/rtn_quantize.hpp).
   weight_quantization quantize = weight_quantization::none;
+  /// Tensor parallel: ranks the one model is split over (its attention
+  /// heads and MLP features; docs/scale-out.md), one per CUDA device from
+  /// model.device on (cuda:N ... cuda:N+ranks-1) unless
+  /// tensor_parallel_devices lists them. 1: not split.
+  int32_t tensor_parallel = 1;
+  /// The ranks' devices, one per rank ("cuda:N"); a device listed k times
+  /// holds k ranks, each with 1/k of engine.gpu_memory_fraction (peer
+  /// collective only). Empty: consecutive devices from model.device.
+  std::vector<std::string> tensor_parallel_devices;
+  /// How ranks sum their partial outputs: auto (peer when every rank is on
+  /// one device, else nccl), nccl, or peer (gpu/collective.hpp).
+  std::string tensor_parallel_collective = "auto";
 
   bool operator==(const model_section&) const = default;
 };

@@ -397,6 +397,31 @@ TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
   EXPECT_TRUE(out.done);
 }
 
+// Tensor parallelism is refused at start, naming the key or the field,
+// where it cannot run: on the CPU, beside data parallel replicas, and with
+// a model whose heads do not split (4-bit weights: shard_model_test).
+TEST_F(engine_test, tensor_parallelism_is_refused_at_start_where_it_cannot_run) {
+  auto message_of = [&]() -> std::string {
+    try {
+      start();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "spawn_engine accepted tensor_parallel " << opts.tensor_parallel;
+    return {};
+  };
+  opts.tensor_parallel = 2;
+  EXPECT_NE(message_of().find("model.tensor_parallel is 2 but model.device is cpu"),
+            std::string::npos);
+  opts.devices = {"cpu", "cpu"};
+  EXPECT_NE(message_of().find("with data parallel replicas"), std::string::npos);
+  opts.devices.clear();
+  opts.device = "cuda:0";
+  opts.tensor_parallel = 3; // tiny-llama3: 4 query heads
+  EXPECT_NE(message_of().find("num_attention_heads"), std::string::npos);
+  EXPECT_FALSE(eng);
+}
+
 // fp8_e5m2 has no CUDA kernels yet: refused at start on CUDA before any
 // device is looked at (so also on a machine without one).
 TEST_F(engine_test, an_fp8_e5m2_kv_cache_is_refused_at_start_on_cuda) {

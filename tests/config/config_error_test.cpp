@@ -371,6 +371,28 @@ TEST(config_cross_field, fault_injection_needs_a_loopback_host_and_a_known_form)
   EXPECT_NE(e.problem().find("throw_after:N"), std::string::npos) << e.what();
 }
 
+TEST(config_cross_field, tensor_parallel_keys_are_refused_by_name) {
+  auto e = load_error("model:\n  device: cuda:0\n  tensor_parallel: 2\n"
+                      "  tensor_parallel_devices: [cuda:0, cuda:1, cuda:2]\n");
+  EXPECT_EQ(e.key_path(), "model.tensor_parallel_devices") << e.what();
+  EXPECT_NE(e.problem().find("lists 3 devices"), std::string::npos) << e.what();
+  e = load_error("model:\n  device: cuda:0\n  tensor_parallel: 2\n"
+                 "  tensor_parallel_devices: [cuda:0, cpu]\n");
+  EXPECT_EQ(e.key_path(), "model.tensor_parallel_devices") << e.what();
+  e = load_error("model:\n  tensor_parallel_collective: mpi\n");
+  EXPECT_EQ(e.key_path(), "model.tensor_parallel_collective") << e.what();
+  e = load_error("model:\n  tensor_parallel: 9\n");
+  EXPECT_EQ(e.key_path(), "model.tensor_parallel") << e.what();
+  // Two ranks on one device over peer, and consecutive devices, are fine.
+  auto cfg = load_config_string("model:\n  device: cuda:0\n  tensor_parallel: 2\n"
+                                "  tensor_parallel_devices: [cuda:0, cuda:0]\n"
+                                "  tensor_parallel_collective: peer\n",
+                                "t");
+  EXPECT_EQ(cfg.model.tensor_parallel, 2);
+  EXPECT_EQ(cfg.model.tensor_parallel_devices.size(), 2u);
+  EXPECT_EQ(cfg.model.tensor_parallel_collective, "peer");
+}
+
 TEST(config_cross_field, data_parallel_keys_are_refused_by_name) {
   auto e = load_error("model:\n  devices: [cuda:0, cuda:1]\n  data_parallel: 3\n");
   EXPECT_EQ(e.key_path(), "model.data_parallel") << e.what();

@@ -38,6 +38,9 @@ engine_options engine_options_from(const server_config& c, const std::filesystem
   if (o.devices.empty() && c.model.data_parallel > 1)
     o.devices.assign(size_t(c.model.data_parallel), o.device);
   o.workers_only = c.model.data_parallel == 0;
+  o.tensor_parallel = c.model.tensor_parallel;
+  o.tensor_parallel_devices = c.model.tensor_parallel_devices;
+  o.tensor_parallel_collective = c.model.tensor_parallel_collective;
   o.served_model_name = c.model.served_model_name;
   if (is_chat_template_name(c.model.chat_template))
     o.chat_template = c.model.chat_template;

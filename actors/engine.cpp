@@ -186,8 +186,9 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     if (const std::string p = cuda_kv_cache_problem(cfg, o.kv_cache_dtype); !p.empty())
       throw std::invalid_argument("engine.kv_cache_dtype '" + dtype + "': " + p);
 
-  // Tensor parallelism: a model that does not split, or 4-bit weights
-  // (whose slices are not cut yet), refused here naming the field.
+  // Tensor parallelism: a model that does not split (4-bit weights
+  // included: whole words and groups a rank), refused here naming the
+  // field, before any executor starts.
   if (replicas > 0 && o.tensor_parallel > 1) {
     if (!o.devices.empty())
       throw std::invalid_argument(
@@ -200,10 +201,6 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
                                     "model over CUDA devices");
     const tensor_parallel_plan plan(cfg, o.tensor_parallel,
                                     (o.model_dir / "config.json").string());
-    if (model->weights.quantized || cfg.quantization)
-      throw model_error((o.model_dir / "config.json").string(), "quantization_config",
-                        "4-bit weights are not split by model.tensor_parallel yet (serve them "
-                        "on one GPU, or split a bf16 checkpoint)");
     spdlog::info("{}", plan.describe());
   }
 

@@ -186,6 +186,42 @@ struct shard_storage {
     return add(*b, {range.size()}, std::move(out));
   }
 
+  /// Elements `range` of the 1-D I32 `g` (a g_idx), each minus `first`:
+  /// the groups renumbered from the slice's first.
+  const tensor_view* slice_groups(const tensor_view& g, index_range range, int64_t first) {
+    std::vector<std::byte> out(size_t(range.size()) * 4);
+    for (int64_t i = 0; i < range.size(); ++i) {
+      int32_t v;
+      std::memcpy(&v, g.data + size_t(range.begin + i) * 4, 4);
+      v -= int32_t(first);
+      std::memcpy(out.data() + size_t(i) * 4, &v, 4);
+    }
+    return add(g, {range.size()}, std::move(out));
+  }
+
+  /// Outputs `rows` and inputs `cols` of the 4-bit projection `q`, as the
+  /// same layout: GPTQ packs 8 inputs a word ([in / 8, out]), AWQ 8 outputs
+  /// ([in, out / 8]); zeros pack 8 outputs a word ([groups, out / 8]),
+  /// scales not ([groups, out]). The plan keeps both ranges whole words and
+  /// an input slice whole groups, so every cut falls between words and
+  /// groups and AWQ's interleave (within a word) is untouched.
+  quantized_linear slice(const quantization_config& qc, const quantized_linear& q,
+                         index_range rows, index_range cols) {
+    const int64_t gs = qc.group_size < 0 ? q.in_features : qc.group_size;
+    const index_range groups{cols.begin / gs, (cols.end + gs - 1) / gs};
+    const index_range words{rows.begin / 8, rows.end / 8};
+    quantized_linear r;
+    r.qweight = qc.method == quant_method::gptq
+                  ? slice(*q.qweight, {cols.begin / 8, cols.end / 8}, rows)
+                  : slice(*q.qweight, cols, words);
+    r.qzeros = slice(*q.qzeros, groups, words);
+    r.scales = slice(*q.scales, groups, rows);
+    r.g_idx = q.g_idx ? slice_groups(*q.g_idx, cols, groups.begin) : nullptr;
+    r.in_features = cols.size();
+    r.out_features = rows.size();
+    return r;
+  }
+
   /// A zero tensor shaped as `b` (null for a null `b`).
   const tensor_view* zeros(const tensor_view* b) {
     if (!b)
@@ -203,15 +239,13 @@ std::shared_ptr<const model_folder> shard_model(std::shared_ptr<const model_fold
   if (rank < 0 || rank >= plan.ranks())
     throw std::invalid_argument("shard_model: rank " + str(rank) + " of "
                                 + str(plan.ranks()));
-  if (full->weights.quantized || full->config.quantization)
-    throw model_error((full->dir / "config.json").string(), "quantization_config",
-                      "4-bit weights are not split by --tensor-parallel yet (serve them on "
-                      "one GPU, or split a bf16 checkpoint)");
   auto shard = std::make_shared<model_folder>();
   auto storage = std::make_shared<shard_storage>();
   shard->dir = full->dir;
   shard->config = plan.rank_config();
   shard->weights.type = full->weights.type;
+  shard->weights.quantized = full->weights.quantized;
+  shard->quantized_at_load = full->quantized_at_load;
   shard->weights.embed = full->weights.embed;
   shard->weights.final_norm = full->weights.final_norm;
   shard->weights.lm_head = full->weights.lm_head;
@@ -221,8 +255,13 @@ std::shared_ptr<const model_folder> shard_model(std::shared_ptr<const model_fold
     mine.attn_norm = w.attn_norm;
     mine.mlp_norm = w.mlp_norm;
     for (projection p : {projection::q, projection::k, projection::v, projection::o,
-                         projection::gate, projection::up, projection::down})
-      mine.weight(p) = storage->slice(*w.weight(p), s.rows(p), s.cols(p));
+                         projection::gate, projection::up, projection::down}) {
+      if (const quantized_linear& q = w.quantized[size_t(p)]; q.present())
+        mine.quantized[size_t(p)] =
+          storage->slice(*full->config.quantization, q, s.rows(p), s.cols(p));
+      else
+        mine.weight(p) = storage->slice(*w.weight(p), s.rows(p), s.cols(p));
+    }
     mine.q_bias = storage->slice(w.q_bias, s.rows(projection::q));
     mine.k_bias = storage->slice(w.k_bias, s.rows(projection::k));
     mine.v_bias = storage->slice(w.v_bias, s.rows(projection::v));

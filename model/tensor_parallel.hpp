@@ -180,11 +180,12 @@ private:
 /// checkpoint's own float type; q/k/v biases are sliced with their rows; o's
 /// bias is the checkpoint's on plan.bias_rank() and zeros on the others (so
 /// the all-reduce adds it once). Embeddings, norms and the LM head are the
-/// full folder's own views: the result holds `full` alive. Built on the
-/// host at start-up, once per rank, before its weights go to its device.
-/// A folder with 4-bit projections (stored or quantized at load) is refused
-/// with a model_error naming quantization_config: their slices are not cut
-/// yet.
+/// full folder's own views: the result holds `full` alive. 4-bit
+/// projections (GPTQ, AWQ, stored or quantized at load) are cut in their
+/// own layout, along whole words and groups (the plan refuses a model
+/// where that is not possible), with their scales, zeros and g_idx
+/// (renumbered). Built on the host at start-up, once per rank, before its
+/// weights go to its device.
 std::shared_ptr<const model_folder> shard_model(std::shared_ptr<const model_folder> full,
                                                 const tensor_parallel_plan& plan, int32_t rank);
 

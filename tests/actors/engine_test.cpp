@@ -399,7 +399,7 @@ TEST_F(engine_test, an_fp8_kv_cache_is_refused_on_the_cpu_at_start) {
 
 // Tensor parallelism is refused at start, naming the key or the field,
 // where it cannot run: on the CPU, beside data parallel replicas, and with
-// a model whose heads do not split (4-bit weights: shard_model_test).
+// a model whose heads do not split.
 TEST_F(engine_test, tensor_parallelism_is_refused_at_start_where_it_cannot_run) {
   auto message_of = [&]() -> std::string {
     try {

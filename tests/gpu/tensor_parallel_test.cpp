@@ -93,6 +93,24 @@ TEST(gpu_tensor_parallel, the_o_bias_is_counted_once) {
   }
 }
 
+// 4-bit weights cut per rank in their own layout (GPTQ packed along the
+// inputs, AWQ along the outputs): the 4-bit GEMV, the skinny GEMM's 4-bit
+// form and cuBLAS on the dequantized form follow the CPU engine, which
+// dequantizes the whole model.
+TEST(gpu_tensor_parallel, four_bit_weights_follow_the_cpu_engine) {
+  METRONOME_REQUIRE_GPU();
+  for (quant_method layout : {quant_method::gptq, quant_method::awq}) {
+    auto model = model_folder::open(int4_model(layout));
+    for (const char* path : {"gemv", "skinny", "cublas"}) {
+      auto runner = make_cuda_runner(model, two_ranks_on_one_device(path));
+      const std::string what = describe_cuda_runner(*runner);
+      EXPECT_NE(what.find("int4"), std::string::npos) << what;
+      expect_follows_cpu(model, *runner, 16,
+                         std::string(quant_method_name(layout)) + " " + path + ": " + what);
+    }
+  }
+}
+
 // Overlapped steps (submit behind submit) keep the ranks in step: the ids
 // equal those of steps run one at a time, and every rank's pages come back.
 TEST(gpu_tensor_parallel, submitted_steps_equal_executed_ones) {

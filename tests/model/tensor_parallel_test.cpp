@@ -314,17 +314,51 @@ TEST(shard_model_test, the_shard_keeps_the_whole_folder_alive) {
                plan.shard(1).cols(projection::down));
 }
 
-TEST(shard_model_test, four_bit_weights_are_refused_by_name) {
-  // A GPTQ or AWQ checkpoint as published (the goldens' tiny ones).
-  auto model = model_folder::open(test::int4_goldens() / test::int4_golden_variants().front());
-  ASSERT_TRUE(model->weights.quantized);
-  // The plan of the same shapes in float: the refusal is the shard's own.
-  model_config as_float = model->config;
-  as_float.quantization.reset();
-  const tensor_parallel_plan plan(as_float, 2);
-  const std::string e = test::error_of([&] { shard_model(model, plan, 0); });
-  EXPECT_TRUE(test::contains(e, "quantization_config")) << e;
-  EXPECT_TRUE(test::contains(e, "not split")) << e;
+/// Every 4-bit projection of every rank dequantizes (the layouts' published
+/// formulas) to exactly its block of the whole projection's dequantization:
+/// GPTQ (packed along inputs) and AWQ (along outputs, interleaved), groups
+/// of 128 and per channel (a checkpoint as transformers' tools write it),
+/// both ranks.
+TEST(shard_model_test, four_bit_slices_dequantize_to_their_block_of_the_whole) {
+  std::vector<std::pair<std::string, std::shared_ptr<const model_folder>>> models = {
+    {"gptq g128", model_folder::open(test::int4_model(quant_method::gptq))},
+    {"awq g128", model_folder::open(test::int4_model(quant_method::awq))},
+    {"gptq per channel (golden checkpoint)",
+     model_folder::open(test::int4_goldens() / "gptq-perchannel")}};
+  for (const auto& [name, model] : models) {
+    ASSERT_TRUE(model->weights.quantized) << name;
+    const quantization_config& qc = *model->config.quantization;
+    const tensor_parallel_plan plan(model->config, 2);
+    for (int32_t r = 0; r < 2; ++r) {
+      auto shard = shard_model(model, plan, r);
+      ASSERT_TRUE(shard->weights.quantized);
+      ASSERT_TRUE(shard->config.quantization);
+      const rank_shard& s = plan.shard(r);
+      for (size_t l = 0; l < model->weights.layers.size(); ++l)
+        for (projection p : all_projections) {
+          SCOPED_TRACE(name + " rank " + std::to_string(r) + " layer " + std::to_string(l)
+                       + " projection " + std::to_string(int(p)));
+          const quantized_linear& whole = model->weights.layers[l].quantized[size_t(p)];
+          const quantized_linear& part = shard->weights.layers[l].quantized[size_t(p)];
+          ASSERT_TRUE(whole.present());
+          ASSERT_TRUE(part.present());
+          EXPECT_EQ(shard->weights.layers[l].weight(p), nullptr);
+          const index_range rows = s.rows(p), cols = s.cols(p);
+          ASSERT_EQ(part.out_features, rows.size());
+          ASSERT_EQ(part.in_features, cols.size());
+          std::vector<float> w(size_t(whole.out_features * whole.in_features));
+          std::vector<float> mine(size_t(part.out_features * part.in_features));
+          dequantize(qc, whole, w.data());
+          dequantize(qc, part, mine.data());
+          int64_t differ = 0;
+          for (int64_t o = 0; o < rows.size(); ++o)
+            for (int64_t i = 0; i < cols.size(); ++i)
+              differ += mine[size_t(o * cols.size() + i)]
+                        != w[size_t((rows.begin + o) * whole.in_features + cols.begin + i)];
+          EXPECT_EQ(differ, 0);
+        }
+    }
+  }
 }
 
 } // namespace

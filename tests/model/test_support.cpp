@@ -1,6 +1,7 @@
 #include "tests/model/test_support.hpp"
 
 #include "model/model_error.hpp"
+#include "model/rtn_quantize.hpp"
 
 #include <array>
 #include <cmath>
@@ -57,6 +58,29 @@ fs::path tiny_model(const std::string& preset, uint64_t seed) {
                           + std::to_string(seed));
   make_model(o);
   made[key] = o.out_dir;
+  return o.out_dir;
+}
+
+fs::path int4_model(quant_method layout) {
+  static std::mutex mtx;
+  static std::map<quant_method, fs::path> made;
+  std::lock_guard guard{mtx};
+  if (auto i = made.find(layout); i != made.end())
+    return i->second;
+  make_model_options o;
+  o.config = *preset_config("tiny-llama3");
+  o.config.hidden_size = 256;
+  o.config.num_heads = 4;
+  o.config.num_kv_heads = 2;
+  o.config.head_dim = 64;
+  o.config.intermediate_size = 512;
+  o.config.num_layers = 2;
+  o.seed = 5;
+  o.quantize = rtn_config(layout, 128);
+  o.out_dir = scratch_dir("models-" + std::to_string(::getpid()) + "-int4-"
+                          + std::string(quant_method_name(layout)));
+  make_model(o);
+  made[layout] = o.out_dir;
   return o.out_dir;
 }
 

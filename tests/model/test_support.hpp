@@ -20,6 +20,13 @@ std::filesystem::path scratch_dir(const std::string& name);
 /// Makes (once per process) the preset with `seed` into a scratch folder.
 std::filesystem::path tiny_model(const std::string& preset, uint64_t seed = 7);
 
+/// Makes (once per process) a Llama shape with its projections rounded to
+/// nearest into `layout` (GPTQ or AWQ, groups of 128): hidden 256, 4 heads
+/// of 64, 2 kv heads, MLP 512, 2 layers, tiny-llama3's vocabulary. Each
+/// projection's inputs are whole groups, and stay so on each of two
+/// tensor-parallel ranks (o_proj 128, down_proj 256 inputs a rank).
+std::filesystem::path int4_model(quant_method layout);
+
 /// Makes (once per process) `preset` with seed 7 and the tokenizer files of
 /// testdata/tokenizers/<tokenizer>: a model an engine can serve.
 std::filesystem::path served_model(const std::string& preset = "tiny-llama3",

@@ -56,7 +56,8 @@ cuda_engine::cuda_engine(std::shared_ptr<const model_folder> model,
               "small_batch_path", "must be auto, gemv, skinny or cublas");
   const std::string kv_problem = cuda_kv_cache_problem(c, options_.kv_cache_dtype);
   check_shape(kv_problem.empty(), "kv_cache_dtype", kv_problem);
-  kv_fp8_ = options_.kv_cache_dtype == kv_cache_dtype_kind::fp8;
+  kv_fp8_ = options_.kv_cache_dtype == kv_cache_dtype_kind::fp8
+            || options_.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2;
 
   int count = 0;
   METRONOME_CUDA(cudaGetDeviceCount(&count));
@@ -135,11 +136,11 @@ cuda_engine::~cuda_engine() {
 }
 
 void cuda_engine::allocate_activations() {
-  kv_ = std::make_unique<kv_pool>(model_->config, options_.limits.page_size, kv_fp8_);
+  kv_ = std::make_unique<kv_pool>(model_->config, options_.limits.page_size, kv_fp8_,
+                                  options_.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2);
   fwd_ = std::make_unique<forward_pass>(model_->config, options_, *weights_, *kv_, stream_,
                                         cublas_, num_sms_, kv_fp8_);
   const int32_t max_tokens = fwd_->max_tokens(), max_batch = fwd_->max_batch();
-  const size_t b = size_t(max_batch);
   update_capacity_ = max_tokens + 4 * max_batch + 64;
   item_capacity_ = max_tokens / prefill_min_tile + max_batch + 1;
   packer_.shape.page_size = options_.limits.page_size;
@@ -151,7 +152,7 @@ void cuda_engine::allocate_activations() {
   fwd_->allocate_step_io(input_capacity_);
   for (int slot = 0; slot < 2; ++slot) {
     host_.staging[slot] = pinned_buffer(input_capacity_);
-    host_.results[slot] = pinned_buffer(b * 8);
+    host_.results[slot] = pinned_buffer(fwd_->buffers().outputs.bytes());
     host_.logprob_results[slot] = pinned_buffer(fwd_->buffers().logprob_out.bytes());
     std::memset(host_.staging[slot].get(), 0, input_capacity_);
   }
@@ -328,6 +329,7 @@ void cuda_engine::launch(std::span<const engine_chunk> chunks,
   flight f;
   f.slot = slot;
   f.sampled = sampled;
+  f.seqs = n;
   f.launched = std::chrono::steady_clock::now();
   if (any_logprobs)
     for (const auto& ch : chunks)
@@ -410,7 +412,9 @@ void cuda_engine::enqueue_eager(int32_t slot, const step_layout& l, int32_t samp
     fwd_->enqueue_general(l, sampled, all_single, penalties);
   }
   fwd_->set_logprobs(true);
-  if (sampled > 0)
+  // The fp8_e5m2 cache's overflow counts ride in the outputs: every step
+  // copies them.
+  if (sampled > 0 || kv_->e5m2())
     METRONOME_CUDA(cudaMemcpyAsync(host_.results[slot].get(), buf.outputs.get(),
                                    buf.outputs.bytes(), cudaMemcpyDeviceToHost, stream_));
 }
@@ -456,6 +460,10 @@ engine_result cuda_engine::finish() {
   else
     (void)cudaGetLastError(); // a timing that cannot be read is no step error
   result.tokens.assign(ids, ids + f.sampled);
+  if (kv_->e5m2()) {
+    const auto* counts = reinterpret_cast<const uint32_t*>(out + size_t(max_batch) * 8);
+    result.kv_overflow.assign(counts, counts + 2 * size_t(f.seqs));
+  }
   result.logprobs.assign(lp, lp + f.sampled);
   if (!f.logprobs.empty()) {
     const size_t stride = 1 + max_logprobs;

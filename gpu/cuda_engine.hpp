@@ -58,6 +58,10 @@ struct engine_result {
   /// the stream to its last (CUDA event timing), so neither the host's share
   /// nor a wait behind the step before it counts.
   double device_ms = 0;
+  /// The fp8_e5m2 cache only: per chunk of the step, in order, the values
+  /// its writes saturated, then those not finite ([chunks][2]); empty for
+  /// the other element types.
+  std::vector<uint32_t> kv_overflow;
 };
 
 class cuda_engine {
@@ -253,6 +257,7 @@ private:
   struct flight {
     int32_t slot = 0;
     int32_t sampled = 0;
+    int32_t seqs = 0; // chunks
     /// Per sampled row, the alternatives it asked for (-1: none); empty
     /// when no row asked, and then no log-probabilities were copied back.
     std::vector<int32_t> logprobs;

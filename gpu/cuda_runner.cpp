@@ -195,6 +195,7 @@ public:
     int32_t row = 0;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const auto& c = plan.chunks[i];
+      p.chunk_ids.push_back(c.id);
       auto& s = table_.at(c.id);
       s.num_computed += c.num_tokens;
       p.num_tokens += c.num_tokens;
@@ -302,6 +303,12 @@ private:
                        + " sequences would be held, more than max_seqs "
                        + std::to_string(engine_.max_seqs()));
     for (const auto& n : plan.added)
+      if (n.precision == kv_precision::full && engine_.options().kv_cache_dtype
+                                                 != kv_cache_dtype_kind::bf16)
+        throw plan_error("cuda runner: sequence " + std::to_string(n.id)
+                         + " asks for full-precision KV pages, which the CUDA runner does "
+                           "not keep beside an fp8 cache");
+    for (const auto& n : plan.added)
       for (auto t : n.prompt)
         if (t < 0 || t >= vocab)
           throw plan_error("sequence " + std::to_string(n.id) + ": token id " + std::to_string(t)
@@ -344,6 +351,7 @@ private:
       size_t index = 0; // of its pending token in the table
     };
     std::vector<sampled_at> sampled; // in the engine's row order
+    std::vector<uint64_t> chunk_ids;  // the plan's chunks, in order (overflow counts)
     std::chrono::steady_clock::time_point submitted;
     std::optional<step_output> output; // once finished
   };
@@ -398,6 +406,12 @@ private:
                             r < result.model_logprobs.size() ? result.model_logprobs[r]
                                                              : std::vector<token_logprob>{}});
     }
+    // fp8_e5m2: what each chunk's writes could not store, by the engine's
+    // chunk order (the plan's).
+    for (size_t i = 0; 2 * i + 1 < result.kv_overflow.size() && i < p.chunk_ids.size(); ++i)
+      if (result.kv_overflow[2 * i] + result.kv_overflow[2 * i + 1] > 0)
+        out.kv_overflows.push_back({p.chunk_ids[i], int64_t(result.kv_overflow[2 * i]),
+                                    int64_t(result.kv_overflow[2 * i + 1])});
     // The time of a step behind another starts when that one ended.
     const auto now = std::chrono::steady_clock::now();
     out.seconds = std::chrono::duration<double>(now - std::max(p.submitted, last_finished_))
@@ -498,8 +512,15 @@ std::unique_ptr<model_runner> make_cuda_runner(std::shared_ptr<const model_folde
                                                const cuda_runner_options& options) {
   if (!model)
     throw std::invalid_argument("make_cuda_runner: no model");
-  if (options.tensor_parallel > 1)
+  if (options.tensor_parallel > 1) {
+    // Each rank would count the overflows of its own kv heads only, and
+    // rank 0's step output is the group's.
+    if (options.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
+      throw std::invalid_argument("cuda runner: kv_cache_dtype fp8_e5m2 with tensor_parallel "
+                                  + std::to_string(options.tensor_parallel)
+                                  + ": its overflow counts are not summed over ranks yet");
     return std::make_unique<tensor_parallel_runner>(std::move(model), options);
+  }
   if (options.tensor_parallel < 1)
     throw std::invalid_argument("make_cuda_runner: tensor_parallel must be at least 1 (got "
                                 + std::to_string(options.tensor_parallel) + ")");
@@ -580,22 +601,22 @@ double cuda_graph_replay_ms(model_runner& runner, int32_t batch, bool repeat_las
 std::string cuda_kv_cache_problem(const model_config& c, kv_cache_dtype_kind dtype) {
   if (dtype == kv_cache_dtype_kind::bf16)
     return {};
-  if (dtype == kv_cache_dtype_kind::fp8_e5m2)
-    return cuda_fp8_e5m2_problem;
-  // Every kernel that reads or writes the cache has an fp8 form from the
-  // second generation on, for the shapes of its tensor-core decode kernel.
+  // Every kernel that reads or writes the cache has an fp8 form (e4m3 and
+  // e5m2 bytes) from the second generation on, for the shapes of its
+  // tensor-core decode kernel.
+  const std::string name(to_string(dtype));
   gpu::attention_shape sh;
   sh.num_heads = c.num_heads;
   sh.kv_heads = c.num_kv_heads;
   sh.head_dim = c.head_dim;
   if (!gpu::decode_attention_v2_supports(sh))
-    return "fp8 needs head_dim 16, 32, 64 or 128 and at most 8 query heads a kv head (this "
+    return name + " needs head_dim 16, 32, 64 or 128 and at most 8 query heads a kv head (this "
            "model: head_dim " + std::to_string(c.head_dim) + ", "
            + std::to_string(c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 0)
            + " a kv head)";
   const gpu::kernel_generations& k = gpu::active_kernels();
   if (k.decode_attention == 1 || k.prefill_attention == 1)
-    return "fp8 needs the second-generation attention kernels (a benchmark selected the "
+    return name + " needs the second-generation attention kernels (a benchmark selected the "
            "first)";
   return {};
 }

@@ -50,7 +50,12 @@ struct cuda_runner_options {
   bool mixed_graphs = true;
   /// Element type of the KV cache; fp8 (e4m3 bytes with one float scale per
   /// token row of each kv head) halves the bytes a decode step reads (about
-  /// 3% more than half at head_dim 128, for the scales). One the model or
+  /// 3% more than half at head_dim 128, for the scales); so does fp8_e5m2
+  /// (e5m2 bytes, a scale per window of 256 positions: gpu/kv_e5m2.cuh),
+  /// whose values past a window's range are counted in
+  /// step_output::kv_overflows. A sequence a plan marks kv_precision::full
+  /// is refused (plan_error): full-precision pages beside fp8 ones are not
+  /// built on CUDA. One the model or
   /// the kernels cannot use (cuda_kv_cache_problem): make_cuda_runner throws
   /// std::invalid_argument.
   kv_cache_dtype_kind kv_cache_dtype = kv_cache_dtype_kind::bf16;
@@ -147,17 +152,9 @@ std::string describe_cuda_runner(const model_runner& runner);
 /// with a temperature). Synchronises with the device.
 std::vector<float> cuda_runner_logits(model_runner& runner, int32_t rows);
 
-/// Why the CUDA runner cannot keep any model's KV cache as fp8_e5m2: it has
-/// no kernels for it yet (its reference is the CPU engine's,
-/// cpu_engine::set_kv_dtype).
-inline constexpr const char* cuda_fp8_e5m2_problem =
-  "fp8_e5m2 is not implemented on CUDA yet (use fp8 or bf16; the CPU engine emulates "
-  "fp8_e5m2 for `metronome eval-quality` only)";
-
 /// Why the CUDA runner cannot keep `config`'s KV cache as `dtype` ("" when it
-/// can): fp8_e5m2 not at all yet (cuda_fp8_e5m2_problem); fp8 needs head_dim
-/// 16, 32, 64 or 128, at most 8 query heads a kv head and the
-/// second-generation attention kernels. Host arithmetic, no
+/// can): fp8 and fp8_e5m2 need head_dim 16, 32, 64 or 128, at most 8 query
+/// heads a kv head and the second-generation attention kernels. Host arithmetic, no
 /// device: spawn_engine asks before any executor starts, the runner again
 /// when it starts. Any thread.
 std::string cuda_kv_cache_problem(const model_config& config, kv_cache_dtype_kind dtype);

@@ -53,6 +53,7 @@
 #include "gpu/gemv_common.cuh"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
+#include "gpu/kv_e5m2.cuh"
 #include "gpu/kernels_v1.hpp"
 #include "gpu/launch.cuh"
 #include "gpu/split_merge.cuh"
@@ -169,15 +170,15 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[WORDS]) {
 template <int WORDS>
 constexpr int words8 = WORDS >= 2 ? WORDS / 2 : 1;
 
-/// The f16 pairs (BF16: bf16 pairs) of WORDS words from their e4m3 bytes
-/// (load_words8); both exact.
-template <int WORDS, bool BF16 = false>
-__device__ __forceinline__ void e4m3_to_f16_words(uint32_t (&out)[WORDS],
-                                                  const uint32_t (&raw)[words8<WORDS>]) {
+/// The f16 pairs (BF16: bf16 pairs) of WORDS words from their e4m3 (E5M2:
+/// e5m2) bytes (load_words8); both exact.
+template <int WORDS, bool E5M2, bool BF16 = false>
+__device__ __forceinline__ void fp8_to_f16_words(uint32_t (&out)[WORDS],
+                                                 const uint32_t (&raw)[words8<WORDS>]) {
 #pragma unroll
   for (int j = 0; j < WORDS; ++j) {
     const auto pair = static_cast<__nv_fp8x2_storage_t>(raw[j / 2] >> (16 * (j & 1)));
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, E5M2 ? __NV_E5M2 : __NV_E4M3);
     if constexpr (BF16) {
       const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
       out[j] = pack_bf16x2(f.x, f.y);
@@ -210,6 +211,60 @@ __device__ __forceinline__ void store_row8(const kv_view& kv, int64_t row,
     kv.k8[row + d] = to_e4m3(sm_row[0][d] * ik);
     kv.v8[row + d] = to_e4m3(sm_row[1][d] * iv);
   }
+  __syncthreads();
+}
+
+/// The fp8_e5m2 cache's writer (kv_e5m2.cuh): the row (k, v) in sm_row of
+/// position pos, kv head kvh, batch row b, into the cache at element offset
+/// `row`. At a window's first position the block fixes the window's scales
+/// from the row and the history in the cache (pt: the sequence's page
+/// table); elsewhere it reads them from the window's first row. Every
+/// thread of the block calls it; THREADS >= 64.
+template <int D, int THREADS>
+__device__ __forceinline__ void store_row_e5m2(const kv_view& kv, int64_t row,
+                                               const float (&sm_row)[2][D],
+                                               float (&sm_scale)[2], uint32_t* red,
+                                               const int32_t* pt, int32_t kvh, int32_t pos,
+                                               int32_t b) {
+  static_assert(THREADS >= 64, "warps 0 and 1 take K and V");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int32_t first = pos - pos % kv_e5m2_window;
+  if (pos == first) { // the same for the whole block, so are the barriers
+    float history[2] = {0.0f, 0.0f};
+    if (first > 0)
+      e5m2_cached_max(kv, pt, kvh, max(0, first - kv_e5m2_history * kv_e5m2_window), first,
+                      red, history);
+    if (warp < 2) {
+      float mx = history[warp];
+      for (int d = lane; d < D; d += 32) {
+        const float x = sm_row[warp][d];
+        if (fabsf(x) <= 3.402823466e38f)
+          mx = fmaxf(mx, fabsf(x));
+      }
+      mx = warp_max(mx);
+      if (lane == 0)
+        sm_scale[warp] = e5m2_window_scale(mx);
+    }
+  } else if (tid < 2) {
+    sm_scale[tid] =
+      __ldcg((tid == 0 ? kv.k_scale : kv.v_scale) + e5m2_scale_row(kv, pt, kvh, first));
+  }
+  __syncthreads();
+  const float sk = sm_scale[0], sv = sm_scale[1];
+  const float ik = 1.0f / sk, iv = 1.0f / sv; // exact: powers of two
+  e5m2_counts c;
+  for (int d = tid; d < D; d += THREADS) {
+    const float k = sm_row[0][d], v = sm_row[1][d];
+    c.add(k, ik);
+    c.add(v, iv);
+    kv.k8[row + d] = to_e5m2(k * ik);
+    kv.v8[row + d] = to_e5m2(v * iv);
+  }
+  if (tid == 0) {
+    kv.k_scale[row / D] = sk;
+    kv.v_scale[row / D] = sv;
+  }
+  e5m2_count_thread(kv, b, c);
   __syncthreads();
 }
 
@@ -249,7 +304,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 /// cuBLAS path needs no RoPE launch. The arithmetic is rope_kv_write_kernel's,
 /// through the same helpers (an absent bias adds zero to q here). Otherwise q
 /// is the rotated q [tokens][heads][D].
-template <int D, bool ROPE, int WARPS, bool KV8>
+template <int D, bool ROPE, int WARPS, bool KV8, bool E5M2 = false>
 __global__ void __launch_bounds__(WARPS * 32)
   decode_attention_tc_kernel(attention_shape sh, const bf16* __restrict__ q, rope_input rope,
                              kv_view kv, batch_view batch, int32_t splits,
@@ -267,6 +322,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   // The fp8 writer's row (rotated k, v) and its two largest |values|.
   __shared__ float sm_row[KV8 ? 2 : 1][KV8 ? D : 1];
   __shared__ float sm_amax[2];
+  __shared__ uint32_t sm_red[E5M2 ? 2 : 1];
   __shared__ float sm_cos[ROPE ? D / 2 : 1], sm_sin[ROPE ? D / 2 : 1];
   __shared__ float sm_m[warps][8], sm_l[warps][8];
   __shared__ float mg_w[8][max_splits];
@@ -469,7 +525,10 @@ __global__ void __launch_bounds__(WARPS * 32)
           sm_row[1][d] = src[int64_t(kv.kv_heads) * D + d];
         }
         __syncthreads();
-        store_row8<D, threads>(kv, row_of(pos), sm_row, sm_amax);
+        if constexpr (E5M2)
+          store_row_e5m2<D, threads>(kv, row_of(pos), sm_row, sm_amax, sm_red, pt, kvh, pos, b);
+        else
+          store_row8<D, threads>(kv, row_of(pos), sm_row, sm_amax);
       }
     }
   } else {
@@ -592,7 +651,10 @@ __global__ void __launch_bounds__(WARPS * 32)
     if constexpr (KV8) {
       // `writer` is the same for the whole block, so are the barriers.
       if (writer)
-        store_row8<D, threads>(kv, cur_row, sm_row, sm_amax);
+        if constexpr (E5M2)
+          store_row_e5m2<D, threads>(kv, cur_row, sm_row, sm_amax, sm_red, pt, kvh, pos, b);
+        else
+          store_row8<D, threads>(kv, cur_row, sm_row, sm_amax);
     }
 #pragma unroll
     for (int w = 0; w < C::kw; ++w) {
@@ -644,8 +706,8 @@ __global__ void __launch_bounds__(WARPS * 32)
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if constexpr (KV8) {
       uint32_t k0[C::kw], k1[C::kw];
-      e4m3_to_f16_words<C::kw>(k0, cur.k[0]);
-      e4m3_to_f16_words<C::kw>(k1, cur.k[1]);
+      fp8_to_f16_words<C::kw, E5M2>(k0, cur.k[0]);
+      fp8_to_f16_words<C::kw, E5M2>(k1, cur.k[1]);
 #pragma unroll
       for (int kk = 0; kk < C::ks; ++kk) {
         const uint32_t a[4] = {k0[2 * kk], k1[2 * kk], k0[2 * kk + 1], k1[2 * kk + 1]};
@@ -695,7 +757,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     if constexpr (KV8) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        e4m3_to_f16_words<C::vw, true>(vf[i], cur.v[i]);
+        fp8_to_f16_words<C::vw, E5M2, true>(vf[i], cur.v[i]);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -802,7 +864,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     *counter = 0;
 }
 
-template <int D, int WARPS, bool KV8>
+template <int D, int WARPS, bool KV8, bool E5M2>
 void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
                const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
                float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
@@ -812,12 +874,12 @@ void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
   const bool hint = stream_hint_on(hint_decode_kv);
   if (rope)
     launch_kernel("decode_attention_tc_kernel",
-                  decode_attention_tc_kernel<D, true, WARPS, KV8>, grid, dim3(WARPS * 32), 0,
+                  decode_attention_tc_kernel<D, true, WARPS, KV8, E5M2>, grid, dim3(WARPS * 32), 0,
                   stream, sh, static_cast<const bf16*>(nullptr), *rope, kv, batch, splits,
                   part_o, part_ml, counters, out, hint, false);
   else
     launch_kernel("decode_attention_tc_kernel",
-                  decode_attention_tc_kernel<D, false, WARPS, KV8>, grid, dim3(WARPS * 32), 0,
+                  decode_attention_tc_kernel<D, false, WARPS, KV8, E5M2>, grid, dim3(WARPS * 32), 0,
                   stream, sh, q, rope_input{}, kv, batch, splits, part_o, part_ml, counters,
                   out, hint, late_triggers());
 }
@@ -826,11 +888,14 @@ template <int D, int WARPS>
 void launch_tc(const attention_shape& sh, const bf16* q, const rope_input* rope,
                const kv_view& kv, const batch_view& batch, int32_t splits, float* part_o,
                float* part_ml, int32_t* counters, bf16* out, cudaStream_t stream) {
+  if (kv.k8 && kv.e5m2)
+    return launch_tc<D, WARPS, true, true>(sh, q, rope, kv, batch, splits, part_o, part_ml,
+                                           counters, out, stream);
   if (kv.k8)
-    return launch_tc<D, WARPS, true>(sh, q, rope, kv, batch, splits, part_o, part_ml,
-                                     counters, out, stream);
-  launch_tc<D, WARPS, false>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters, out,
-                             stream);
+    return launch_tc<D, WARPS, true, false>(sh, q, rope, kv, batch, splits, part_o, part_ml,
+                                            counters, out, stream);
+  launch_tc<D, WARPS, false, false>(sh, q, rope, kv, batch, splits, part_o, part_ml, counters,
+                                    out, stream);
 }
 
 template <int D>
@@ -875,19 +940,23 @@ void launch_checked(const attention_shape& sh, const bf16* q, const rope_input* 
 
 /// Blocks an SM holds of both forms of the kernel for head_dim D and the
 /// cache's form (the fewer).
-template <int D, bool KV8>
+template <int D, bool KV8, bool E5M2>
 int32_t resident_blocks() {
   int with_rope = 0, without = 0;
   METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-    &with_rope, decode_attention_tc_kernel<D, true, default_warps, KV8>, default_warps * 32, 0));
+    &with_rope, decode_attention_tc_kernel<D, true, default_warps, KV8, E5M2>,
+    default_warps * 32, 0));
   METRONOME_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-    &without, decode_attention_tc_kernel<D, false, default_warps, KV8>, default_warps * 32, 0));
+    &without, decode_attention_tc_kernel<D, false, default_warps, KV8, E5M2>,
+    default_warps * 32, 0));
   return std::max(1, std::min(with_rope, without));
 }
 
+/// The fp8 forms' figure is the fewer of their two byte formats'.
 template <int D>
 int32_t resident_blocks(bool fp8) {
-  return fp8 ? resident_blocks<D, true>() : resident_blocks<D, false>();
+  return fp8 ? std::min(resident_blocks<D, true, false>(), resident_blocks<D, true, true>())
+             : resident_blocks<D, false, false>();
 }
 
 bool use_v2(const attention_shape& sh) {

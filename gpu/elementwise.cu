@@ -12,6 +12,7 @@
 #include "gpu/gemv_common.cuh"
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.hpp"
+#include "gpu/kv_e5m2.cuh"
 #include "gpu/launch.cuh"
 
 namespace metronome::gpu {
@@ -194,9 +195,40 @@ __global__ void rope_kv_write_kernel(gemv_args a) {
 /// rope_kv_write_kernel's (the raw projection plus bias, rotated in fp32
 /// through the shared helpers). A first form ran one block per (token, head),
 /// 82k blocks for a 2,048-token prompt of the 8B shape.
+/// E5M2: the fp8_e5m2 cache (kv_e5m2.cuh): each row is stored with its
+/// window's scale, which e5m2_window_scales_kernel fixed before where the
+/// window starts in this step, and what cannot be stored is counted.
 constexpr int rope8_threads = 128;
 constexpr int rope8_max_dim = 128; // a lane holds up to 4 of a row's values
 
+/// One token's share of the fp8 writers' kernels (one block a token): its
+/// raw projection row plus bias, and its position.
+struct rope8_token {
+  const bf16* raw;
+  const bf16* bias;
+  int32_t pos;
+  __device__ float value(int32_t col) const {
+    return to_float(raw[col]) + (bias ? to_float(bias[col]) : 0.0f);
+  }
+};
+
+/// Their prologue, after the kernel's pdl_wait: block t's token and its RoPE
+/// angles into cs (every head uses the same). Every thread calls it.
+__device__ __forceinline__ rope8_token rope8_begin(const bf16* qkv, const bf16* bias,
+                                                   const float* inv_freq,
+                                                   const batch_view& batch, const kv_view& kv,
+                                                   int32_t num_heads,
+                                                   float (&cs)[2][rope8_max_dim / 2]) {
+  const int32_t t = blockIdx.x, d = kv.head_dim;
+  const rope8_token tok{qkv + int64_t(t) * (num_heads + 2 * kv.kv_heads) * d, bias,
+                        batch.positions[t]};
+  for (int32_t i = threadIdx.x; i < d / 2; i += blockDim.x)
+    gemv_detail::rope_angle(inv_freq, tok.pos, i, cs[0][i], cs[1][i]);
+  __syncthreads();
+  return tok;
+}
+
+template <bool E5M2>
 __global__ void __launch_bounds__(rope8_threads)
   rope_kv_write8_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
                         const float* __restrict__ inv_freq, batch_view batch, kv_view kv,
@@ -204,16 +236,10 @@ __global__ void __launch_bounds__(rope8_threads)
   __shared__ float cs[2][rope8_max_dim / 2];
   pdl_wait();
   pdl_trigger();
-  const int32_t t = blockIdx.x, tid = threadIdx.x;
+  const rope8_token tok = rope8_begin(qkv, bias, inv_freq, batch, kv, num_heads, cs);
+  const int32_t t = blockIdx.x, tid = threadIdx.x, pos = tok.pos;
   const int32_t d = kv.head_dim, half = d / 2, kvh = kv.kv_heads;
-  const bf16* raw = qkv + int64_t(t) * (num_heads + 2 * kvh) * d;
-  const int32_t pos = batch.positions[t];
-  auto value = [&](int32_t col) {
-    return to_float(raw[col]) + (bias ? to_float(bias[col]) : 0.0f);
-  };
-  for (int32_t i = tid; i < half; i += rope8_threads)
-    gemv_detail::rope_angle(inv_freq, pos, i, cs[0][i], cs[1][i]);
-  __syncthreads();
+  auto value = [&](int32_t col) { return tok.value(col); };
 
   bf16* q = q_out + int64_t(t) * num_heads * d;
   for (int32_t p = tid; p < num_heads * half; p += rope8_threads) {
@@ -250,11 +276,42 @@ __global__ void __launch_bounds__(rope8_threads)
       v[j] = i < d ? value((num_heads + kvh + h) * d + i) : 0.0f;
       mv = fmaxf(mv, fabsf(v[j]));
     }
-    const float ak = warp_max(mk), av = warp_max(mv);
-    const float ik = e4m3_inverse_scale(ak), iv = e4m3_inverse_scale(av);
     const int64_t r = (int64_t(page) * kvh + h) * kv.page_size + pos % kv.page_size;
     uint8_t* k8 = kv.k8 + r * d;
     uint8_t* v8 = kv.v8 + r * d;
+    if constexpr (E5M2) {
+      // The window's scales, from its first row's slots (this row's own at
+      // a window start: e5m2_window_scales_kernel wrote them).
+      const int64_t fr = e5m2_scale_row(
+        kv, kv.page_table + int64_t(slot) * kv.page_table_stride, h, pos - pos % kv_e5m2_window);
+      const float sk = __ldcg(kv.k_scale + fr), sv = __ldcg(kv.v_scale + fr);
+      const float ik = 1.0f / sk, iv = 1.0f / sv; // exact: powers of two
+      e5m2_counts c;
+#pragma unroll
+      for (int j = 0; j < per_lane / 2; ++j) {
+        const int32_t i = lane + 32 * j;
+        if (i < half) {
+          c.add(k[2 * j], ik);
+          c.add(k[2 * j + 1], ik);
+          k8[i] = to_e5m2(k[2 * j] * ik);
+          k8[i + half] = to_e5m2(k[2 * j + 1] * ik);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j)
+        if (lane + 32 * j < d) {
+          c.add(v[j], iv);
+          v8[lane + 32 * j] = to_e5m2(v[j] * iv);
+        }
+      if (lane == 0) {
+        kv.k_scale[r] = sk;
+        kv.v_scale[r] = sv;
+      }
+      e5m2_count_warp(kv, batch.token_seq[t], c);
+      continue;
+    }
+    const float ak = warp_max(mk), av = warp_max(mv);
+    const float ik = e4m3_inverse_scale(ak), iv = e4m3_inverse_scale(av);
 #pragma unroll
     for (int j = 0; j < per_lane / 2; ++j) {
       const int32_t i = lane + 32 * j;
@@ -271,6 +328,129 @@ __global__ void __launch_bounds__(rope8_threads)
       kv.k_scale[r] = ak * (1.0f / 448.0f);
       kv.v_scale[r] = av * (1.0f / 448.0f);
     }
+  }
+}
+
+/// The fp8_e5m2 cache's row maxima (kv_view::e5m2_rows), one block per
+/// token as rope_kv_write8_kernel, with its arithmetic: each kv head's
+/// rotated k and its v, their largest |value| (infinity as the largest
+/// float, NaN as 0: what a window's history takes) and largest finite one
+/// (what a window's first row gives).
+__global__ void __launch_bounds__(rope8_threads)
+  e5m2_row_max_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ bias,
+                      const float* __restrict__ inv_freq, batch_view batch, kv_view kv,
+                      int32_t num_heads) {
+  __shared__ float cs[2][rope8_max_dim / 2];
+  pdl_wait();
+  pdl_trigger();
+  const rope8_token tok = rope8_begin(qkv, bias, inv_freq, batch, kv, num_heads, cs);
+  const int32_t t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+  const int32_t d = kv.head_dim, half = d / 2, kvh = kv.kv_heads;
+  auto value = [&](int32_t col) { return tok.value(col); };
+  for (int32_t h = tid >> 5; h < kvh; h += rope8_threads / 32) {
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // K all, K finite, V all, V finite
+    auto take = [&](int which, float x) {
+      m[2 * which] = fmaxf(m[2 * which], e5m2_history_abs(x));
+      if (fabsf(x) <= 3.402823466e38f)
+        m[2 * which + 1] = fmaxf(m[2 * which + 1], fabsf(x));
+    };
+    for (int32_t i = lane; i < half; i += 32) {
+      float a = value((num_heads + h) * d + i), b = value((num_heads + h) * d + i + half);
+      gemv_detail::rope_rotate(a, b, cs[0][i], cs[1][i]);
+      take(0, a);
+      take(0, b);
+    }
+    for (int32_t i = lane; i < d; i += 32)
+      take(1, value((num_heads + kvh + h) * d + i));
+    for (int k = 0; k < 4; ++k)
+      m[k] = warp_max(m[k]);
+    if (lane < 4)
+      kv.e5m2_rows[(int64_t(t) * kvh + h) * 4 + lane] = m[lane];
+  }
+}
+
+/// The fp8_e5m2 cache's window scales for the windows that start in a
+/// step's chunks (kv_e5m2.cuh), fixed in order before rope_kv_write8_kernel
+/// writes the rows. One block per (sequence, kv head), for K and V; a block
+/// whose chunk holds no window start (every decode but one in 256) returns
+/// at once. For each window from the first one a start in the chunk looks
+/// back to, in order: its largest stored |value| before the chunk (from the
+/// cache's bytes), its largest |value| in the chunk and, where it starts in
+/// the chunk, its first row's (e5m2_row_max_kernel's); one thread then fixes
+/// the scale of a window that starts here and keeps each window's largest
+/// stored |value| for the windows after.
+constexpr int e5m2_scale_threads = 256;
+
+__global__ void __launch_bounds__(e5m2_scale_threads)
+  e5m2_window_scales_kernel(batch_view batch, kv_view kv) {
+  constexpr int32_t W = kv_e5m2_window, H = kv_e5m2_history;
+  // [0, 2): e5m2_cached_max's; then the chunk's largest |value| of K and V,
+  // and the window's first row's.
+  __shared__ uint32_t red[6];
+  __shared__ float stored[2][H]; // by window index mod H
+  pdl_wait();
+  pdl_trigger();
+  const int32_t b = blockIdx.x, h = blockIdx.y;
+  const int32_t q0 = batch.seq_q_start[b], n = batch.seq_q_start[b + 1] - q0;
+  if (n <= 0)
+    return;
+  const int32_t p0 = batch.positions[q0];
+  const int32_t f0 = (p0 + W - 1) / W * W; // the first window start at or after p0
+  if (f0 >= p0 + n)
+    return;
+  const int32_t* pt = kv.page_table + int64_t(batch.seq_slot[b]) * kv.page_table_stride;
+  const int32_t kvh = kv.kv_heads;
+  const int32_t w_begin = max(0, f0 / W - H), w_end = (p0 + n - 1) / W + 1;
+  for (int32_t w = w_begin; w < w_end; ++w) {
+    const int32_t begin = w * W, end = min(begin + W, p0 + n);
+    float cached[2] = {0.0f, 0.0f};
+    if (begin < p0)
+      e5m2_cached_max(kv, pt, h, begin, min(end, p0), red, cached);
+    if (threadIdx.x < 4)
+      red[2 + threadIdx.x] = 0;
+    __syncthreads();
+    const int32_t from = max(begin, p0);
+    float mk = 0.0f, mv = 0.0f, fk = 0.0f, fv = 0.0f;
+    for (int32_t pos = from + int32_t(threadIdx.x); pos < end; pos += blockDim.x) {
+      const float4 m = *reinterpret_cast<const float4*>(
+        kv.e5m2_rows + (int64_t(q0 + (pos - p0)) * kvh + h) * 4);
+      mk = fmaxf(mk, m.x);
+      mv = fmaxf(mv, m.z);
+      if (pos == begin) { // the window's first row: finite values only
+        fk = m.y;
+        fv = m.w;
+      }
+    }
+    mk = warp_max(mk);
+    mv = warp_max(mv);
+    fk = warp_max(fk);
+    fv = warp_max(fv);
+    if ((threadIdx.x & 31) == 0) {
+      atomicMax(red + 2, __float_as_uint(mk));
+      atomicMax(red + 3, __float_as_uint(mv));
+      atomicMax(red + 4, __float_as_uint(fk));
+      atomicMax(red + 5, __float_as_uint(fv));
+    }
+    __syncthreads();
+    if (threadIdx.x < 2) {
+      const int which = threadIdx.x; // 0: K, 1: V
+      float* scales = which == 0 ? kv.k_scale : kv.v_scale;
+      const int64_t first = e5m2_scale_row(kv, pt, h, begin);
+      float scale;
+      if (begin >= p0) {
+        float reference = __uint_as_float(red[4 + which]);
+        for (int32_t k = 1; k <= H; ++k)
+          if (w - k >= w_begin)
+            reference = fmaxf(reference, stored[which][(w - k) % H]);
+        scale = e5m2_window_scale(reference);
+        scales[first] = scale;
+      } else {
+        scale = __ldcg(scales + first);
+      }
+      stored[which][w % H] =
+        fmaxf(cached[which], e5m2_stored(__uint_as_float(red[2 + which]), scale));
+    }
+    __syncthreads();
   }
 }
 
@@ -399,8 +579,22 @@ void launch_rope_kv_write(const bf16* qkv, const bf16* bias, const float* inv_fr
       throw cuda_error("launch_rope_kv_write: an fp8 cache needs an even head_dim of at most "
                        + std::to_string(rope8_max_dim) + ", k8, v8 and both scales");
     const dim3 grid(unsigned(batch.num_tokens));
-    launch_kernel("rope_kv_write8_kernel", rope_kv_write8_kernel, grid, dim3(rope8_threads), 0,
-                  stream, qkv, bias, inv_freq, batch, kv, num_heads, q_out);
+    if (kv.e5m2) {
+      if (!kv.e5m2_rows)
+        throw cuda_error("launch_rope_kv_write: an fp8_e5m2 cache needs e5m2_rows");
+      launch_kernel("e5m2_row_max_kernel", e5m2_row_max_kernel, grid, dim3(rope8_threads), 0,
+                    stream, qkv, bias, inv_freq, batch, kv, num_heads);
+      launch_kernel("e5m2_window_scales_kernel", e5m2_window_scales_kernel,
+                    dim3(unsigned(batch.num_seqs), unsigned(kv.kv_heads)),
+                    dim3(e5m2_scale_threads), 0, stream, batch, kv);
+      launch_kernel("rope_kv_write8_kernel", rope_kv_write8_kernel<true>, grid,
+                    dim3(rope8_threads), 0, stream, qkv, bias, inv_freq, batch, kv, num_heads,
+                    q_out);
+      return;
+    }
+    launch_kernel("rope_kv_write8_kernel", rope_kv_write8_kernel<false>, grid,
+                  dim3(rope8_threads), 0, stream, qkv, bias, inv_freq, batch, kv, num_heads,
+                  q_out);
     return;
   }
   // The qkv GEMV's epilogue, on the rows of an unfused projection.

@@ -50,6 +50,8 @@ forward_pass::forward_pass(const model_config& config, const cuda_runner_options
   METRONOME_CUDA(cudaMemset(buf_.split_counters.get(), 0, buf_.split_counters.bytes()));
   if (kv_fp8_)
     buf_.kv_stage = device_buffer(b * 2 * kvs * 4);
+  if (kv_.e5m2())
+    buf_.kv_e5m2_rows = device_buffer(t * size_t(c.num_kv_heads) * 16);
   // Rows: a decode batch, or a mixed graph's singles and prompt rows (at most
   // max_batch_size + 256, step_packer::mixed_sizes), whose o and down
   // projections may split the same way.
@@ -105,7 +107,9 @@ forward_pass::forward_pass(const model_config& config, const cuda_runner_options
 void forward_pass::allocate_step_io(size_t input_bytes) {
   const size_t b = size_t(max_batch_);
   buf_.inputs = device_buffer(input_bytes);
-  buf_.outputs = device_buffer(b * 8);
+  // ids, log-probabilities and (fp8_e5m2) the overflow counts
+  // (kv_view::overflow), so that one copy brings all back.
+  buf_.outputs = device_buffer(b * (kv_.e5m2() ? 16 : 8));
   buf_.logits_lse = device_buffer(b * 8);
   buf_.logprob_out = device_buffer(b * (1 + size_t(max_logprobs)) * 8);
 }
@@ -120,7 +124,8 @@ size_t forward_pass::workspace_bytes() const {
   return buf_.part_o.bytes() + buf_.part_ml.bytes() + buf_.split_counters.bytes()
          + buf_.sample_ws.bytes() + buf_.cublas_ws.bytes() + buf_.inputs.bytes()
          + buf_.outputs.bytes() + buf_.skinny_partials.bytes() + buf_.skinny_counters.bytes()
-         + buf_.split_partials.bytes() + buf_.kv_stage.bytes() + buf_.logits_lse.bytes()
+         + buf_.split_partials.bytes() + buf_.kv_stage.bytes() + buf_.kv_e5m2_rows.bytes()
+         + buf_.logits_lse.bytes()
          + buf_.logprob_out.bytes();
 }
 
@@ -358,6 +363,7 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
       skinny(ep, a);
     }
   };
+  clear_overflow();
   launch_page_updates(kv_.page_table(), kv_.page_stride(), sv.updates, sv.header, l.updates,
                       stream_);
   launch_embed(weights_.embed(), sv.ids, buf_.outputs.get<int32_t>(), batch, h, x, stream_);
@@ -369,7 +375,7 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
     launch_rms_norm(x, nullptr, layers.front().attn_norm, eps, batch, h, xn, stream_);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const layer_weights& L = layers[size_t(i)];
-    const kv_view kv = kv_.view(i);
+    const kv_view kv = layer_kv(i);
     const attention_shape sh = attention_of(i);
     if (gemv || tc) {
       gemv_args a;
@@ -455,6 +461,22 @@ void forward_pass::enqueue_decode(const step_layout& l, int32_t batch, decode_pa
   enqueue_sampling(l, batch, penalties);
 }
 
+kv_view forward_pass::layer_kv(int32_t layer) const {
+  kv_view kv = kv_.view(layer);
+  if (kv.e5m2) {
+    kv.overflow =
+      reinterpret_cast<uint32_t*>(buf_.outputs.get<unsigned char>() + size_t(max_batch_) * 8);
+    kv.e5m2_rows = buf_.kv_e5m2_rows.get<float>();
+  }
+  return kv;
+}
+
+void forward_pass::clear_overflow() {
+  if (kv_.e5m2())
+    METRONOME_CUDA(cudaMemsetAsync(buf_.outputs.get<unsigned char>() + size_t(max_batch_) * 8,
+                                   0, size_t(max_batch_) * 8, stream_));
+}
+
 void forward_pass::clear_partial(int32_t rows) {
   if (comm_ && comm_->rank() != 0 && comm_->live())
     METRONOME_CUDA(cudaMemsetAsync(buf_.x.get(), 0,
@@ -510,6 +532,7 @@ void forward_pass::enqueue_general(const step_layout& l, int32_t sampled, bool a
   float* x = buf_.x.get<float>();
   bf16* xn = buf_.xn.get<bf16>();
   const auto& layers = weights_.layers();
+  clear_overflow();
   launch_page_updates(kv_.page_table(), kv_.page_stride(), sv.updates, sv.header, l.updates,
                       stream_);
   launch_embed(weights_.embed(), sv.ids, buf_.outputs.get<int32_t>(), t, h, x, stream_);
@@ -522,7 +545,7 @@ void forward_pass::enqueue_general(const step_layout& l, int32_t sampled, bool a
   launch_rms_norm(x, nullptr, layers.front().attn_norm, eps, t, h, xn, stream_);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const layer_weights& L = layers[size_t(i)];
-    const kv_view kv = kv_.view(i);
+    const kv_view kv = layer_kv(i);
     const attention_shape sh = attention_of(i);
     gemm(xn, t, dense(L.qkv, L.qkv4, qkv, h), qkv, h, buf_.qkv.get(), false, 0.0f);
     if (all_single) {

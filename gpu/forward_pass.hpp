@@ -72,6 +72,7 @@ struct forward_buffers {
   device_buffer prefill_part_o, prefill_part_ml;
   // fp8 cache, GEMV and skinny paths: rotated k, v rows [max_batch][2][kv_size] fp32.
   device_buffer kv_stage;
+  device_buffer kv_e5m2_rows; // kv_view::e5m2_rows (fp8_e5m2 only)
   // 4-bit models: the bf16 form of one 4-bit projection at a time, for the
   // paths that multiply bf16 matrices (weight_store::largest_int4 elements).
   device_buffer dequant;
@@ -254,6 +255,11 @@ private:
   /// (and splits must be 0: their reduction is fused into the norm).
   void project_residual(const bf16* in_x, int32_t m, const bf16* w, int32_t k,
                         const bf16* bias, int32_t splits, const bf16* norm);
+  // Layer `layer`'s cache, with the step's overflow counters where the cache
+  // is fp8_e5m2 (kv_view::overflow: in `outputs`, after the ids and
+  // log-probabilities); clear_overflow zeroes them at a step's start.
+  kv_view layer_kv(int32_t layer) const;
+  void clear_overflow();
 
   const model_config& config_;
   const weight_store& weights_;
@@ -262,7 +268,7 @@ private:
   int32_t num_sms_ = 0;
   // decode_attention_blocks_per_sm(layer 0's shape).
   int32_t attn_blocks_per_sm_ = 0;
-  // kv_cache_dtype "fp8": the pools hold e4m3 bytes and row scales
+  // kv_cache_dtype "fp8" or "fp8_e5m2": the pools hold fp8 bytes and scales
   // (kv_view::k8); the qkv GEMV and skinny GEMM leave the rotated rows in
   // kv_stage for the attention to quantise (kv_view::stage).
   bool kv_fp8_ = false;

@@ -40,6 +40,18 @@ struct kv_view {
   uint8_t* v8 = nullptr;
   float* k_scale = nullptr;
   float* v_scale = nullptr;
+  /// fp8 form only: the bytes are e5m2 and each row's scale is its window's
+  /// (kv_e5m2.cuh: kv_e5m2_window positions of a sequence share a power-of-
+  /// two scale, which saturates what exceeds it), not e4m3 with the row's own.
+  bool e5m2 = false;
+  /// e5m2 only, or null: the step's counts of values the writers could not
+  /// store, [batch rows][2] (saturated, not finite), by the sequence's index
+  /// in the step's batch_view (seq_slot's order); zeroed by the step.
+  uint32_t* overflow = nullptr;
+  /// e5m2 only, for launch_rope_kv_write: scratch of [tokens][kv_heads][2]
+  /// [2] floats (K, V; the row's largest |value| with infinity as the
+  /// largest float, then its largest finite |value|).
+  float* e5m2_rows = nullptr;
   /// fp8 only, on the GEMV and skinny decode paths: the qkv_rope epilogue
   /// leaves each token's rotated k and v rows here, [tokens][2][kv_heads]
   /// [head_dim] fp32 (a row's scale needs the whole row, which that

@@ -39,6 +39,7 @@ kv_view kv_pool::view(int32_t layer_index) const {
     kv.v8 = base + rows * size_t(c.head_dim);
     kv.k_scale = reinterpret_cast<float*>(base + 2 * rows * size_t(c.head_dim));
     kv.v_scale = kv.k_scale + rows;
+    kv.e5m2 = e5m2_;
   } else {
     kv.k = reinterpret_cast<bf16*>(base);
     kv.v = reinterpret_cast<bf16*>(base + layer_bytes_ / 2);

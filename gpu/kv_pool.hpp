@@ -25,9 +25,15 @@ namespace metronome::gpu {
 class kv_pool {
 public:
   /// For `config`'s layers and kv heads, pages of `page_size` tokens; fp8:
-  /// the e4m3 form. Allocates nothing.
-  kv_pool(const model_config& config, int32_t page_size, bool fp8)
-    : config_(config), page_size_(page_size), fp8_(fp8) {
+  /// the fp8 form (kv_view::k8), with e5m2 bytes and window scales where
+  /// e5m2 is set, e4m3 bytes and row scales otherwise. Allocates nothing.
+  kv_pool(const model_config& config, int32_t page_size, bool fp8, bool e5m2 = false)
+    : config_(config), page_size_(page_size), fp8_(fp8), e5m2_(fp8 && e5m2) {
+  }
+
+  /// Whether the pools are the fp8_e5m2 cache (kv_view::e5m2).
+  bool e5m2() const {
+    return e5m2_;
   }
 
   /// A one-page pool and one-entry page tables for `max_seqs` + 1 slots,
@@ -71,7 +77,7 @@ public:
 private:
   const model_config& config_;
   int32_t page_size_ = 0;
-  bool fp8_ = false;
+  bool fp8_ = false, e5m2_ = false;
   int32_t num_pages_ = 0, page_stride_ = 0;
   device_buffer pool_, page_table_;
   // One layer's share of pool_.

@@ -8,7 +8,8 @@ namespace metronome::gpu {
 
 memory_planner::memory_planner(const model_config& config, const cuda_runner_options& options)
   : config_(config), options_(options),
-    kv_fp8_(options.kv_cache_dtype == kv_cache_dtype_kind::fp8) {
+    kv_fp8_(options.kv_cache_dtype == kv_cache_dtype_kind::fp8
+            || options.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2) {
 }
 
 size_t memory_planner::kv_row_bytes() const {

@@ -35,7 +35,7 @@
 // tokens, about 70 us a layer).
 //
 // The fp8 cache (kv_view::k8; head_dim <= 128): cp.async fills the ring with
-// the tiles' e4m3 bytes and row scales instead, and once a tile has landed
+// the tiles' e4m3 (or e5m2) bytes and row scales instead, and once a tile has landed
 // the block turns it into one K and V tile in the layout above, so the math
 // is the same; the next tile's bytes still load during this tile's math. That
 // tile is f16, not bf16: e4m3 converts to an f16 pair in one instruction
@@ -88,16 +88,23 @@ struct prefill_cfg {
   static_assert(bm == tile_rows);
 };
 
-/// Eight e4m3 values (8 bytes) times `scale`, as eight f16 (16 bytes): the
-/// conversion is exact, the product rounds once.
+/// Eight e4m3 (E5M2: e5m2) values (8 bytes) times `scale`, as eight f16 (16
+/// bytes): the conversion is exact, the product rounds once. An e5m2 window
+/// scale times a saturated value can pass f16's range (up to 224 times the
+/// window's reference): it is clamped to +-65504, never infinite.
+template <bool E5M2>
 __device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, __half2 scale) {
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t word = i < 2 ? lo : hi;
     const auto pair = static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i & 1)));
-    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&hr), scale);
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, E5M2 ? __NV_E5M2 : __NV_E4M3);
+    __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&hr), scale);
+    if constexpr (E5M2) {
+      const __half2 big = __float2half2_rn(65504.0f);
+      v = __hmax2(__hmin2(v, big), __hneg2(big));
+    }
     w[i] = *reinterpret_cast<const uint32_t*>(&v);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
@@ -153,7 +160,7 @@ __device__ __forceinline__ key_split split_of(const tile_span& t, int32_t splits
   return k;
 }
 
-template <int D, bool KV8>
+template <int D, bool KV8, bool E5M2 = false>
 __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_blocks)
   prefill_attention_kernel(attention_shape sh, const bf16* __restrict__ q, kv_view kv,
                            batch_view batch, const prefill_item* __restrict__ items,
@@ -317,10 +324,10 @@ __global__ void __launch_bounds__(prefill_cfg<D>::threads, prefill_cfg<D>::min_b
         const __half2 vsc = __float2half2_rn(sv[buf * BN + r]);
         uint4* kd = reinterpret_cast<uint4*>(ks + r * RS + col);
         uint4* vd = reinterpret_cast<uint4*>(vs + r * RS + col);
-        kd[0] = dequant8(kb.x, kb.y, ksc);
-        kd[1] = dequant8(kb.z, kb.w, ksc);
-        vd[0] = dequant8(vb.x, vb.y, vsc);
-        vd[1] = dequant8(vb.z, vb.w, vsc);
+        kd[0] = dequant8<E5M2>(kb.x, kb.y, ksc);
+        kd[1] = dequant8<E5M2>(kb.z, kb.w, ksc);
+        vd[0] = dequant8<E5M2>(vb.x, vb.y, vsc);
+        vd[1] = dequant8<E5M2>(vb.z, vb.w, vsc);
       }
       __syncthreads();
     }
@@ -551,20 +558,20 @@ __global__ void __launch_bounds__(merge_threads)
   }
 }
 
-template <int D, bool KV8>
+template <int D, bool KV8, bool E5M2 = false>
 void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
                     const batch_view& batch, const prefill_item* items, int32_t num_items,
                     bf16* out, const prefill_split& split, cudaStream_t stream) {
   using C = prefill_cfg<D>;
   constexpr size_t smem = KV8 ? C::smem8 : C::smem;
   static const bool configured = [] {
-    METRONOME_CUDA(cudaFuncSetAttribute(prefill_attention_kernel<D, KV8>,
+    METRONOME_CUDA(cudaFuncSetAttribute(prefill_attention_kernel<D, KV8, E5M2>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(unsigned(sh.num_heads), unsigned(num_items), unsigned(split.splits));
-  launch_kernel("prefill_attention_kernel", prefill_attention_kernel<D, KV8>, grid,
+  launch_kernel("prefill_attention_kernel", prefill_attention_kernel<D, KV8, E5M2>, grid,
                 dim3(C::threads), smem, stream, sh, q, kv, batch, items, out, split);
   if (split.splits > 1)
     launch_kernel("prefill_merge_kernel", prefill_merge_kernel<D>,
@@ -577,6 +584,9 @@ void launch_prefill(const attention_shape& sh, const bf16* q, const kv_view& kv,
                     const batch_view& batch, const prefill_item* items, int32_t num_items,
                     bf16* out, const prefill_split& split, cudaStream_t stream) {
   if constexpr (D <= 128) {
+    if (kv.k8 && kv.e5m2)
+      return launch_prefill<D, true, true>(sh, q, kv, batch, items, num_items, out, split,
+                                           stream);
     if (kv.k8)
       return launch_prefill<D, true>(sh, q, kv, batch, items, num_items, out, split, stream);
   } else {

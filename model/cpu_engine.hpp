@@ -18,7 +18,7 @@
 // rounded keys and values of every earlier position, its own included, as a
 // kernel reading the bytes would. fp8 (e4m3): one scale per row, its own
 // largest |value| / 448 (ref::round_rows_to_e4m3). fp8_e5m2 (the reference of
-// that format; no CUDA kernels yet): per sequence, layer, K or V and kv head,
+// that format and of gpu/kv_e5m2.cuh): per sequence, layer, K or V and kv head,
 // one scale per window of kv_e5m2_window (256) positions, fixed when the
 // window's first row is written from the largest |value| of that row and of
 // the kv_e5m2_history (3) windows before it as stored (e5m2_window_scale,
@@ -149,7 +149,7 @@ public:
   /// unrounded, whatever the GPU's bf16 cache does; fp8 rounds each row as
   /// the GPU's fp8 KV cache stores it (ref::round_rows_to_e4m3), the
   /// reference of kv_cache_dtype "fp8" in the GPU tests; fp8_e5m2 rounds
-  /// with the window scales of that format (its only implementation so far).
+  /// with the window scales of that format (the reference of the GPU's).
   /// Set it before the first forward, on the caller's thread.
   void set_kv_dtype(kv_cache_dtype_kind dtype);
 

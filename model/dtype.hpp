@@ -52,9 +52,9 @@ std::string_view torch_dtype_name(dtype t);
 /// bytes with one float scale per token row of each kv head); or fp8_e5m2
 /// (e5m2 bytes with one scale per kv head and window of 256 positions of a
 /// sequence, set when the window starts: e5m2_window_scale below). The CUDA
-/// runner stores bf16 and fp8 so and refuses fp8_e5m2 (no kernels yet); the
-/// CPU's KV cache is fp32 always, and `cpu_engine::set_kv_dtype` rounds it as
-/// fp8 or fp8_e5m2 would store it (the formats' reference).
+/// runner stores all three so (fp8_e5m2: gpu/kv_e5m2.cuh); the CPU's KV
+/// cache is fp32 always, and `cpu_engine::set_kv_dtype` rounds it as fp8 or
+/// fp8_e5m2 would store it (the formats' reference).
 enum class kv_cache_dtype_kind : uint8_t { bf16, fp8, fp8_e5m2 };
 
 /// The spelling of metronome.yaml and the command lines: "bf16", "fp8",
@@ -212,21 +212,28 @@ inline constexpr int32_t kv_e5m2_window = 256;
 inline constexpr int32_t kv_e5m2_history = 3;
 inline constexpr int32_t kv_e5m2_headroom_log2 = 8;
 
-/// See above: 2^clamp(ceil(log2 reference) - 8, -100, 100), or 1.
-inline float e5m2_window_scale(float reference) {
-  const uint32_t mag = f32_to_bits(reference) & 0x7fffffffu;
+/// The rule on float bits: the bits of the scale for a reference with bits
+/// `reference` (integer arithmetic only, so that the CUDA kernels share it:
+/// gpu/kv_e5m2.cuh).
+constexpr uint32_t e5m2_window_scale_bits(uint32_t reference) {
+  const uint32_t mag = reference & 0x7fffffffu;
   if (mag == 0 || mag >= 0x7f800000u)
-    return 1.0f;
+    return 0x3f800000u; // 1
   // ceil(log2 r): r = 1.f * 2^u (normal) is u when f == 0, else u + 1;
   // subnormals (u < -126) are far below the clamp, which takes over.
-  int32_t up;
+  int32_t up = 0;
   if (mag < 0x00800000u)
     up = -126;
   else
     up = int32_t(mag >> 23) - 127 + ((mag & 0x7fffffu) ? 1 : 0);
   int32_t e = up - kv_e5m2_headroom_log2;
   e = e < -100 ? -100 : (e > 100 ? 100 : e);
-  return bits_to_f32(uint32_t(e + 127) << 23);
+  return uint32_t(e + 127) << 23;
+}
+
+/// See above: 2^clamp(ceil(log2 reference) - 8, -100, 100), or 1.
+inline float e5m2_window_scale(float reference) {
+  return bits_to_f32(e5m2_window_scale_bits(f32_to_bits(reference)));
 }
 
 /// IEEE half (stored as its 16 bits) to float: exact.

@@ -19,10 +19,9 @@
 // values overflowed with kv_precision::full, and admits new sequences so
 // during a cool-down; the runner reports what overflowed per sequence in
 // step_output::kv_overflows. The CPU runner honours the precision (full: its
-// fp32 cache unrounded); the CUDA runner has no fp8_e5m2 kernels yet
-// (cuda_kv_cache_problem refuses that dtype at start), so no supervisor runs
-// there and every plan it gets says kv_precision::configured; when it gains
-// them, a full sequence must get bf16 pages.
+// fp32 cache unrounded); the CUDA runner counts fp8_e5m2 overflows but keeps
+// no full-precision pages beside its fp8 ones, so it refuses a full sequence
+// (plan_error) and no supervisor runs there.
 
 #include <cstdint>
 #include <vector>

@@ -162,7 +162,7 @@ struct options {
   int32_t max_batch = 128;
   int32_t page_size = 16;    // engine_limits::page_size (server: engine.page_size)
   std::string path = "auto"; // cuda_runner_options::small_batch_path
-  std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype, as its name (bf16, fp8)
+  std::string kv_dtype = "bf16"; // cuda_runner_options::kv_cache_dtype, as its name
   int32_t logprobs = -1;          // every sequence asks for logprobs with this many alternatives
   std::string profile_mixed;      // B:N[,B:N...]: mixed steps timed, the first profiled, then exit
   std::string profile_prefix;     // P:N[,P:N...]: N new tokens after P cached ones, then exit
@@ -369,9 +369,9 @@ int run(const options& o) {
   const auto& cfg = model->config;
   std::printf("weights: %s\n", model->weights_description().c_str());
   model_costs mc = costs_of(cfg);
-  // The floors count the cache's own bytes: with fp8, head_dim bytes and a
-  // 4-byte scale a row.
-  if (o.kv_dtype == "fp8")
+  // The floors count the cache's own bytes: with fp8 and fp8_e5m2, head_dim
+  // bytes and a 4-byte scale a row.
+  if (o.kv_dtype == "fp8" || o.kv_dtype == "fp8_e5m2")
     mc.kv_bytes_per_token = double(cfg.num_layers) * 2 * cfg.num_kv_heads * (cfg.head_dim + 4);
   std::printf("kv cache: %s\n", o.kv_dtype.c_str());
   json rows = json::array(), grid = json::array();
@@ -642,7 +642,7 @@ constexpr const char* usage =
   "usage: gpu_bench --model DIR --name NAME [--out rows.json] [--grid grid.json]"
   " [--quick] [--kernels] [--kernels-only] [--decode-only] [--headline]"
   " [--max-batch N] [--page-size N] [--path auto|gemv|skinny|cublas]\n"
-  "       [--kv-cache-dtype bf16|fp8] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
+  "       [--kv-cache-dtype bf16|fp8|fp8_e5m2] [--logprobs N (0-20)] [--profile-mixed B:N]\n"
   "       [--profile-prefix P:N] [--decode-spread] [--quantize none|int4]\n"
   "       [--overlap SMS[,SMS...] [--overlap-chunks N[,N...]] [--overlap-batch N]\n"
   "        [--overlap-context N]] [--tp-devices N,N[,...] [--tp-collective auto|nccl|peer]]\n"
@@ -695,7 +695,7 @@ std::string parse_args(int argc, char** argv, options& o) {
     ++i;
     if (text) {
       if (text == &o.kv_dtype && !parse_kv_cache_dtype(v))
-        return "gpu_bench: " + a + ": expected bf16 or fp8, not '" + v + "'";
+        return "gpu_bench: " + a + ": expected bf16, fp8 or fp8_e5m2, not '" + v + "'";
       if (text == &o.quantize && !parse_weight_quantization(v))
         return "gpu_bench: " + a + ": expected none or int4, not '" + v + "'";
       if ((text == &o.overlap || text == &o.overlap_chunks) && bench::parse_int_list(v).empty())

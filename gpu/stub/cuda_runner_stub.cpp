@@ -62,11 +62,8 @@ std::vector<float> cuda_runner_logits(model_runner&, int32_t) {
   return {};
 }
 
-std::string cuda_kv_cache_problem(const model_config&, kv_cache_dtype_kind dtype) {
-  // As the real runner's first answer (gpu/cuda_runner.cpp): no kernels.
-  if (dtype == kv_cache_dtype_kind::fp8_e5m2)
-    return cuda_fp8_e5m2_problem;
-  return {};
+std::string cuda_kv_cache_problem(const model_config&, kv_cache_dtype_kind) {
+  return {}; // no CUDA device can be opened here to use it
 }
 
 std::string format_memory_plan(const std::vector<memory_plan_entry>&) {

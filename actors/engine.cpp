@@ -173,10 +173,10 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
   if (replicas > 0 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8 && o.device == "cpu")
     throw std::invalid_argument("engine.kv_cache_dtype fp8 needs a CUDA device (device 'cpu' "
                                 "keeps its KV cache in fp32)");
-  // fp8_e5m2 has only its CPU reference (cpu_engine::set_kv_dtype), which
-  // rounds an fp32 cache: served on the CPU as the format's reference (its
-  // overflow supervision can be driven end to end there), it costs quality
-  // and saves no memory. CUDA has no kernels for it (cuda_kv_cache_problem).
+  // fp8_e5m2 on the CPU is the format's reference (cpu_engine::set_kv_dtype),
+  // which rounds an fp32 cache: served there (its overflow supervision can
+  // be driven end to end), it costs quality and saves no memory. CUDA keeps
+  // it in e5m2 bytes (gpu/kv_e5m2.cuh).
   const bool e5m2_on_cpu = o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2 && o.device == "cpu";
   if (e5m2_on_cpu && replicas > 0)
     spdlog::warn("engine.kv_cache_dtype fp8_e5m2 on device 'cpu': the CPU engine rounds its "
@@ -199,6 +199,12 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
       throw std::invalid_argument("model.tensor_parallel is " + std::to_string(o.tensor_parallel)
                                   + " but model.device is cpu: tensor parallelism splits the "
                                     "model over CUDA devices");
+    // Each rank counts the overflows of its own kv heads, and only rank 0's
+    // step output reaches the scheduler.
+    if (o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
+      throw std::invalid_argument("model.tensor_parallel is " + std::to_string(o.tensor_parallel)
+                                  + " with engine.kv_cache_dtype fp8_e5m2: its overflow counts "
+                                    "are not summed over ranks yet (use fp8 or bf16)");
     const tensor_parallel_plan plan(cfg, o.tensor_parallel,
                                     (o.model_dir / "config.json").string());
     spdlog::info("{}", plan.describe());
@@ -374,13 +380,20 @@ engine spawn_engine(caf::actor_system& sys, engine_options o) {
     e.drift_supervisor = spawn_drift_supervisor(
       sys, e.scheduler, {o.drift, o.policy, policy_kind::fcfs}, e.metrics);
   // The fp8_e5m2 cache's overflow supervision: one scheduler to watch (data
-  // parallel would need one supervisor per replica; not yet).
-  if (replicas == 1 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
+  // parallel would need one supervisor per replica; not yet), whose runner
+  // keeps full-precision pages beside fp8 ones (the CPU's; not CUDA's yet).
+  if (replicas == 1 && e5m2_on_cpu)
     e.kv_precision_supervisor
       = spawn_kv_precision_supervisor(sys, e.scheduler, o.kv_overflow, e.metrics);
   else if (replicas > 1 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
     spdlog::warn("data parallel: the fp8_e5m2 KV overflow supervision is off (it watches one "
                  "scheduler); overflows are only counted");
+  else if (replicas == 1 && o.kv_cache_dtype == kv_cache_dtype_kind::fp8_e5m2)
+    spdlog::warn("engine.kv_cache_dtype fp8_e5m2 on {}: overflows are counted "
+                 "(metronome:kv_overflow_values_total) and kept saturated; re-materialising "
+                 "in full precision needs bf16 pages beside the fp8 ones, which the CUDA "
+                 "runner does not keep yet (engine.kv_overflow does not act)",
+                 o.device);
   if (o.stats_interval.count() > 0)
     e.stats_reporter = spawn_stats_reporter(sys, e.scheduler.address(), e.metrics, e.status,
                                             o.stats_interval);

@@ -164,6 +164,10 @@ engine_metrics::engine_metrics(const std::string& model_name)
     bucket_overflows_(registry_.add_counter(
       "metronome:kv_bucket_overflows_total",
       "Bucketed admissions that found no free bucket and took plain pages.")),
+    kv_overflow_values_(registry_.add_counter(
+      "metronome:kv_overflow_values_total",
+      "Key and value elements the fp8_e5m2 KV cache could not store: saturated past their "
+      "window's range, or not finite.")),
     reserved_unused_(registry_.add_gauge(
       "metronome:kv_bucket_reserved_unused_pages",
       "KV pages buckets hold reserved for their requests but not yet used.")),
@@ -338,6 +342,11 @@ void engine_metrics::on_kv_buckets(int64_t bucketed, int64_t overflowed,
   if (overflowed > 0)
     bucket_overflows_.inc(double(overflowed));
   reserved_unused_.set(double(reserved_unused_pages));
+}
+
+void engine_metrics::on_kv_overflow_values(int64_t values) {
+  if (values > 0)
+    kv_overflow_values_.inc(double(values));
 }
 
 void engine_metrics::on_rerun() {

@@ -119,6 +119,9 @@ public:
   /// into overflow pages since the last call, and the pages buckets hold
   /// reserved but unused now.
   void on_kv_buckets(int64_t bucketed, int64_t overflowed, int32_t reserved_unused_pages);
+  /// fp8_e5m2 KV cache: values the runner's writes saturated or found not
+  /// finite since the last call (step_output::kv_overflows). Scheduler thread.
+  void on_kv_overflow_values(int64_t values);
 
   /// The step-time model's learned factors (decode and prompt parts).
   void on_step_model(double decode_scale, double prefill_scale);
@@ -170,6 +173,7 @@ private:
   prometheus::gauge& prefix_pages_;
   prometheus::counter& bucket_admissions_;
   prometheus::counter& bucket_overflows_;
+  prometheus::counter& kv_overflow_values_;
   prometheus::gauge& reserved_unused_;
   prometheus::gauge& kv_usage_;
   prometheus::gauge& running_;

@@ -35,6 +35,7 @@ struct scheduler_actor_state {
   token_group_stats reported_groups;
   int64_t reported_prefix_queries = 0, reported_prefix_hits = 0;
   int64_t reported_bucket_admissions = 0, reported_bucket_overflows = 0;
+  int64_t reported_kv_overflow_values = 0;
   latency_aware_stats reported_stats;
   /// Receives prediction outcomes (the drift supervisor), if any.
   drift_watcher_actor drift_watcher;
@@ -80,6 +81,9 @@ void publish(self_ptr self) {
                               st.core->reserved_unused_pages());
     st.reported_bucket_admissions = st.core->bucket_admissions();
     st.reported_bucket_overflows = st.core->bucket_overflows();
+    st.metrics->on_kv_overflow_values(st.core->kv_overflow_values()
+                                      - st.reported_kv_overflow_values);
+    st.reported_kv_overflow_values = st.core->kv_overflow_values();
     if (st.config.policies && st.config.policies->state.stats) {
       const auto& now = *st.config.policies->state.stats;
       auto& was = st.reported_stats;

@@ -191,7 +191,7 @@ constexpr std::array<config_flag, 23> flags = {{
   {"--page-size", "engine.page_size", "Tokens per KV-cache page"},
   {"--kv-cache-tokens", "engine.kv_cache_tokens", "KV-cache capacity in tokens (0 = auto)"},
   {"--gpu-memory-fraction", "engine.gpu_memory_fraction", "Share of GPU memory to use"},
-  {"--kv-cache-dtype", "engine.kv_cache_dtype", "KV-cache element type (fp8: CUDA only; fp8_e5m2: CPU reference)"},
+  {"--kv-cache-dtype", "engine.kv_cache_dtype", "KV-cache element type (fp8: CUDA only; fp8_e5m2: CUDA, or the CPU reference)"},
   {"--policy", "engine.policy", "Scheduling policy"},
   {"--io-threads", "server.io_threads", "Network threads"},
   {"--log-level", "logging.level", "Log verbosity"},

@@ -422,20 +422,21 @@ TEST_F(engine_test, tensor_parallelism_is_refused_at_start_where_it_cannot_run) 
   EXPECT_FALSE(eng);
 }
 
-// fp8_e5m2 has no CUDA kernels yet: refused at start on CUDA before any
-// device is looked at (so also on a machine without one).
-TEST_F(engine_test, an_fp8_e5m2_kv_cache_is_refused_at_start_on_cuda) {
+// fp8_e5m2 on CUDA with tensor parallelism is refused at start (each rank
+// counts the overflows of its own kv heads), before any device is looked
+// at (so also on a machine without one).
+TEST_F(engine_test, an_fp8_e5m2_kv_cache_with_tensor_parallelism_is_refused_at_start) {
   opts.model_dir = chat_model();
   opts.kv_cache_dtype = kv_cache_dtype_kind::fp8_e5m2;
   opts.device = "cuda:0";
+  opts.tensor_parallel = 2;
   try {
     eng = spawn_engine(sys, opts);
-    ADD_FAILURE() << "spawn_engine accepted fp8_e5m2 on cuda:0";
+    ADD_FAILURE() << "spawn_engine accepted fp8_e5m2 with tensor_parallel 2";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "engine.kv_cache_dtype 'fp8_e5m2': fp8_e5m2 is not implemented on CUDA yet "
-              "(use fp8 or bf16; the CPU engine emulates fp8_e5m2 for `metronome "
-              "eval-quality` only)");
+              "model.tensor_parallel is 2 with engine.kv_cache_dtype fp8_e5m2: its overflow "
+              "counts are not summed over ranks yet (use fp8 or bf16)");
   }
   EXPECT_FALSE(eng);
 }

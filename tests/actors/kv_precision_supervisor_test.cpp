@@ -196,6 +196,8 @@ TEST_F(kv_precision_supervisor_test, an_overflowing_request_is_rematerialized_in
   EXPECT_EQ(s.events[0].seq_id, 1u);
   EXPECT_EQ(metric("metronome:kv_precision_events_total{event=\"rematerialized\"}"), 1);
   EXPECT_EQ(metric("metronome:kv_precision_mode{mode=\"fp8_e5m2\"}"), 1);
+  EXPECT_GT(metric("metronome:kv_overflow_values_total"), 0)
+    << "the saturated values are counted";
   EXPECT_EQ(status->kv_used_pages, 0) << "every page back in the pool";
   EXPECT_EQ(status->running, 0);
 }

@@ -324,73 +324,6 @@ TEST_P(gpu_runner, timing_graph_replays_between_steps_changes_no_running_sequenc
   EXPECT_TRUE(std::isnan(cuda_graph_replay_ms(*gpu, o.limits.max_batch_size + 1)));
 }
 
-/// Greedy decoding of 20 sequences together on every decode path (GEMV,
-/// skinny GEMM, cuBLAS whole, cuBLAS split-K), graphs and eager, against the
-/// CPU engine.
-void expect_every_decode_path_follows_the_cpu_engine(
-  const std::shared_ptr<const model_folder>& model, const std::string& label,
-  kv_cache_dtype_kind kv_dtype = kv_cache_dtype_kind::bf16) {
-  // 20 sequences decoding together: the skinny GEMM runs with several token
-  // tiles (eager: 20 rows; captured: the graph of 24, padding rows included).
-  const auto prompts = twenty_prompts(model->config.vocab_size);
-  // cuBLAS twice: the o and down projections added into the residual by
-  // cuBLAS's epilogue (gemm_splits 1), and as split-K partials reduced by the
-  // fused residual + norm kernel (3, forced whatever the timing says).
-  const gpu::kernel_generations saved = gpu::active_kernels();
-  struct restore {
-    gpu::kernel_generations k;
-    ~restore() {
-      gpu::active_kernels() = k;
-    }
-  } restore_on_exit{saved};
-  for (const std::string path : {"gemv", "skinny", "cublas", "cublas-split"}) {
-    auto o = test::small_runner_options();
-    o.limits.max_batch_size = 24;
-    o.limits.kv_cache_tokens = 8192;
-    o.limits.max_num_batched_tokens = 512;
-    o.small_batch_path = path == "cublas-split" ? "cublas" : path;
-    o.kv_cache_dtype = kv_dtype;
-    gpu::active_kernels().gemm_splits =
-      path == "cublas" ? 1 : path == "cublas-split" ? 3 : saved.gemm_splits;
-    auto gpu = make_cuda_runner(model, o);
-    const std::string choice = describe_cuda_runner(*gpu);
-    if (path == "gemv" || path == "skinny") {
-      EXPECT_NE(choice.find(path), std::string::npos) << choice;
-    }
-    for (bool graphs : {true, false}) {
-      ASSERT_TRUE(set_cuda_graphs(*gpu, graphs));
-      auto got = generate(*gpu, prompts, 12, 1 << 20, false);
-      int32_t exact = 0, steps = 0;
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        exact += expect_greedy_matches_cpu(
-          model, prompts[i], got[i],
-          label + " path " + path + (graphs ? "" : " eager") + " prompt " + std::to_string(i),
-          kv_dtype == kv_cache_dtype_kind::fp8);
-        steps += int32_t(got[i].size());
-      }
-      // Near-ties are rare: most steps pick the CPU's own argmax.
-      EXPECT_GE(exact, steps * 8 / 10) << label << " path " << path;
-      // Prefix caching: sequences starting on another's pages (two full
-      // pages of a 40-token system prompt), decoding beside each other.
-      std::vector<int32_t> system;
-      for (int32_t i = 0; i < 40; ++i)
-        system.push_back((i * 104729 + 7) % model->config.vocab_size);
-      std::vector<std::vector<int32_t>> tails;
-      for (int32_t i = 0; i < 5; ++i)
-        tails.push_back(std::vector<int32_t>(size_t(1 + 3 * i), (i * 31 + 5) % model->config.vocab_size));
-      auto shared = generate_on_shared_prefix(*gpu, system, tails, 10);
-      for (size_t i = 0; i < tails.size(); ++i) {
-        std::vector<int32_t> p(system.begin(), system.begin() + 2 * gpu->page_size());
-        p.insert(p.end(), tails[i].begin(), tails[i].end());
-        expect_greedy_matches_cpu(model, p, shared[i],
-                                  label + " path " + path + (graphs ? "" : " eager")
-                                    + " shared prefix, prompt " + std::to_string(i),
-                                  kv_dtype == kv_cache_dtype_kind::fp8);
-      }
-    }
-  }
-}
-
 TEST_P(gpu_runner, every_decode_path_follows_the_cpu_engine) {
   METRONOME_REQUIRE_GPU();
   auto model = model_folder::open(test::tiny_model(GetParam(), 11));
@@ -472,16 +405,6 @@ TEST(gpu_runner_bias, llama_attention_bias_on_every_decode_path_follows_the_cpu_
   expect_every_decode_path_follows_the_cpu_engine(model, "tiny-llama3 + attention_bias");
 }
 
-/// tiny-llama3 at head dim 128, the 8B shape's (the presets have 16).
-std::shared_ptr<const model_folder> head_dim_128_model() {
-  return tiny_llama3_with("tiny-llama3-head-dim-128", 29, [](model_config& c) {
-    c.hidden_size = 256;
-    c.num_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 128;
-  });
-}
-
 // Head dim 128: the fused-RoPE decode attention and the GEMV's epilogues at
 // that width, on every decode path, against the CPU engine.
 TEST(gpu_runner_head_dim_128, every_decode_path_follows_the_cpu_engine) {
@@ -552,7 +475,8 @@ TEST(gpu_runner_plans, an_fp8_kv_cache_with_pages_of_one_token_follows_the_cpu_e
   auto got = generate(*gpu, prompts, 8, 7, false);
   for (size_t i = 0; i < prompts.size(); ++i)
     expect_greedy_matches_cpu(model, prompts[i], got[i],
-                              "pages of one token, fp8, prompt " + std::to_string(i), true);
+                              "pages of one token, fp8, prompt " + std::to_string(i),
+                              kv_cache_dtype_kind::fp8);
 }
 
 // A sequence re-admitted with earlier output (new_sequence::num_output): that

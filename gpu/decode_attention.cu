@@ -236,11 +236,8 @@ __device__ __forceinline__ void store_row_e5m2(const kv_view& kv, int64_t row,
                       red, history);
     if (warp < 2) {
       float mx = history[warp];
-      for (int d = lane; d < D; d += 32) {
-        const float x = sm_row[warp][d];
-        if (fabsf(x) <= 3.402823466e38f)
-          mx = fmaxf(mx, fabsf(x));
-      }
+      for (int d = lane; d < D; d += 32)
+        mx = fmaxf(mx, e5m2_first_abs(sm_row[warp][d]));
       mx = warp_max(mx);
       if (lane == 0)
         sm_scale[warp] = e5m2_window_scale(mx);

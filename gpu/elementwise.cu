@@ -351,8 +351,7 @@ __global__ void __launch_bounds__(rope8_threads)
     float m[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // K all, K finite, V all, V finite
     auto take = [&](int which, float x) {
       m[2 * which] = fmaxf(m[2 * which], e5m2_history_abs(x));
-      if (fabsf(x) <= 3.402823466e38f)
-        m[2 * which + 1] = fmaxf(m[2 * which + 1], fabsf(x));
+      m[2 * which + 1] = fmaxf(m[2 * which + 1], e5m2_first_abs(x));
     };
     for (int32_t i = lane; i < half; i += 32) {
       float a = value((num_heads + h) * d + i), b = value((num_heads + h) * d + i + half);

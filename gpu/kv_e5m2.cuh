@@ -23,6 +23,7 @@
 // counted per sequence of the step (kv_view::overflow), as the CPU
 // reference counts them (model/cpu_ops.cpp, round_to_e5m2).
 
+#include <cfloat>
 #include <cstdint>
 
 #include <cuda_fp16.h>
@@ -60,7 +61,12 @@ __device__ __forceinline__ float e5m2_window_scale(float reference) {
 /// |x| for a history maximum: infinity as the largest float (it is stored
 /// saturated, so it counts as the format's largest value), NaN as 0.
 __device__ __forceinline__ float e5m2_history_abs(float x) {
-  return x != x ? 0.0f : fminf(fabsf(x), 3.402823466e38f);
+  return isnan(x) ? 0.0f : fminf(fabsf(x), FLT_MAX);
+}
+
+/// |x| for a window's first row: values that are not finite count as 0.
+__device__ __forceinline__ float e5m2_first_abs(float x) {
+  return isfinite(x) ? fabsf(x) : 0.0f;
 }
 
 /// The largest |value| the cache stores for values whose largest |value| is
@@ -122,9 +128,9 @@ __device__ __forceinline__ void e5m2_cached_max(const kv_view& kv, const int32_t
 struct e5m2_counts {
   uint32_t saturated = 0, non_finite = 0;
   __device__ __forceinline__ void add(float x, float inv) {
-    if (!(fabsf(x) <= 3.402823466e38f))
+    if (!isfinite(x))
       ++non_finite;
-    else if (fabsf(x * inv) > 57344.0f)
+    else if (fabsf(x * inv) > e5m2_max)
       ++saturated;
   }
 };

@@ -97,6 +97,39 @@ TEST(gpu_kv_e5m2, window_scales_across_chunks_and_decodes_follow_the_cpu_engine)
   }
 }
 
+/// The step inputs of one sequence in slot 0 computing positions [from, to).
+class chunk_batch {
+public:
+  chunk_batch(int32_t from, int32_t to)
+    : pos_(positions(from, to)), seq_(std::vector<int32_t>(size_t(to - from), 0)),
+      slot_(std::vector<int32_t>{0}), q_start_(std::vector<int32_t>{0, to - from}),
+      len_(std::vector<int32_t>{to}), tokens_(to - from) {
+  }
+
+  gpu::batch_view view() const {
+    gpu::batch_view b;
+    b.num_tokens = tokens_;
+    b.num_seqs = 1;
+    b.positions = pos_.get();
+    b.token_seq = seq_.get();
+    b.seq_slot = slot_.get();
+    b.seq_q_start = q_start_.get();
+    b.seq_len = len_.get();
+    return b;
+  }
+
+private:
+  static std::vector<int32_t> positions(int32_t from, int32_t to) {
+    std::vector<int32_t> p;
+    for (int32_t i = from; i < to; ++i)
+      p.push_back(i);
+    return p;
+  }
+
+  dev_array<int32_t> pos_, seq_, slot_, q_start_, len_;
+  int32_t tokens_;
+};
+
 // The writers against the format's rule computed here from the same inputs
 // (model/dtype.hpp): one sequence on scattered pages, written by the prompt
 // writer (launch_rope_kv_write: e5m2_row_max_kernel,
@@ -174,23 +207,10 @@ TEST(gpu_kv_e5m2, the_writers_fix_window_scales_as_the_rule_does) {
     const int32_t n = to - from;
     std::vector<float> chunk(raw.begin() + int64_t(from) * width, raw.begin() + int64_t(to) * width);
     auto d_qkv = upload_bf16(chunk);
-    std::vector<int32_t> positions(static_cast<size_t>(n), 0);
-    const std::vector<int32_t> token_seq(static_cast<size_t>(n), 0);
-    for (int32_t t = 0; t < n; ++t)
-      positions[size_t(t)] = from + t;
-    dev_array<int32_t> d_pos(positions), d_tseq(token_seq), d_slot(std::vector<int32_t>{0}),
-      d_qs(std::vector<int32_t>{0, n}), d_len(std::vector<int32_t>{to});
-    gpu::batch_view b;
-    b.num_tokens = n;
-    b.num_seqs = 1;
-    b.positions = d_pos.get();
-    b.token_seq = d_tseq.get();
-    b.seq_slot = d_slot.get();
-    b.seq_q_start = d_qs.get();
-    b.seq_len = d_len.get();
+    const chunk_batch batch(from, to);
     dev_array<gpu::bf16> q_out(size_t(n) * heads * d);
-    gpu::launch_rope_kv_write(d_qkv.get(), nullptr, d_inv.get(), b, kv, heads, q_out.get(),
-                              nullptr);
+    gpu::launch_rope_kv_write(d_qkv.get(), nullptr, d_inv.get(), batch.view(), kv, heads,
+                              q_out.get(), nullptr);
     sync_check();
   }
   {
@@ -199,23 +219,13 @@ TEST(gpu_kv_e5m2, the_writers_fix_window_scales_as_the_rule_does) {
     std::vector<float> stage(kv_rows.begin() + int64_t(pos) * 2 * kvh * d, kv_rows.end());
     dev_array<float> d_stage(stage);
     auto d_q = upload_bf16(random_floats(rng, size_t(heads) * d, -1, 1));
-    dev_array<int32_t> d_pos(std::vector<int32_t>{pos}), d_tseq(std::vector<int32_t>{0}),
-      d_slot(std::vector<int32_t>{0}), d_qs(std::vector<int32_t>{0, 1}),
-      d_len(std::vector<int32_t>{total});
-    gpu::batch_view b;
-    b.num_tokens = 1;
-    b.num_seqs = 1;
-    b.positions = d_pos.get();
-    b.token_seq = d_tseq.get();
-    b.seq_slot = d_slot.get();
-    b.seq_q_start = d_qs.get();
-    b.seq_len = d_len.get();
+    const chunk_batch batch(pos, total);
     gpu::kv_view staged = kv;
     staged.stage = d_stage.get();
     const gpu::attention_shape sh{heads, kvh, d, 0, 1.0f / std::sqrt(float(d))};
     dev_array<gpu::bf16> out(size_t(heads) * d);
-    gpu::launch_decode_attention(sh, d_q.get(), staged, b, 1, 4, nullptr, nullptr, nullptr,
-                                 out.get(), nullptr);
+    gpu::launch_decode_attention(sh, d_q.get(), staged, batch.view(), 1, 4, nullptr, nullptr,
+                                 nullptr, out.get(), nullptr);
     sync_check();
   }
   const auto got_k8 = k8.download(), got_v8 = v8.download();
